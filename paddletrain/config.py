@@ -1,0 +1,220 @@
+"""Typed schemas for every configuration key, registered in Hydra's ConfigStore.
+
+Each YAML preset under ``paddletrain/conf/<group>/`` is validated against the schema of its group, so a
+misspelt key, a wrong type or a missing required value fails at start-up, before data or model are built.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class ModelConfig:
+    name: str = "resnet20"
+    # None: taken from the dataset (number of classes, image channels).
+    num_classes: Optional[int] = None
+    in_chans: Optional[int] = None
+    # A weight source: local file, checkpoint dir, vision:<arch>, paddleclas:<Name>, hub:<module>.
+    pretrained: Optional[str] = None
+    # For model=vision: any paddle.vision.models builder name.
+    arch: Optional[str] = None
+    drop_rate: float = 0.0
+    zero_init_residual: bool = False
+    data_format: str = "NCHW"
+    # Strict loading of pretrained weights (only the classifier head may differ).
+    strict: bool = True
+    # Convert BatchNorm to SyncBatchNorm under data parallelism.
+    sync_bn: bool = False
+
+
+@dataclass
+class ShapesConfig:
+    """The embedded, procedurally generated default dataset."""
+
+    num_train: int = 4000
+    num_val: int = 1000
+    seed: int = 0
+
+
+@dataclass
+class DataConfig:
+    name: str = "shapes"
+    root: Optional[str] = None
+    download: bool = False
+    # Optional text file with one class name per line (imagefolder) .
+    class_names: Optional[str] = None
+    image_size: int = 32
+    # Side of the resize before the centre crop at evaluation (imagenet preset); None = image_size / 0.875.
+    eval_resize: Optional[int] = None
+    interpolation: str = "bilinear"
+    mean: List[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
+    std: List[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
+    # Transform presets: "imagenet" (RandomResizedCrop + flip), "small" (pad-crop + flip), "none" (resize only).
+    train_transform: str = "small"
+    eval_transform: str = "small"
+    hflip: bool = True
+    color_jitter: float = 0.0
+    auto_augment: bool = False
+    batch_size: int = 128
+    eval_batch_size: Optional[int] = None
+    num_workers: int = 0
+    use_shared_memory: bool = True
+    persistent_workers: bool = False
+    drop_last: bool = True
+    # What to do with an unreadable sample: "fail" or "skip".
+    bad_sample_policy: str = "fail"
+    max_bad_fraction: float = 0.01
+    shapes: ShapesConfig = field(default_factory=ShapesConfig)
+
+
+@dataclass
+class OptimConfig:
+    name: str = "sgd"  # sgd | adamw
+    lr: float = 0.1
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 5e-4
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    # No weight decay on normalisation layers and biases.
+    no_decay_norm_bias: bool = True
+    # Multiply the classifier head's LR (fine-tuning) and decay LR per stage towards the stem.
+    head_lr_mult: float = 1.0
+    layer_decay: Optional[float] = None
+    # Linear LR scaling: lr * global_batch / base_batch_size when set.
+    scale_lr: bool = False
+    base_batch_size: int = 256
+
+
+@dataclass
+class SchedConfig:
+    name: str = "cosine"  # cosine | step | multistep | onecycle | constant
+    warmup_epochs: float = 0.0
+    warmup_start_factor: float = 0.01
+    min_lr: float = 0.0
+    step_size: int = 30  # epochs, for "step"
+    milestones: List[int] = field(default_factory=lambda: [30, 60, 80])  # epochs, for "multistep"
+    gamma: float = 0.1
+    max_lr_factor: float = 1.0  # onecycle peak = lr * max_lr_factor
+    pct_start: float = 0.3
+
+
+@dataclass
+class AmpConfig:
+    enabled: bool = False
+    level: str = "O1"  # O1 | O2
+    dtype: str = "float16"  # float16 | bfloat16
+    # None: a GradScaler for float16, none for bfloat16.
+    use_scaler: Optional[bool] = None
+    init_loss_scaling: float = 65536.0
+    incr_ratio: float = 2.0
+    decr_ratio: float = 0.5
+    incr_every_n_steps: int = 2000
+    decr_every_n_nan_or_inf: int = 1
+    use_dynamic_loss_scaling: bool = True
+    # Evaluate under autocast too (default: float32).
+    eval_in_amp: bool = False
+
+
+@dataclass
+class CheckpointConfig:
+    enabled: bool = True
+    monitor: str = "val/top1"
+    mode: str = "max"  # max | min
+    keep_last: int = 1
+    keep_best: int = 1
+    every_n_steps: Optional[int] = None
+    every_n_epochs: int = 1
+    # Load legacy pickled .pdparams/.pdopt checkpoints (runs code from the file: trust it first).
+    trust_pickle: bool = False
+
+
+@dataclass
+class EarlyStoppingConfig:
+    enabled: bool = False
+    monitor: str = "val/top1"
+    mode: str = "max"
+    patience: int = 10
+    min_delta: float = 0.0
+
+
+@dataclass
+class FinetuneConfig:
+    # Freeze everything but the classifier head for this many epochs, then unfreeze.
+    freeze_backbone_epochs: int = 0
+    # Keep BatchNorm running statistics fixed (eval-mode BN) during training.
+    freeze_bn: bool = False
+
+
+@dataclass
+class TrainerConfig:
+    max_epochs: int = 10
+    max_steps: Optional[int] = None
+    device: str = "auto"  # auto | cpu | gpu
+    # None: the measured default for this machine (see docs/performance.md).
+    cpu_threads: Optional[int] = None
+    devices: int = 1
+    find_unused_parameters: bool = False
+    seed: int = 42
+    deterministic: bool = False
+    accumulate_grad_batches: int = 1
+    grad_clip_norm: Optional[float] = None
+    label_smoothing: float = 0.0
+    # Validate every N epochs; 0 disables validation.
+    val_every_n_epochs: int = 1
+    limit_train_batches: Optional[int] = None
+    limit_val_batches: Optional[int] = None
+    log_every_n_steps: int = 20
+    progress_bar: bool = True
+    visualdl: bool = True
+    log_images: bool = True
+    # Resume: None, "auto" (newest complete checkpoint in the run dir) or a checkpoint directory.
+    resume: Optional[str] = None
+    # Stop after this many consecutive non-finite steps.
+    max_consecutive_nonfinite: int = 20
+    ema_decay: Optional[float] = None
+    profile: bool = False
+    amp: AmpConfig = field(default_factory=AmpConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+
+
+@dataclass
+class FitConfig:
+    model: ModelConfig = MISSING
+    data: DataConfig = MISSING
+    optim: OptimConfig = MISSING
+    sched: SchedConfig = MISSING
+    trainer: TrainerConfig = MISSING
+    # Run name used in the run directory and the summary.
+    name: str = "paddletrain"
+    # Free-form tags: experiment recipes may set them; never read by the library.
+    tags: List[str] = field(default_factory=list)
+
+
+@dataclass
+class EvaluateConfig(FitConfig):
+    checkpoint: str = MISSING
+
+
+SCHEMAS: dict[str, Any] = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "optim": OptimConfig,
+    "sched": SchedConfig,
+    "trainer": TrainerConfig,
+}
+
+
+def register_configs() -> None:
+    """Register the schemas so every preset of a group is validated against ``<group>_schema``."""
+    cs = ConfigStore.instance()
+    cs.store(name="fit_schema", node=FitConfig)
+    cs.store(name="evaluate_schema", node=EvaluateConfig)
+    for group, node in SCHEMAS.items():
+        cs.store(group=group, name=f"{group}_schema", node=node)
