@@ -218,3 +218,44 @@ def register_configs() -> None:
     cs.store(name="evaluate_schema", node=EvaluateConfig)
     for group, node in SCHEMAS.items():
         cs.store(group=group, name=f"{group}_schema", node=node)
+
+
+# Keys whose value must be one of a fixed set; checked at start-up, before data or model are built.
+CHOICES: dict[str, tuple] = {
+    "model.data_format": ("NCHW", "NHWC"),
+    "data.train_transform": ("imagenet", "small", "none"),
+    "data.eval_transform": ("imagenet", "small", "none"),
+    "data.interpolation": ("nearest", "bilinear", "bicubic", "lanczos"),
+    "data.bad_sample_policy": ("fail", "skip"),
+    "optim.name": ("sgd", "adamw"),
+    "sched.name": ("cosine", "step", "multistep", "onecycle", "constant"),
+    "trainer.device": ("auto", "cpu", "gpu"),
+    "trainer.amp.level": ("O1", "O2"),
+    "trainer.amp.dtype": ("float16", "bfloat16"),
+    "trainer.checkpoint.mode": ("max", "min"),
+    "trainer.early_stopping.mode": ("max", "min"),
+}
+
+# Keys that must be positive integers when set.
+POSITIVE: tuple = ("data.batch_size", "trainer.max_epochs", "trainer.accumulate_grad_batches",
+                   "trainer.max_consecutive_nonfinite", "data.image_size")
+
+
+def validate_choices(cfg: Any) -> None:
+    """Raise :class:`ConfigError` naming the first key whose value is not allowed."""
+    from omegaconf import OmegaConf
+
+    from paddletrain.errors import ConfigError
+
+    for key, allowed in CHOICES.items():
+        value = OmegaConf.select(cfg, key)
+        if value is not None and value not in allowed:
+            raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(allowed)}")
+    for key in POSITIVE:
+        value = OmegaConf.select(cfg, key)
+        if value is not None and value < 1:
+            raise ConfigError(f"{key}={value} must be >= 1")
+    if OmegaConf.select(cfg, "data.num_workers") is not None and cfg.data.num_workers < 0:
+        raise ConfigError(f"data.num_workers={cfg.data.num_workers} must be >= 0")
+    if len(cfg.data.mean) != len(cfg.data.std):
+        raise ConfigError(f"data.mean has {len(cfg.data.mean)} values but data.std has {len(cfg.data.std)}")

@@ -1,0 +1,99 @@
+"""The callback contract: hooks the Trainer calls, in a documented order, and the callback's own state.
+
+Order of hooks during ``Trainer.fit``::
+
+    on_fit_start
+      for each epoch:
+        on_train_epoch_start
+          for each batch:
+            on_train_batch_start
+            on_before_optimizer_step      (only on batches that step the optimizer)
+            on_train_batch_end
+        on_validation_start / on_validation_end   (when validation runs this epoch)
+        on_train_epoch_end
+    on_fit_end
+    on_exception                          (instead of the rest, if an exception escapes)
+
+``on_save_checkpoint``/``on_load_checkpoint`` run when a checkpoint is written or restored.
+Callbacks never reach into each other: they read the trainer's public state and write their own.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Dict, Optional
+
+if TYPE_CHECKING:  # pragma: no cover
+    from paddletrain.trainer import Trainer
+
+
+@dataclass
+class StepOutput:
+    """What one training batch produced, as host values (already synchronised once per step)."""
+
+    loss: float
+    batch_size: int
+    lr: float
+    # Whether the optimizer stepped on this batch (False for accumulation micro-batches and skipped steps).
+    stepped: bool
+    # Seconds spent waiting for the batch and computing it.
+    data_time: float
+    compute_time: float
+    # False when the loss or a gradient was non-finite and the step was skipped.
+    finite: bool = True
+    extra: Dict[str, float] = field(default_factory=dict)
+
+
+class Callback:
+    """Base class: override the hooks you need. Every hook receives the trainer."""
+
+    # Only the main process (rank 0) runs callbacks whose ``main_process_only`` is True.
+    main_process_only: bool = False
+
+    @property
+    def state_key(self) -> str:
+        """Key under which this callback's state is stored in a checkpoint."""
+        return type(self).__name__
+
+    def on_fit_start(self, trainer: "Trainer") -> None: ...
+
+    def on_fit_end(self, trainer: "Trainer") -> None: ...
+
+    def on_train_epoch_start(self, trainer: "Trainer") -> None: ...
+
+    def on_train_epoch_end(self, trainer: "Trainer", metrics: Dict[str, float]) -> None: ...
+
+    def on_train_batch_start(self, trainer: "Trainer", batch: Any, batch_idx: int) -> None: ...
+
+    def on_before_optimizer_step(self, trainer: "Trainer", optimizer: Any) -> None: ...
+
+    def on_train_batch_end(self, trainer: "Trainer", output: StepOutput, batch: Any, batch_idx: int) -> None: ...
+
+    def on_validation_start(self, trainer: "Trainer") -> None: ...
+
+    def on_validation_end(self, trainer: "Trainer", metrics: Dict[str, float]) -> None: ...
+
+    def on_save_checkpoint(self, trainer: "Trainer", checkpoint: Dict[str, Any]) -> None: ...
+
+    def on_load_checkpoint(self, trainer: "Trainer", checkpoint: Dict[str, Any]) -> None: ...
+
+    def on_exception(self, trainer: "Trainer", exception: BaseException) -> None: ...
+
+    def state_dict(self) -> Dict[str, Any]:
+        """JSON-serialisable state restored on resume (numbers, strings, lists, dicts)."""
+        return {}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+
+def metric_improved(value: Optional[float], best: Optional[float], mode: str, min_delta: float = 0.0) -> bool:
+    """Whether ``value`` beats ``best`` in ``mode`` ("max" or "min"); a NaN or missing value never improves."""
+    if value is None or value != value:
+        return False
+    if best is None or best != best:
+        return True
+    if mode == "max":
+        return value > best + min_delta
+    if mode == "min":
+        return value < best - min_delta
+    raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")

@@ -1,0 +1,192 @@
+"""`python -m paddletrain.fit`: the composition root that turns a validated config into objects and trains.
+
+Examples::
+
+    python -m paddletrain.fit                                   # resnet20 on the embedded `shapes` dataset
+    python -m paddletrain.fit model=resnet50 data=imagefolder data.root=/data/imagenet trainer.amp.enabled=true
+    python -m paddletrain.fit -m optim.lr=0.1,0.05              # a sweep
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import hydra
+import paddle
+from omegaconf import DictConfig, OmegaConf
+
+from paddletrain.config import register_configs, validate_choices
+from paddletrain.errors import ConfigError, UserError
+
+log = logging.getLogger("paddletrain")
+
+
+@dataclass
+class DataBundle:
+    """What the data config builds: loaders plus what the model must know about the data."""
+
+    train_loader: Any
+    val_loader: Any
+    classes: List[str]
+    in_chans: int
+
+
+def build_data(cfg: DictConfig, seed: int, rank: int = 0, world_size: int = 1) -> DataBundle:
+    """Datasets, transforms and loaders from the ``data`` config."""
+    from paddletrain.data import build_datasets, build_loader, build_transform
+
+    probe = build_datasets(cfg.data)  # validates paths and tells the channel count before transforms exist
+    train_tf = build_transform(cfg.data, train=True, in_chans=probe.in_chans)
+    eval_tf = build_transform(cfg.data, train=False, in_chans=probe.in_chans)
+    splits = build_datasets(cfg.data, train_transform=train_tf, eval_transform=eval_tf)
+    if len(splits.train) == 0:
+        raise UserError(f"data.name={cfg.data.name}: the training split is empty")
+    num_classes = cfg.model.num_classes
+    if num_classes is not None and num_classes < len(splits.classes):
+        raise UserError(f"model.num_classes={num_classes} is smaller than the {len(splits.classes)} classes "
+                        f"of data.name={cfg.data.name}")
+    train_loader = build_loader(splits.train, cfg.data, train=True, seed=seed, num_replicas=world_size, rank=rank)
+    val_loader = build_loader(splits.val, cfg.data, train=False, seed=seed, num_replicas=world_size, rank=rank)
+    return DataBundle(train_loader, val_loader, list(splits.classes), splits.in_chans)
+
+
+def build_model(cfg: DictConfig, classes: List[str], in_chans: int) -> paddle.nn.Layer:
+    """The model from the ``model`` config; class count and channels default to the data's."""
+    from paddletrain.models import create_model
+
+    m = cfg.model
+    return create_model(
+        m.name,
+        num_classes=m.num_classes if m.num_classes is not None else len(classes),
+        in_chans=m.in_chans if m.in_chans is not None else in_chans,
+        pretrained=m.pretrained,
+        drop_rate=m.drop_rate,
+        zero_init_residual=m.zero_init_residual,
+        data_format=m.data_format,
+    )
+
+
+def build_callbacks(cfg: DictConfig, run_dir: Path, mean: List[float], std: List[float]) -> list:
+    """Built-in callbacks selected by the ``trainer`` config."""
+    from paddletrain.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, ProgressBar, VisualDLLogger
+
+    t = cfg.trainer
+    callbacks: list = [ProgressBar(enabled=t.progress_bar), LearningRateMonitor()]
+    if t.visualdl:
+        callbacks.append(VisualDLLogger(str(run_dir / "visualdl"), log_every_n_steps=t.log_every_n_steps,
+                                        log_images=t.log_images, mean=mean, std=std))
+    if t.early_stopping.enabled:
+        es = t.early_stopping
+        callbacks.append(EarlyStopping(monitor=es.monitor, mode=es.mode, patience=es.patience, min_delta=es.min_delta))
+    if t.checkpoint.enabled:
+        ck = t.checkpoint
+        callbacks.append(ModelCheckpoint(
+            run_dir / "checkpoints", monitor=ck.monitor, mode=ck.mode, keep_last=ck.keep_last,
+            keep_best=ck.keep_best, every_n_steps=ck.every_n_steps, every_n_epochs=ck.every_n_epochs,
+            extra_state={"config": OmegaConf.to_container(cfg, resolve=True)}))
+    return callbacks
+
+
+def train(cfg: DictConfig, run_dir: Path) -> Dict[str, float]:
+    """Build everything from ``cfg`` and train; returns the final metrics (also written to summary.json)."""
+    from paddletrain.optim import build_optimizer, build_scheduler
+    from paddletrain.precision import Precision
+    from paddletrain.runtime import seed_everything, setup_runtime
+    from paddletrain.trainer import Trainer
+
+    validate_choices(cfg)
+    t = cfg.trainer
+    runtime = setup_runtime(t.device, t.cpu_threads)
+    seed_everything(t.seed)
+    data = build_data(cfg, seed=t.seed)
+    model = build_model(cfg, data.classes, data.in_chans)
+    steps_per_epoch = len(data.train_loader)
+    if t.limit_train_batches:
+        steps_per_epoch = min(steps_per_epoch, t.limit_train_batches)
+    steps_per_epoch = max(1, steps_per_epoch // t.accumulate_grad_batches)
+    scheduler = build_scheduler(cfg.sched, cfg.optim.lr, steps_per_epoch, t.max_epochs)
+    optimizer = build_optimizer(model, cfg.optim, scheduler)
+    precision = Precision.from_config(t.amp, device=runtime.device)
+    trainer = Trainer(
+        model, optimizer, scheduler=scheduler,
+        loss_fn=paddle.nn.CrossEntropyLoss(label_smoothing=t.label_smoothing),
+        precision=precision,
+        callbacks=build_callbacks(cfg, run_dir, list(cfg.data.mean), list(cfg.data.std)),
+        max_epochs=t.max_epochs, max_steps=t.max_steps, accumulate_grad_batches=t.accumulate_grad_batches,
+        grad_clip_norm=t.grad_clip_norm, limit_train_batches=t.limit_train_batches,
+        limit_val_batches=t.limit_val_batches, val_every_n_epochs=t.val_every_n_epochs,
+        max_consecutive_nonfinite=t.max_consecutive_nonfinite, num_classes=len(data.classes),
+        run_dir=str(run_dir), hparams=flat_hparams(cfg),
+    )
+    metrics = trainer.fit(data.train_loader, data.val_loader, ckpt_path=resolve_resume(t.resume, run_dir))
+    write_summary(run_dir, metrics, trainer)
+    return metrics
+
+
+def resolve_resume(resume: Optional[str], run_dir: Path) -> Optional[str]:
+    """``None``, ``auto`` (newest complete checkpoint in the run dir, if any) or an explicit checkpoint dir."""
+    from paddletrain.checkpoint import find_latest
+
+    if resume is None:
+        return None
+    if resume == "auto":
+        latest = find_latest(run_dir / "checkpoints")
+        if latest is None:
+            log.info("trainer.resume=auto: no checkpoint in %s, starting fresh", run_dir / "checkpoints")
+            return None
+        return str(latest)
+    if not Path(resume).is_dir():
+        raise UserError(f"trainer.resume={resume}: no such checkpoint directory")
+    return resume
+
+
+def flat_hparams(cfg: DictConfig) -> Dict[str, Any]:
+    """Scalar hyper-parameters as a flat dict (``optim.lr`` → 0.1) for loggers."""
+    flat: Dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{prefix}{key}.")
+        elif isinstance(node, (int, float, str, bool)):
+            flat[prefix[:-1]] = node
+
+    walk(OmegaConf.to_container(cfg, resolve=True), "")
+    return flat
+
+
+def write_summary(run_dir: Path, metrics: Dict[str, float], trainer: Any) -> None:
+    """One summary line on the console and ``summary.json`` in the run directory."""
+    summary = {"epochs": trainer.epoch, "global_step": trainer.global_step,
+               "nonfinite_steps": trainer.nonfinite_steps, **metrics}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+    shown = " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(summary.items()))
+    log.info("Summary: %s (run dir: %s)", shown, run_dir)
+
+
+def run_dir_from_hydra() -> Path:
+    from hydra.core.hydra_config import HydraConfig
+
+    return Path(HydraConfig.get().runtime.output_dir)
+
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="fit")
+def main(cfg: DictConfig) -> Optional[float]:
+    """Hydra entry point; returns the monitored metric so sweepers can optimise it."""
+    try:
+        metrics = train(cfg, run_dir_from_hydra())
+    except (UserError, ConfigError) as exc:
+        log.error("%s", exc)
+        sys.exit(2)
+    return metrics.get(cfg.trainer.checkpoint.monitor)
+
+
+if __name__ == "__main__":
+    main()

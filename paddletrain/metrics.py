@@ -1,0 +1,61 @@
+"""Classification metrics accumulated on the device, synchronised to the host once per epoch."""
+from __future__ import annotations
+
+from typing import Dict, Optional, Sequence
+
+import paddle
+
+
+def topk_correct(logits: paddle.Tensor, labels: paddle.Tensor, ks: Sequence[int]) -> paddle.Tensor:
+    """Number of samples whose label is among the top-k logits, for each k in ``ks`` (a float32 tensor)."""
+    maxk = max(ks)
+    _, pred = paddle.topk(logits, k=maxk, axis=-1)
+    hits = pred == labels.reshape([-1, 1]).astype(pred.dtype)
+    return paddle.stack([hits[:, :k].any(axis=-1).astype("float32").sum() for k in ks])
+
+
+class ClassificationMeter:
+    """Sums of loss and top-k hits over an epoch, kept on the device so a step costs no host sync.
+
+    ``ks`` are the top-k accuracies to report; k larger than the number of classes is dropped.
+    """
+
+    def __init__(self, num_classes: Optional[int] = None, ks: Sequence[int] = (1, 5)) -> None:
+        self.ks = tuple(k for k in ks if num_classes is None or k <= num_classes) or (1,)
+        self.reset()
+
+    def reset(self) -> None:
+        self._loss_sum: Optional[paddle.Tensor] = None
+        self._hits: Optional[paddle.Tensor] = None
+        self.count = 0
+
+    def update(self, loss: paddle.Tensor, logits: Optional[paddle.Tensor], labels: Optional[paddle.Tensor],
+               batch_size: int) -> None:
+        """Add a batch: ``loss`` is the batch mean; logits/labels may be None for custom tasks."""
+        loss_sum = loss.detach().astype("float32") * batch_size
+        self._loss_sum = loss_sum if self._loss_sum is None else self._loss_sum + loss_sum
+        if logits is not None and labels is not None:
+            ks = tuple(k for k in self.ks if k <= logits.shape[-1]) or (1,)
+            self.ks = ks
+            hits = topk_correct(logits.detach(), labels, ks)
+            self._hits = hits if self._hits is None else self._hits[: len(ks)] + hits
+        self.count += batch_size
+
+    def sums(self) -> paddle.Tensor:
+        """[count, loss_sum, hits@k...] as one float64 tensor: what distributed evaluation all-reduces."""
+        parts = [paddle.to_tensor([float(self.count)], dtype="float64")]
+        parts.append((self._loss_sum if self._loss_sum is not None else paddle.zeros([])).astype("float64").reshape([1]))
+        if self._hits is not None:
+            parts.append(self._hits.astype("float64"))
+        return paddle.concat(parts)
+
+    def compute(self, prefix: str, sums: Optional[paddle.Tensor] = None) -> Dict[str, float]:
+        """Mean loss and top-k accuracies as ``{prefix}/loss``, ``{prefix}/top1``...; ``sums`` overrides local sums."""
+        values = (sums if sums is not None else self.sums()).numpy().tolist()
+        count = values[0]
+        if count == 0:
+            return {}
+        out = {f"{prefix}/loss": values[1] / count}
+        for k, hits in zip(self.ks, values[2:]):
+            out[f"{prefix}/top{k}"] = hits / count
+        return out

@@ -1,0 +1,395 @@
+"""The training loop: fit / validate / predict over built objects, with callbacks and a full state_dict.
+
+The Trainer never reads configuration: ``paddletrain.fit`` (or your own script) builds the model, optimizer,
+scheduler, precision and callbacks and hands them over.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import paddle
+
+from paddletrain.callbacks.base import Callback, StepOutput
+from paddletrain.metrics import ClassificationMeter
+from paddletrain.precision import Precision
+
+log = logging.getLogger("paddletrain")
+
+
+class NonFiniteLossError(RuntimeError):
+    """Raised after too many consecutive steps with a non-finite loss or gradient."""
+
+
+class Trainer:
+    """Train and evaluate a classification model.
+
+    Args:
+        model: the network (a ``paddle.nn.Layer``; may be wrapped in ``paddle.DataParallel``).
+        optimizer: a ``paddle.optimizer.Optimizer`` over the model's parameters.
+        scheduler: an LR scheduler stepped once per optimizer step (``None`` for a constant LR).
+        loss_fn: ``loss_fn(logits, labels) -> scalar``; default cross-entropy.
+        precision: fp32/AMP behaviour (``paddletrain.precision.Precision``); default fp32.
+        callbacks: hooks run in the order given (checkpointing callbacks run last).
+        max_epochs / max_steps: stop at whichever comes first (``max_steps`` counts optimizer steps).
+        accumulate_grad_batches: micro-batches per optimizer step, counted by batch index.
+        grad_clip_norm: clip gradients by global norm (on unscaled gradients).
+        limit_train_batches / limit_val_batches: cap batches per epoch (smoke tests, debugging).
+        val_every_n_epochs: validation frequency; 0 disables validation during fit.
+        max_consecutive_nonfinite: stop with :class:`NonFiniteLossError` after this many skipped steps in a row.
+        num_classes: for top-k metrics (top-5 only when there are at least 5 classes).
+        run_dir: where callbacks write (logs, checkpoints); ``None`` for none.
+        hparams: a flat dict of hyper-parameters for loggers.
+        rank / world_size: this process's place in data-parallel training.
+    """
+
+    def __init__(
+        self,
+        model: paddle.nn.Layer,
+        optimizer: paddle.optimizer.Optimizer,
+        scheduler: Optional[paddle.optimizer.lr.LRScheduler] = None,
+        loss_fn: Optional[Callable[[paddle.Tensor, paddle.Tensor], paddle.Tensor]] = None,
+        precision: Optional[Precision] = None,
+        callbacks: Sequence[Callback] = (),
+        max_epochs: int = 1,
+        max_steps: Optional[int] = None,
+        accumulate_grad_batches: int = 1,
+        grad_clip_norm: Optional[float] = None,
+        limit_train_batches: Optional[int] = None,
+        limit_val_batches: Optional[int] = None,
+        val_every_n_epochs: int = 1,
+        max_consecutive_nonfinite: int = 20,
+        num_classes: Optional[int] = None,
+        run_dir: Optional[str] = None,
+        hparams: Optional[Dict[str, Any]] = None,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        if accumulate_grad_batches < 1:
+            raise ValueError(f"accumulate_grad_batches must be >= 1, got {accumulate_grad_batches}")
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.loss_fn = loss_fn or paddle.nn.CrossEntropyLoss()
+        self.precision = precision or Precision()
+        # Checkpointing runs after every other callback so it saves their updated state (as Lightning does).
+        self.callbacks: List[Callback] = sorted(callbacks, key=lambda c: getattr(c, "run_last", False))
+        self.max_epochs = max_epochs
+        self.max_steps = max_steps
+        self.accumulate_grad_batches = accumulate_grad_batches
+        self.grad_clip_norm = grad_clip_norm
+        self.limit_train_batches = limit_train_batches
+        self.limit_val_batches = limit_val_batches
+        self.val_every_n_epochs = val_every_n_epochs
+        self.max_consecutive_nonfinite = max_consecutive_nonfinite
+        self.num_classes = num_classes
+        self.run_dir = run_dir
+        self.hparams = hparams
+        self.rank = rank
+        self.world_size = world_size
+        self.logger = log
+
+        # Progress: the position to continue from is (epoch, batch_in_epoch); epoch_finished marks that the
+        # epoch's validation and end hooks have run.
+        self.epoch = 0
+        self.batch_in_epoch = 0
+        self.epoch_finished = False
+        self.global_step = 0
+        self.should_stop = False
+        self.metrics: Dict[str, float] = {}
+        self.nonfinite_steps = 0
+        self.consecutive_nonfinite = 0
+        self.num_train_batches: Optional[int] = None
+        self.train_loader: Optional[Iterable] = None
+        self.resumed_from: Optional[str] = None
+        self._is_setup = False
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def module(self) -> paddle.nn.Layer:
+        """The model without its data-parallel wrapper."""
+        return getattr(self.model, "_layers", self.model)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def current_lr(self) -> float:
+        return float(self.optimizer.get_lr())
+
+    # ------------------------------------------------------------------ callbacks
+    def _call(self, hook: str, *args: Any) -> None:
+        for cb in self.callbacks:
+            if cb.main_process_only and not self.is_main:
+                continue
+            getattr(cb, hook)(self, *args)
+
+    # ------------------------------------------------------------------ overridable steps
+    def training_step(self, batch: Any, batch_idx: int) -> Tuple[paddle.Tensor, Optional[paddle.Tensor], Any]:
+        """Forward one training batch; returns (loss, logits, labels). Override for custom tasks."""
+        images, labels = batch[0], batch[1]
+        with self.precision.autocast(training=True):
+            logits = self.model(images)
+            loss = self.loss_fn(logits, labels)
+        return loss, logits, labels
+
+    def validation_step(self, batch: Any, batch_idx: int) -> Tuple[paddle.Tensor, Optional[paddle.Tensor], Any]:
+        """Forward one evaluation batch; returns (loss, logits, labels). Override for custom tasks."""
+        images, labels = batch[0], batch[1]
+        with self.precision.autocast(training=False):
+            logits = self.model(images)
+        logits = logits.astype("float32")
+        return self.loss_fn(logits, labels), logits, labels
+
+    # ------------------------------------------------------------------ fit
+    def setup(self) -> None:
+        """Apply precision wrapping (O2 decorate) once, before the first step or restore."""
+        if not self._is_setup:
+            self.model, self.optimizer = self.precision.setup(self.model, self.optimizer)
+            self._is_setup = True
+
+    def fit(self, train_loader: Iterable, val_loader: Optional[Iterable] = None,
+            ckpt_path: Optional[str] = None) -> Dict[str, float]:
+        """Train until ``max_epochs``/``max_steps`` or a callback stops; returns the final metrics.
+
+        ``ckpt_path`` restores model, optimizer, scheduler, precision, callbacks, RNGs and the position
+        inside the epoch, so the run continues exactly where the checkpoint was written.
+        """
+        self.setup()
+        self.train_loader = train_loader
+        self.num_train_batches = self._num_batches(train_loader, self.limit_train_batches)
+        if ckpt_path is not None:
+            self.restore(ckpt_path)
+        try:
+            self._call("on_fit_start")
+            while not self._done():
+                self._run_epoch(train_loader, val_loader)
+            self._call("on_fit_end")
+        except BaseException as exc:
+            self._call("on_exception", exc)
+            raise
+        return dict(self.metrics)
+
+    def _done(self) -> bool:
+        if self.should_stop or self.epoch >= self.max_epochs:
+            return True
+        return self.max_steps is not None and self.global_step >= self.max_steps
+
+    def _run_epoch(self, train_loader: Iterable, val_loader: Optional[Iterable]) -> None:
+        self.epoch_finished = False
+        sampler = getattr(train_loader, "batch_sampler", None)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(self.epoch)
+        if self.batch_in_epoch and hasattr(sampler, "skip_batches"):
+            sampler.skip_batches(self.batch_in_epoch)
+        self.module.train()
+        self._call("on_train_epoch_start")
+        train_metrics = self._train_batches(train_loader)
+        self.metrics.update(train_metrics)
+        if val_loader is not None and self.val_every_n_epochs and (self.epoch + 1) % self.val_every_n_epochs == 0:
+            self.metrics.update(self._validate(val_loader))
+        # The epoch is complete: a checkpoint written from here on resumes at the next epoch.
+        self.epoch_finished = True
+        self._call("on_train_epoch_end", dict(self.metrics))
+        self.epoch += 1
+        self.batch_in_epoch = 0
+        self.epoch_finished = False
+
+    def _train_batches(self, loader: Iterable) -> Dict[str, float]:
+        meter = ClassificationMeter(self.num_classes)
+        accumulate = self.accumulate_grad_batches
+        limit = self.num_train_batches
+        images_seen, time_data, time_compute = 0, 0.0, 0.0
+        epoch_start = time.perf_counter()
+        batch_idx = self.batch_in_epoch
+        iterator = iter(loader)
+        while limit is None or batch_idx < limit:
+            t0 = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                break
+            t1 = time.perf_counter()
+            self._call("on_train_batch_start", batch, batch_idx)
+            is_last = limit is not None and batch_idx + 1 >= limit
+            step_now = (batch_idx + 1) % accumulate == 0 or is_last
+            with self._no_sync(not step_now):
+                loss, logits, labels = self.training_step(batch, batch_idx)
+                self.precision.backward(loss / accumulate if accumulate > 1 else loss)
+            stepped, finite = False, True
+            if step_now:
+                stepped, finite = self._optimizer_step()
+            loss_value = float(loss)
+            if math.isfinite(loss_value):
+                meter.update(loss, logits, labels, len(labels))
+            t2 = time.perf_counter()
+            batch_size = int(batch[0].shape[0])
+            images_seen += batch_size
+            time_data += t1 - t0
+            time_compute += t2 - t1
+            self.batch_in_epoch = batch_idx + 1
+            out = StepOutput(loss=loss_value, batch_size=batch_size, lr=self.current_lr, stepped=stepped,
+                             data_time=t1 - t0, compute_time=t2 - t1, finite=finite)
+            self._call("on_train_batch_end", out, batch, batch_idx)
+            batch_idx += 1
+            if self.should_stop or (self.max_steps is not None and self.global_step >= self.max_steps):
+                break
+        elapsed = time.perf_counter() - epoch_start
+        metrics = meter.compute("train")
+        if images_seen:
+            metrics["train/throughput"] = images_seen / max(elapsed, 1e-9)
+            metrics["train/data_time_share"] = time_data / max(time_data + time_compute, 1e-9)
+        metrics["train/lr"] = self.current_lr
+        return metrics
+
+    def _optimizer_step(self) -> Tuple[bool, bool]:
+        """Unscale, check, clip and step; the scheduler advances only when the optimizer really stepped."""
+        self._call("on_before_optimizer_step", self.optimizer)
+        result = self.precision.step(self.optimizer, self.module.parameters(), clip_norm=self.grad_clip_norm)
+        if result.stepped:
+            self.global_step += 1
+            self.consecutive_nonfinite = 0
+            if self.scheduler is not None:
+                self.scheduler.step()
+            return True, True
+        if result.found_inf:
+            self.nonfinite_steps += 1
+            self.consecutive_nonfinite += 1
+            log.warning("Non-finite loss or gradient at epoch %d batch %d: optimizer step skipped "
+                        "(%d in a row, %d in total)%s", self.epoch, self.batch_in_epoch, self.consecutive_nonfinite,
+                        self.nonfinite_steps,
+                        f", loss scale now {result.loss_scale:g}" if result.loss_scale is not None else "")
+            if self.consecutive_nonfinite >= self.max_consecutive_nonfinite:
+                raise NonFiniteLossError(
+                    f"{self.consecutive_nonfinite} consecutive optimizer steps had a non-finite loss or gradient "
+                    f"(the last at epoch {self.epoch}, batch {self.batch_in_epoch}, after global step "
+                    f"{self.global_step}); stopping. Lower the learning rate, enable gradient clipping "
+                    f"(trainer.grad_clip_norm) or check the data. Earlier checkpoints are intact.")
+        return False, not result.found_inf
+
+    def _no_sync(self, skip_allreduce: bool):
+        """Accumulation micro-batches skip the gradient all-reduce under data parallelism."""
+        if skip_allreduce and hasattr(self.model, "no_sync"):
+            return self.model.no_sync()
+        return contextlib.nullcontext()
+
+    # ------------------------------------------------------------------ validate / predict
+    def validate(self, loader: Iterable) -> Dict[str, float]:
+        """Loss and top-k accuracy over ``loader`` (all ranks combined); also runs the validation hooks."""
+        self.setup()
+        metrics = self._validate(loader)
+        self.metrics.update(metrics)
+        return metrics
+
+    def _validate(self, loader: Iterable) -> Dict[str, float]:
+        self._call("on_validation_start")
+        was_training = self.module.training
+        self.module.eval()
+        meter = ClassificationMeter(self.num_classes)
+        limit = self._num_batches(loader, self.limit_val_batches)
+        with paddle.no_grad():
+            for batch_idx, batch in enumerate(loader):
+                if limit is not None and batch_idx >= limit:
+                    break
+                loss, logits, labels = self.validation_step(batch, batch_idx)
+                meter.update(loss, logits, labels, int(batch[0].shape[0]))
+        sums = meter.sums()
+        if self.world_size > 1:
+            paddle.distributed.all_reduce(sums)
+        metrics = meter.compute("val", sums)
+        if was_training:
+            self.module.train()
+        self._call("on_validation_end", metrics)
+        return metrics
+
+    def predict(self, loader: Iterable) -> np.ndarray:
+        """Softmax probabilities for every sample of ``loader`` (batches of images, or (images, ...) tuples)."""
+        self.setup()
+        self.module.eval()
+        outputs = []
+        with paddle.no_grad():
+            for batch in loader:
+                images = batch[0] if isinstance(batch, (list, tuple)) else batch
+                with self.precision.autocast(training=False):
+                    logits = self.model(images)
+                outputs.append(paddle.nn.functional.softmax(logits.astype("float32"), axis=-1).numpy())
+        return np.concatenate(outputs) if outputs else np.zeros((0, 0), dtype="float32")
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> Dict[str, Any]:
+        """Everything needed to continue exactly: weights, optimizer, scheduler, precision, callbacks, progress."""
+        from paddletrain.checkpoint import rng_state
+
+        state: Dict[str, Any] = {
+            "model": self.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "precision": self.precision.state_dict(),
+            "progress": {
+                "epoch": self.epoch,
+                "batch_in_epoch": self.batch_in_epoch,
+                "epoch_finished": self.epoch_finished,
+                "global_step": self.global_step,
+                "nonfinite_steps": self.nonfinite_steps,
+            },
+            "rng": rng_state(),
+            "callbacks": {cb.state_key: cb.state_dict() for cb in self.callbacks},
+            "metrics": dict(self.metrics),
+        }
+        if self.scheduler is not None:
+            state["scheduler"] = self.scheduler.state_dict()
+        sampler = getattr(self.train_loader, "batch_sampler", None)
+        if hasattr(sampler, "state_dict"):
+            state["sampler"] = sampler.state_dict()
+        return state
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` produced (callbacks by their ``state_key``)."""
+        from paddletrain.checkpoint import set_rng_state
+
+        self.module.set_state_dict(state["model"])
+        self.optimizer.set_state_dict(state["optimizer"])
+        if self.scheduler is not None and "scheduler" in state:
+            self.scheduler.set_state_dict(state["scheduler"])
+        self.precision.load_state_dict(state.get("precision", {}))
+        progress = state["progress"]
+        self.global_step = int(progress["global_step"])
+        self.nonfinite_steps = int(progress.get("nonfinite_steps", 0))
+        if progress.get("epoch_finished"):
+            self.epoch, self.batch_in_epoch = int(progress["epoch"]) + 1, 0
+        else:
+            self.epoch, self.batch_in_epoch = int(progress["epoch"]), int(progress["batch_in_epoch"])
+        self.metrics.update(state.get("metrics", {}))
+        saved_callbacks = state.get("callbacks", {})
+        for cb in self.callbacks:
+            if cb.state_key in saved_callbacks:
+                cb.load_state_dict(saved_callbacks[cb.state_key])
+        sampler = getattr(self.train_loader, "batch_sampler", None)
+        if "sampler" in state and hasattr(sampler, "load_state_dict"):
+            sampler.load_state_dict(state["sampler"])
+        set_rng_state(state["rng"])
+
+    def restore(self, ckpt_path: str) -> None:
+        """Load a checkpoint directory into this trainer and its callbacks."""
+        from paddletrain.checkpoint import load_checkpoint
+
+        checkpoint = load_checkpoint(ckpt_path)
+        self._call("on_load_checkpoint", checkpoint.state)
+        self.load_state_dict(checkpoint.state)
+        self.resumed_from = str(ckpt_path)
+        log.info("Resumed from %s at epoch %d, batch %d, global step %d", ckpt_path, self.epoch,
+                 self.batch_in_epoch, self.global_step)
+
+    @staticmethod
+    def _num_batches(loader: Iterable, limit: Optional[int]) -> Optional[int]:
+        try:
+            n: Optional[int] = len(loader)  # type: ignore[arg-type]
+        except TypeError:
+            n = None
+        if limit is not None:
+            n = limit if n is None else min(n, limit)
+        return n
