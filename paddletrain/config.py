@@ -241,11 +241,19 @@ POSITIVE: tuple = ("data.batch_size", "trainer.max_epochs", "trainer.accumulate_
                    "trainer.max_consecutive_nonfinite", "data.image_size")
 
 
-def validate_choices(cfg: Any) -> None:
-    """Raise :class:`ConfigError` naming the first key whose value is not allowed."""
+def validate_config(cfg: Any) -> None:
+    """Raise :class:`ConfigError` naming the first key that is missing or whose value is not allowed.
+
+    Hydra already rejects unknown keys and wrong types; this adds required values and choices.
+    """
     from omegaconf import OmegaConf
 
     from paddletrain.errors import ConfigError
+
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ConfigError(f"missing required value for {', '.join(missing)} (set it on the command line, "
+                          f"e.g. {missing[0]}=...)")
 
     for key, allowed in CHOICES.items():
         value = OmegaConf.select(cfg, key)

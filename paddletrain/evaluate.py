@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Dict, List
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from paddletrain.config import register_configs, validate_choices
+from paddletrain.config import register_configs, validate_config
 from paddletrain.errors import UserError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -39,7 +39,7 @@ def evaluate(cfg: DictConfig, checkpoint: "Checkpoint") -> Dict[str, float]:
     from paddletrain.runtime import seed_everything, setup_runtime
     from paddletrain.trainer import Trainer
 
-    validate_choices(cfg)
+    validate_config(cfg)
     setup_runtime(cfg.trainer.device, cfg.trainer.cpu_threads)
     seed_everything(cfg.trainer.seed)
     data = build_data(cfg, seed=cfg.trainer.seed)
@@ -65,6 +65,8 @@ def main(cfg: DictConfig) -> None:
     from paddletrain.checkpoint import load_checkpoint
 
     try:
+        if OmegaConf.is_missing(cfg, "checkpoint"):
+            raise UserError("missing required value for checkpoint (e.g. checkpoint=outputs/<run>/checkpoints/<dir>)")
         checkpoint = load_checkpoint(cfg.checkpoint)
         overrides = list(HydraConfig.get().overrides.task)
         evaluate(checkpoint_config(cfg, checkpoint.state.get("config", {}), overrides), checkpoint)

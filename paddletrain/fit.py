@@ -19,7 +19,7 @@ import hydra
 import paddle
 from omegaconf import DictConfig, OmegaConf
 
-from paddletrain.config import register_configs, validate_choices
+from paddletrain.config import register_configs, validate_config
 from paddletrain.errors import ConfigError, UserError
 
 log = logging.getLogger("paddletrain")
@@ -98,7 +98,7 @@ def train(cfg: DictConfig, run_dir: Path) -> Dict[str, float]:
     from paddletrain.runtime import seed_everything, setup_runtime
     from paddletrain.trainer import Trainer
 
-    validate_choices(cfg)
+    validate_config(cfg)
     t = cfg.trainer
     runtime = setup_runtime(t.device, t.cpu_threads)
     seed_everything(t.seed)

@@ -1,0 +1,230 @@
+"""Trainer behaviour on tiny models: learning, accumulation, clipping, hooks, non-finite guards, metrics."""
+from __future__ import annotations
+
+import numpy as np
+import paddle
+import pytest
+
+from paddletrain.callbacks.base import Callback
+from paddletrain.trainer import NonFiniteLossError, Trainer
+
+
+def make_batches(n_batches: int, batch_size: int, seed: int = 0, dim: int = 8, classes: int = 3):
+    """Linearly separable blobs as a list of (x, y) batches."""
+    rng = np.random.RandomState(seed)
+    centers = rng.randn(classes, dim).astype("float32") * 3
+    batches = []
+    for _ in range(n_batches):
+        y = rng.randint(0, classes, batch_size)
+        x = centers[y] + rng.randn(batch_size, dim).astype("float32")
+        batches.append((paddle.to_tensor(x), paddle.to_tensor(y.astype("int64"))))
+    return batches
+
+
+def linear_model(seed: int = 0, dim: int = 8, classes: int = 3) -> paddle.nn.Layer:
+    paddle.seed(seed)
+    return paddle.nn.Linear(dim, classes)
+
+
+def sgd(model, lr=0.1):
+    return paddle.optimizer.SGD(learning_rate=lr, parameters=model.parameters())
+
+
+def params(model):
+    return [p.numpy().copy() for p in model.parameters()]
+
+
+def test_loss_decreases_and_accuracy_rises():
+    model = linear_model()
+    data = make_batches(10, 16)
+    trainer = Trainer(model, sgd(model), max_epochs=5, num_classes=3)
+    first = trainer.validate(data)
+    trainer.fit(data, data)
+    last = trainer.metrics
+    assert last["val/loss"] < first["val/loss"] * 0.5
+    assert last["val/top1"] > 0.9
+    assert "val/top5" not in last  # only 3 classes
+    assert trainer.global_step == 50 and trainer.epoch == 5
+
+
+def test_accumulation_equals_larger_batch():
+    small = make_batches(8, 4, seed=1)
+    large = [(paddle.concat([a[0], b[0]]), paddle.concat([a[1], b[1]])) for a, b in zip(small[::2], small[1::2])]
+    m1, m2 = linear_model(3), linear_model(3)
+    Trainer(m1, sgd(m1), max_epochs=2, accumulate_grad_batches=2).fit(small)
+    t2 = Trainer(m2, sgd(m2), max_epochs=2)
+    t2.fit(large)
+    for a, b in zip(params(m1), params(m2)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert t2.global_step == 8
+
+
+def test_partial_accumulation_group_steps_at_epoch_end():
+    model = linear_model()
+    trainer = Trainer(model, sgd(model), max_epochs=1, accumulate_grad_batches=4)
+    trainer.fit(make_batches(6, 4))
+    assert trainer.global_step == 2  # after batch 4 and after the last (6th) batch
+
+
+def test_gradient_clipping_bounds_the_update():
+    model = linear_model()
+    before = params(model)
+    data = make_batches(1, 16)
+    # A huge learning rate makes the update equal lr * clipped gradient; its global norm must be lr * clip.
+    trainer = Trainer(model, sgd(model, lr=1.0), max_epochs=1, grad_clip_norm=0.01)
+    trainer.fit(data)
+    delta = np.sqrt(sum(((a - b) ** 2).sum() for a, b in zip(params(model), before)))
+    assert delta == pytest.approx(0.01, rel=1e-3)
+
+
+class Recorder(Callback):
+    def __init__(self):
+        self.events = []
+
+    def on_fit_start(self, trainer):
+        self.events.append("fit_start")
+
+    def on_fit_end(self, trainer):
+        self.events.append("fit_end")
+
+    def on_train_epoch_start(self, trainer):
+        self.events.append(f"epoch_start{trainer.epoch}")
+
+    def on_train_epoch_end(self, trainer, metrics):
+        self.events.append(f"epoch_end{trainer.epoch}")
+
+    def on_train_batch_start(self, trainer, batch, batch_idx):
+        self.events.append(f"batch_start{batch_idx}")
+
+    def on_before_optimizer_step(self, trainer, optimizer):
+        self.events.append("before_step")
+
+    def on_train_batch_end(self, trainer, output, batch, batch_idx):
+        self.events.append(f"batch_end{batch_idx}")
+
+    def on_validation_start(self, trainer):
+        self.events.append("val_start")
+
+    def on_validation_end(self, trainer, metrics):
+        self.events.append("val_end")
+
+    def on_exception(self, trainer, exception):
+        self.events.append(f"exception:{type(exception).__name__}")
+
+
+def test_callback_hook_order():
+    rec = Recorder()
+    model = linear_model()
+    Trainer(model, sgd(model), callbacks=[rec], max_epochs=2, accumulate_grad_batches=2).fit(
+        make_batches(2, 4), make_batches(1, 4))
+    epoch = ["batch_start0", "batch_end0", "batch_start1", "before_step", "batch_end1", "val_start", "val_end"]
+    assert rec.events == (["fit_start", "epoch_start0"] + epoch + ["epoch_end0", "epoch_start1"] + epoch
+                          + ["epoch_end1", "fit_end"])
+
+
+def test_exception_hook_runs_and_exception_propagates():
+    class Boom(Callback):
+        def on_train_batch_end(self, trainer, output, batch, batch_idx):
+            raise KeyError("boom")
+
+    rec = Recorder()
+    model = linear_model()
+    with pytest.raises(KeyError):
+        Trainer(model, sgd(model), callbacks=[rec, Boom()], max_epochs=1).fit(make_batches(2, 4))
+    assert rec.events[-1] == "exception:KeyError"
+
+
+def poisoned_loss(bad_steps):
+    """Cross-entropy that returns inf on the listed calls (0-based)."""
+    calls = {"n": 0}
+
+    def loss_fn(logits, labels):
+        loss = paddle.nn.functional.cross_entropy(logits, labels)
+        n = calls["n"]
+        calls["n"] += 1
+        return loss * float("inf") if n in bad_steps else loss
+
+    return loss_fn
+
+
+def test_nonfinite_loss_skips_step_keeps_weights_and_scheduler():
+    model = linear_model()
+    sched = paddle.optimizer.lr.StepDecay(learning_rate=0.1, step_size=1, gamma=0.5)
+    opt = paddle.optimizer.SGD(learning_rate=sched, parameters=model.parameters())
+    snapshots = []
+
+    class Snap(Callback):
+        def on_train_batch_end(self, trainer, output, batch, batch_idx):
+            snapshots.append((params(trainer.module), output.finite, output.stepped, trainer.current_lr))
+
+    trainer = Trainer(model, opt, scheduler=sched, loss_fn=poisoned_loss({1}), callbacks=[Snap()], max_epochs=1)
+    trainer.fit(make_batches(3, 8))
+    (p0, f0, s0, lr0), (p1, f1, s1, lr1), (_, f2, s2, lr2) = snapshots
+    assert (f0, s0, f1, s1, f2, s2) == (True, True, False, False, True, True)
+    for a, b in zip(p0, p1):
+        np.testing.assert_array_equal(a, b)
+    assert lr1 == lr0 == 0.05 and lr2 == 0.025  # the skipped step did not advance the schedule
+    assert trainer.nonfinite_steps == 1 and trainer.global_step == 2
+    assert all(np.isfinite(p).all() for p in params(model))
+
+
+def test_consecutive_nonfinite_steps_stop_training():
+    model = linear_model()
+    trainer = Trainer(model, sgd(model), loss_fn=poisoned_loss(set(range(2, 100))), max_epochs=1,
+                      max_consecutive_nonfinite=3)
+    with pytest.raises(NonFiniteLossError, match="3 consecutive"):
+        trainer.fit(make_batches(10, 4))
+    assert trainer.global_step == 2
+    assert all(np.isfinite(p).all() for p in params(model))
+
+
+def test_validate_top_k_exact():
+    class Fixed(paddle.nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.w = self.create_parameter([1])
+
+        def forward(self, x):
+            return x  # the inputs are the logits
+
+    logits = paddle.to_tensor(np.array([[5, 4, 3, 2, 1, 0]] * 4, dtype="float32"))
+    labels = paddle.to_tensor(np.array([0, 1, 4, 5], dtype="int64"))  # top1: 1/4; top5: 3/4
+    model = Fixed()
+    metrics = Trainer(model, sgd(model), num_classes=6).validate([(logits, labels)])
+    assert metrics["val/top1"] == 0.25 and metrics["val/top5"] == 0.75
+
+
+def test_max_steps_and_should_stop():
+    model = linear_model()
+    trainer = Trainer(model, sgd(model), max_epochs=10, max_steps=7)
+    trainer.fit(make_batches(5, 4))
+    assert trainer.global_step == 7
+
+    class StopAfterFirstEpoch(Callback):
+        def on_train_epoch_end(self, trainer, metrics):
+            trainer.should_stop = True
+
+    model = linear_model()
+    trainer = Trainer(model, sgd(model), max_epochs=10, callbacks=[StopAfterFirstEpoch()])
+    trainer.fit(make_batches(5, 4))
+    assert trainer.epoch == 1
+
+
+def test_predict_returns_probabilities():
+    model = linear_model()
+    probs = Trainer(model, sgd(model)).predict(make_batches(2, 5))
+    assert probs.shape == (10, 3)
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-5)
+
+
+def test_custom_training_step_subclass():
+    class Doubled(Trainer):
+        def training_step(self, batch, batch_idx):
+            loss, logits, labels = super().training_step(batch, batch_idx)
+            self.seen = getattr(self, "seen", 0) + 1
+            return loss * 2, logits, labels
+
+    model = linear_model()
+    trainer = Doubled(model, sgd(model), max_epochs=1)
+    trainer.fit(make_batches(3, 4))
+    assert trainer.seen == 3
