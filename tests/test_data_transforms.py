@@ -1,0 +1,136 @@
+"""Transform presets: shapes, dtypes, normalisation, channel handling, determinism under seeding, errors."""
+import random
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from paddletrain.config import DataConfig
+from paddletrain.data.transforms import PRESETS, build_transform, preprocessing_info
+from paddletrain.errors import ConfigError
+
+
+def _random_image(h=40, w=30, c=3, seed=0):
+    rng = np.random.default_rng(seed)
+    shape = (h, w, c) if c else (h, w)
+    return rng.integers(0, 256, shape, dtype=np.uint8)
+
+
+def _seeded(transform, image, seed):
+    random.seed(seed)
+    np.random.seed(seed)
+    return transform(image)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("train", [True, False])
+@pytest.mark.parametrize("in_chans", [1, 3])
+def test_every_preset_gives_float32_chw_of_image_size(preset, train, in_chans):
+    cfg = DataConfig(image_size=24, train_transform=preset, eval_transform=preset, color_jitter=0.3,
+                     auto_augment=True)
+    transform = build_transform(cfg, train=train, in_chans=in_chans)
+    inputs = [_random_image(40, 30, 3), _random_image(20, 20, 0), _random_image(24, 24, 1),
+              Image.fromarray(_random_image(50, 60, 3))]
+    for image in inputs:
+        out = transform(image)
+        assert isinstance(out, np.ndarray)
+        assert out.dtype == np.float32
+        assert out.shape == (in_chans, 24, 24)
+        assert out.flags.c_contiguous
+
+
+def test_normalisation_uses_per_channel_mean_and_std_on_0_1_scale():
+    cfg = DataConfig(image_size=4, eval_transform="small", mean=[0.1, 0.5, 0.9], std=[0.5, 0.25, 0.1])
+    image = np.zeros((4, 4, 3), np.uint8)
+    image[..., 0], image[..., 1], image[..., 2] = 255, 51, 0
+    out = build_transform(cfg, train=False)(image)
+    np.testing.assert_allclose(out[0], (1.0 - 0.1) / 0.5, rtol=1e-6)
+    np.testing.assert_allclose(out[1], (0.2 - 0.5) / 0.25, rtol=1e-6)
+    np.testing.assert_allclose(out[2], (0.0 - 0.9) / 0.1, rtol=1e-6)
+
+
+def test_small_eval_leaves_right_sized_images_untouched():
+    cfg = DataConfig(image_size=8, eval_transform="small", mean=[0.0], std=[1.0])
+    image = _random_image(8, 8, 3)
+    out = build_transform(cfg, train=False)(image)
+    np.testing.assert_allclose(out, image.transpose(2, 0, 1) / 255.0, rtol=1e-6)
+
+
+def test_three_value_stats_are_averaged_for_one_channel_and_greyscale_conversion_happens():
+    cfg = DataConfig(image_size=4, eval_transform="none", mean=[0.2, 0.4, 0.6], std=[0.5, 0.5, 0.5])
+    grey = np.full((4, 4), 102, np.uint8)  # 0.4 on the 0..1 scale: exactly the averaged mean
+    np.testing.assert_allclose(build_transform(cfg, train=False, in_chans=1)(grey), 0.0, atol=1e-6)
+    rgb = build_transform(cfg, train=False, in_chans=3)(grey)
+    assert rgb.shape == (3, 4, 4)
+    np.testing.assert_allclose(rgb[:, 0, 0], [(0.4 - m) / 0.5 for m in (0.2, 0.4, 0.6)], rtol=1e-5)
+    info = preprocessing_info(cfg, in_chans=1)
+    assert info["mean"] == pytest.approx([0.4]) and info["std"] == pytest.approx([0.5])
+
+
+def test_imagenet_eval_resizes_shorter_side_then_centre_crops():
+    cfg = DataConfig(image_size=16, eval_resize=32, eval_transform="imagenet", interpolation="nearest",
+                     mean=[0.0], std=[1.0])
+    image = np.zeros((64, 64, 3), np.uint8)
+    image[16:48, 16:48] = 255  # the central half is white: exactly what a 16/32 centre crop keeps
+    out = build_transform(cfg, train=False)(image)
+    assert out.shape == (3, 16, 16)
+    np.testing.assert_allclose(out, 1.0)
+    info = preprocessing_info(cfg)
+    assert (info["resize"], info["crop"], info["resize_mode"]) == (32, 16, "shorter_side")
+    assert info["input_size"] == [3, 16, 16] and info["interpolation"] == "nearest"
+
+
+def test_default_eval_resize_is_image_size_over_0875():
+    info = preprocessing_info(DataConfig(image_size=224, eval_transform="imagenet"))
+    assert info["resize"] == 256
+    small = preprocessing_info(DataConfig(image_size=32, eval_transform="small"))
+    assert (small["resize"], small["crop"], small["resize_mode"]) == (32, None, "exact")
+
+
+@pytest.mark.parametrize("preset", ["imagenet", "small"])
+def test_train_augmentation_is_a_function_of_the_global_rngs(preset):
+    cfg = DataConfig(image_size=16, train_transform=preset, color_jitter=0.4, auto_augment=True)
+    transform = build_transform(cfg, train=True)
+    image = _random_image(20, 20, 3)
+    np.testing.assert_array_equal(_seeded(transform, image, 1), _seeded(transform, image, 1))
+    outputs = [_seeded(transform, image, s) for s in range(6)]
+    assert any(not np.array_equal(outputs[0], o) for o in outputs[1:])
+
+
+def test_eval_transform_is_deterministic_without_seeding():
+    transform = build_transform(DataConfig(image_size=16, eval_transform="imagenet"), train=False)
+    image = _random_image(30, 40, 3)
+    np.testing.assert_array_equal(transform(image), transform(image))
+
+
+def test_auto_augment_changes_images():
+    image = _random_image(16, 16, 3)
+    plain = build_transform(DataConfig(image_size=16, train_transform="none"), train=True)
+    augmented = build_transform(DataConfig(image_size=16, train_transform="none", auto_augment=True), train=True)
+    # "none" ignores augmentation switches; the small preset honours them.
+    assert np.array_equal(_seeded(plain, image, 0), _seeded(augmented, image, 0))
+    cfg = DataConfig(image_size=16, train_transform="small", hflip=False)
+    base = build_transform(cfg, train=True)
+    cfg.auto_augment = True
+    with_aa = build_transform(cfg, train=True)
+    assert any(not np.array_equal(_seeded(base, image, s), _seeded(with_aa, image, s)) for s in range(4))
+
+
+@pytest.mark.parametrize("key,kwargs,names", [
+    ("data.train_transform", dict(train_transform="cifar"), ["'cifar'", "imagenet", "small", "none"]),
+    ("data.interpolation", dict(interpolation="cubic"), ["'cubic'", "bicubic"]),
+    ("data.mean", dict(mean=[0.5, 0.5]), ["2 values", "3 channels"]),
+    ("data.std", dict(std=[0.5, 0.0, 0.5]), ["zeros"]),
+])
+def test_bad_config_names_key_and_valid_values(key, kwargs, names):
+    with pytest.raises(ConfigError) as info:
+        build_transform(DataConfig(**kwargs), train=True)
+    message = str(info.value)
+    assert key in message
+    for name in names:
+        assert name in message
+
+
+def test_bad_eval_preset_is_reported_by_preprocessing_info():
+    with pytest.raises(ConfigError, match="data.eval_transform='big'"):
+        preprocessing_info(DataConfig(eval_transform="big"))
