@@ -1,0 +1,116 @@
+"""A batch sampler whose order is a pure function of (seed, epoch), and that can resume mid-epoch.
+
+Each yielded batch is a list of :class:`SampleKey` ``(index, epoch, batch)``. Carrying the epoch to the
+dataset lets :class:`paddletrain.data.loaders.SeededDataset` seed augmentation per sample in any worker
+process (persistent or not); carrying the batch number lets the loader record exactly how many batches the
+consumer has received, which the sampler itself cannot know while workers prefetch ahead of it.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Iterator, List, NamedTuple, Sized
+
+import numpy as np
+from paddle.io import DistributedBatchSampler
+
+
+class SampleKey(NamedTuple):
+    """What the sampler hands to ``dataset[...]`` for one sample."""
+
+    index: int
+    epoch: int
+    batch: int
+
+
+class ResumableBatchSampler(DistributedBatchSampler):
+    """Deterministic, shardable, resumable batches of :class:`SampleKey`.
+
+    The epoch's global order is a permutation drawn from ``(seed, epoch)`` (or ``range(len)`` without
+    shuffle), padded by wrapping around to a multiple of ``num_replicas``; rank ``r`` takes every
+    ``num_replicas``-th index starting at ``r``. Padding repeats therefore come last on every rank:
+    ``num_real_samples`` says how many of this rank's samples are real.
+
+    ``position`` counts the batches of the current epoch already delivered to the consumer (the loader
+    advances it); ``state_dict()`` saves it and ``load_state_dict()`` makes the next iteration start there.
+    """
+
+    def __init__(self, dataset: Sized, batch_size: int, *, shuffle: bool = False, drop_last: bool = False,
+                 seed: int = 0, num_replicas: int = 1, rank: int = 0) -> None:
+        if not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"sampler seed must be a non-negative integer, got {seed!r}")
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank={rank} must be in [0, num_replicas={num_replicas})")
+        super().__init__(dataset, batch_size, num_replicas=num_replicas, rank=rank, shuffle=shuffle,
+                         drop_last=drop_last)
+        self.seed = int(seed)
+        self.position = 0
+        self._skip = 0
+
+    @property
+    def num_real_samples(self) -> int:
+        """Samples of this rank that are not padding (they come first in its order)."""
+        return len(range(self.local_rank, len(self.dataset), self.nranks))
+
+    def __len__(self) -> int:
+        """Batches per full epoch (a pending skip does not shorten it)."""
+        if self.drop_last:
+            return self.num_samples // self.batch_size
+        return -(-self.num_samples // self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose order the next iteration yields.
+
+        Moving to another epoch resets ``position`` and any pending skip; setting the current epoch again
+        keeps them, so ``load_state_dict()`` followed by the trainer's usual ``set_epoch()`` still resumes.
+        """
+        if epoch != self.epoch:
+            self.position = 0
+            self._skip = 0
+        self.epoch = int(epoch)
+
+    def skip_batches(self, n: int) -> None:
+        """Make the next iteration (only) start at batch ``n`` of the current epoch's order."""
+        if n < 0:
+            raise ValueError(f"cannot skip a negative number of batches ({n})")
+        self._skip = int(n)
+        self.position = int(n)
+
+    def epoch_indices(self) -> List[int]:
+        """This rank's sample indices for the current epoch, padding included, in order."""
+        n = len(self.dataset)
+        if self.shuffle:
+            order = np.random.default_rng([self.seed, self.epoch]).permutation(n)
+        else:
+            order = np.arange(n)
+        order = np.resize(order, self.total_size)  # wraps around: pads with the head of the order
+        return order[self.local_rank::self.nranks].tolist()
+
+    def __iter__(self) -> Iterator[List[SampleKey]]:
+        indices = self.epoch_indices()
+        start, self._skip = self._skip, 0
+        epoch, size = self.epoch, self.batch_size
+        for batch in range(start, len(self)):
+            chunk = indices[batch * size:(batch + 1) * size]
+            yield [SampleKey(int(i), epoch, batch) for i in chunk]
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Everything needed to continue this epoch's order where the consumer stopped."""
+        return {"seed": self.seed, "epoch": self.epoch, "position": self.position,
+                "batch_size": self.batch_size, "num_replicas": self.nranks, "dataset_size": len(self.dataset)}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restore seed, epoch and position; the next iteration continues at ``position``.
+
+        Raises:
+            ValueError: resuming mid-epoch with a different batch size, world size or dataset length, where
+                the saved position would point into a different order.
+        """
+        position = int(state.get("position", 0))
+        current = {"batch_size": self.batch_size, "num_replicas": self.nranks, "dataset_size": len(self.dataset)}
+        changed = {k: (state[k], v) for k, v in current.items() if k in state and state[k] != v}
+        if position and changed:
+            detail = ", ".join(f"{k} was {old}, now {new}" for k, (old, new) in changed.items())
+            raise ValueError(f"cannot resume mid-epoch (batch {position}) because the sampling changed: {detail}. "
+                             "Resume from an end-of-epoch checkpoint or restore the original settings.")
+        self.seed = int(state["seed"])
+        self.epoch = int(state["epoch"])
+        self.skip_batches(position)

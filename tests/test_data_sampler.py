@@ -1,0 +1,122 @@
+"""ResumableBatchSampler: order as a pure function of (seed, epoch), sharding, padding, skip and resume."""
+import pytest
+
+from paddletrain.data.sampler import ResumableBatchSampler, SampleKey
+
+
+def _order(sampler):
+    return [[key.index for key in batch] for batch in sampler]
+
+
+def _sampler(n=23, batch_size=4, **kwargs):
+    kwargs.setdefault("shuffle", True)
+    return ResumableBatchSampler(range(n), batch_size, **kwargs)
+
+
+def test_same_seed_and_epoch_give_the_same_order_in_a_fresh_sampler():
+    a, b = _sampler(seed=7), _sampler(seed=7)
+    a.set_epoch(3)
+    b.set_epoch(3)
+    assert _order(a) == _order(b)
+    assert _order(a) == _order(a)  # iterating again does not advance anything
+
+
+def test_epoch_and_seed_each_change_the_order():
+    base = _sampler(seed=7)
+    other_seed = _sampler(seed=8)
+    first = _order(base)
+    base.set_epoch(1)
+    assert _order(base) != first
+    assert _order(other_seed) != first
+
+
+def test_one_epoch_is_a_permutation_with_a_short_last_batch():
+    batches = _order(_sampler(n=23, batch_size=4))
+    assert [len(b) for b in batches] == [4, 4, 4, 4, 4, 3]
+    assert sorted(i for b in batches for i in b) == list(range(23))
+
+
+def test_without_shuffle_the_order_is_the_dataset_order():
+    assert _order(_sampler(n=10, batch_size=3, shuffle=False)) == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+
+
+def test_drop_last_drops_only_the_incomplete_batch():
+    sampler = _sampler(n=23, batch_size=4, drop_last=True)
+    batches = _order(sampler)
+    assert len(sampler) == len(batches) == 5
+    assert all(len(b) == 4 for b in batches)
+
+
+def test_keys_carry_epoch_and_batch_number():
+    sampler = _sampler(n=8, batch_size=4)
+    sampler.set_epoch(2)
+    batches = list(sampler)
+    assert all(isinstance(k, SampleKey) for b in batches for k in b)
+    assert [{(k.epoch, k.batch) for k in b} for b in batches] == [{(2, 0)}, {(2, 1)}]
+
+
+@pytest.mark.parametrize("n", [10, 11, 3])
+def test_ranks_split_the_epoch_with_padding_at_the_tail(n):
+    world = 4
+    shards = [[k.index for b in _sampler(n=n, batch_size=2, seed=1, num_replicas=world, rank=r) for k in b]
+              for r in range(world)]
+    samplers = [_sampler(n=n, batch_size=2, seed=1, num_replicas=world, rank=r) for r in range(world)]
+    assert len({len(s) for s in shards}) == 1  # equal steps on every rank
+    real = [s[:sampler.num_real_samples] for s, sampler in zip(shards, samplers)]
+    assert sum(sampler.num_real_samples for sampler in samplers) == n
+    assert sorted(i for shard in real for i in shard) == list(range(n))
+    # Every rank agrees on the epoch's global order: interleaving the shards rebuilds it.
+    interleaved = [shards[r][k] for k in range(len(shards[0])) for r in range(world)]
+    assert sorted(interleaved[:n]) == list(range(n))
+
+
+def test_rank_must_be_below_world_size():
+    with pytest.raises(ValueError, match="rank=2"):
+        _sampler(num_replicas=2, rank=2)
+
+
+def test_skip_batches_yields_exactly_the_tail_then_only_once():
+    sampler = _sampler(seed=5)
+    sampler.set_epoch(4)
+    full = _order(sampler)
+    sampler.skip_batches(2)
+    assert _order(sampler) == full[2:]
+    assert _order(sampler) == full  # the skip applied to one iteration only
+
+
+def test_state_dict_round_trip_resumes_the_same_epoch_mid_way():
+    trained = _sampler(seed=5)
+    trained.set_epoch(3)
+    full = _order(trained)
+    trained.position = 4  # the loader records batches delivered
+    state = trained.state_dict()
+    assert (state["seed"], state["epoch"], state["position"]) == (5, 3, 4)
+
+    resumed = _sampler(seed=0)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(3)  # the trainer's usual call at epoch start must keep the pending resume
+    assert resumed.state_dict() == state
+    assert _order(resumed) == full[4:]
+    resumed.set_epoch(4)
+    assert resumed.position == 0 and len(_order(resumed)) == len(full)
+
+
+def test_moving_to_another_epoch_cancels_a_pending_skip():
+    sampler = _sampler(seed=5)
+    sampler.skip_batches(3)
+    sampler.set_epoch(1)
+    assert len(_order(sampler)) == len(sampler)
+
+
+def test_resuming_mid_epoch_with_another_batch_size_is_refused():
+    state = _sampler(batch_size=4).state_dict()
+    state["position"] = 2
+    with pytest.raises(ValueError, match="batch_size was 4, now 5"):
+        _sampler(batch_size=5).load_state_dict(state)
+    state["position"] = 0  # at an epoch boundary the new batch size is harmless
+    _sampler(batch_size=5).load_state_dict(state)
+
+
+def test_negative_seed_is_rejected_with_its_value():
+    with pytest.raises(ValueError, match="-1"):
+        _sampler(seed=-1)
