@@ -75,7 +75,7 @@ def build_callbacks(cfg: DictConfig, run_dir: Path, mean: List[float], std: List
     from paddletrain.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, ProgressBar, VisualDLLogger
 
     t = cfg.trainer
-    callbacks: list = [ProgressBar(enabled=t.progress_bar), LearningRateMonitor()]
+    callbacks: list = [ProgressBar(enabled=None if t.progress_bar else False), LearningRateMonitor()]
     if t.visualdl:
         callbacks.append(VisualDLLogger(str(run_dir / "visualdl"), log_every_n_steps=t.log_every_n_steps,
                                         log_images=t.log_images, mean=mean, std=std))

@@ -215,6 +215,7 @@ class Trainer:
             except StopIteration:
                 break
             t1 = time.perf_counter()
+            lr = self.current_lr  # the rate this batch trains with, before the scheduler advances
             self._call("on_train_batch_start", batch, batch_idx)
             is_last = limit is not None and batch_idx + 1 >= limit
             step_now = (batch_idx + 1) % accumulate == 0 or is_last
@@ -233,7 +234,7 @@ class Trainer:
             time_data += t1 - t0
             time_compute += t2 - t1
             self.batch_in_epoch = batch_idx + 1
-            out = StepOutput(loss=loss_value, batch_size=batch_size, lr=self.current_lr, stepped=stepped,
+            out = StepOutput(loss=loss_value, batch_size=batch_size, lr=lr, stepped=stepped,
                              data_time=t1 - t0, compute_time=t2 - t1, finite=finite)
             self._call("on_train_batch_end", out, batch, batch_idx)
             batch_idx += 1
