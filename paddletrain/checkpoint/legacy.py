@@ -1,0 +1,116 @@
+"""Pickled ``.pdparams`` / ``.pdopt`` files (``paddle.save``): refused by default, or read safely.
+
+``paddle.load`` is ``pickle.load``: a crafted file runs arbitrary code when loaded, whatever
+``return_numpy`` says. Two ways in:
+
+* :func:`safe_unpickle` admits only numpy arrays, numpy scalars and plain containers, which is all a
+  ``paddle.save``'d state dict references (``numpy._core.multiarray._reconstruct``, ``numpy.ndarray``,
+  ``numpy.dtype``, ``builtins.tuple``), so ordinary weights load and anything else is rejected unrun.
+* :func:`load_legacy` calls ``paddle.load`` and so runs whatever the file holds; it refuses unless the
+  user opted in with ``trainer.checkpoint.trust_pickle=true``.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import CheckpointError
+
+LEGACY_SUFFIXES = (".pdparams", ".pdopt", ".pdstates")
+
+# Globals a pickle may reference: numpy array/scalar reconstruction (numpy 1 and numpy 2 module names),
+# plain containers, and _codecs.encode, which protocol-2 pickles use for bytes.
+_ALLOWED_GLOBALS = {
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
+    ("numpy", "ndarray"), ("numpy", "dtype"),
+    ("builtins", "tuple"), ("builtins", "list"), ("builtins", "dict"), ("builtins", "set"),
+    ("builtins", "frozenset"), ("builtins", "complex"), ("builtins", "slice"),
+    ("collections", "OrderedDict"), ("_codecs", "encode"),
+}
+# paddle.save adds this bookkeeping entry to state dicts; paddle.load drops it too.
+_PADDLE_NAME_TABLE = "StructuredToParameterName@@"
+
+
+class _ForbiddenGlobal(pickle.UnpicklingError):
+    pass
+
+
+class _AllowListUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _ALLOWED_GLOBALS:
+            return super().find_class(module, name)
+        raise _ForbiddenGlobal(f"it references {module}.{name}, which is not a numpy array or container")
+
+
+def _unwrap_tensors(obj: Any) -> Any:
+    # paddle.save stores a tensor nested below the top level as (tensor_name, ndarray).
+    if isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], str) and isinstance(obj[1], np.ndarray):
+        return obj[1]
+    if isinstance(obj, dict):
+        return {k: _unwrap_tensors(v) for k, v in obj.items() if k != _PADDLE_NAME_TABLE}
+    if isinstance(obj, list):
+        return [_unwrap_tensors(v) for v in obj]
+    return obj
+
+
+def safe_unpickle(path: str | os.PathLike) -> Any:
+    """Load a ``paddle.save`` pickle without executing code from it; tensors come back as numpy arrays.
+
+    Only numpy arrays/scalars and plain containers are admitted; any other global (``os.system``,
+    ``builtins.eval``, ...) raises :class:`CheckpointError` before it is called. bfloat16 tensors come
+    back as their uint16 bits (the pickle does not record the dtype).
+    """
+    path = Path(path)
+    try:
+        with open(path, "rb") as handle:
+            return _unwrap_tensors(_AllowListUnpickler(handle).load())
+    except OSError as error:
+        raise CheckpointError(f"cannot read {path}: {error.strerror or error}") from error
+    except _ForbiddenGlobal as error:
+        raise CheckpointError(f"refusing to unpickle {path}: {error}") from error
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError) as error:
+        raise CheckpointError(f"{path} is truncated or not a pickle ({type(error).__name__}: {error})") from error
+
+
+def legacy_files(path: str | os.PathLike) -> list[Path]:
+    """The pickled checkpoint files at ``path`` (a file, or a directory holding them)."""
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix in LEGACY_SUFFIXES and p.is_file())
+        if files:
+            return files
+        raise CheckpointError(f"{path} holds no {'/'.join(LEGACY_SUFFIXES)} files")
+    raise CheckpointError(f"legacy checkpoint {path} does not exist")
+
+
+def load_legacy(path: str | os.PathLike, trust_pickle: bool = False) -> Any:
+    """Load pickled ``paddle.save`` file(s) with ``paddle.load``; only when ``trust_pickle=True``.
+
+    ``path`` is a ``.pdparams``/``.pdopt`` file (returns its content) or a directory holding such files
+    (returns ``{file_name: content}``). Without trust this raises :class:`CheckpointError` and reads
+    nothing: unpickling can execute arbitrary code.
+    """
+    files = legacy_files(path)
+    if not trust_pickle:
+        raise CheckpointError(
+            f"{path} is a pickled paddle checkpoint: loading it can execute arbitrary code from the file. "
+            "If you trust its source, enable it with trainer.checkpoint.trust_pickle=true "
+            "(load_legacy(..., trust_pickle=True)); plain weights also load safely with "
+            "paddletrain.checkpoint.safe_unpickle()"
+        )
+    import paddle
+
+    loaded = {}
+    for file in files:
+        try:
+            loaded[file.name] = paddle.load(str(file))
+        except Exception as error:  # paddle.load surfaces pickle/EOF/format errors of any type
+            raise CheckpointError(f"cannot load {file}: {type(error).__name__}: {error}") from error
+    return loaded[files[0].name] if Path(path).is_file() else loaded

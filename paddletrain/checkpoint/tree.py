@@ -1,0 +1,131 @@
+"""Split a nested training state into a JSON tree plus a flat dict of arrays, and join them back.
+
+Arrays and tensors go to safetensors; everything else becomes JSON. Values JSON cannot express exactly
+are written as tagged nodes ``{"__pt__": <kind>, ...}``, so the JSON stays strict (no NaN literals) and
+every supported value comes back with its type: tuples stay tuples, numpy scalars stay numpy scalars,
+tensors come back as ``paddle.Tensor`` and arrays as ``np.ndarray``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import paddle
+
+from .errors import CheckpointError
+from .rng import GeneratorState, generator_state_from_dict, generator_state_to_dict
+
+TAG = "__pt__"
+_NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def _dtype_name(tensor: paddle.Tensor) -> str:
+    return str(tensor.dtype).replace("paddle.", "")
+
+
+class _Encoder:
+    def __init__(self) -> None:
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def _add_array(self, path: list[str], array: np.ndarray) -> str:
+        key = "/".join(path) or "root"
+        unique, n = key, 1
+        while unique in self.arrays:
+            unique, n = f"{key}#{n}", n + 1
+        # Not np.ascontiguousarray: it turns 0-d arrays into 1-d ones.
+        self.arrays[unique] = array if array.flags.c_contiguous else array.copy(order="C")
+        return unique
+
+    def encode(self, value: Any, path: list[str]) -> Any:
+        if isinstance(value, np.generic):  # before float: np.float64 subclasses float
+            return {TAG: "numpy_scalar", "key": self._add_array(path, np.asarray(value))}
+        if value is None or isinstance(value, (bool, int, str)):
+            return value
+        if isinstance(value, float):
+            if math.isfinite(value):
+                return value
+            return {TAG: "float", "value": "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")}
+        if isinstance(value, paddle.Tensor):
+            # bfloat16 comes out of .numpy() as its raw uint16 bits; the dtype recorded here restores it.
+            array = value.detach().cpu().numpy()
+            return {TAG: "tensor", "key": self._add_array(path, array), "dtype": _dtype_name(value)}
+        if isinstance(value, np.ndarray):
+            if value.dtype.hasobject:
+                raise TypeError(f"cannot store state[{_show(path)}]: numpy arrays of dtype object are not supported")
+            return {TAG: "ndarray", "key": self._add_array(path, value)}
+        if isinstance(value, GeneratorState):
+            return {TAG: "paddle_generator_state", **generator_state_to_dict(value)}
+        if isinstance(value, tuple):
+            return {TAG: "tuple", "items": [self.encode(v, path + [str(i)]) for i, v in enumerate(value)]}
+        if isinstance(value, list):
+            return [self.encode(v, path + [str(i)]) for i, v in enumerate(value)]
+        if isinstance(value, dict):
+            if all(isinstance(k, str) for k in value) and TAG not in value:
+                return {k: self.encode(v, path + [k]) for k, v in value.items()}
+            # Non-string keys (ints, tuples, ...) or a key that clashes with the tag: keep them as pairs.
+            return {TAG: "dict", "items": [[self.encode(k, path + ["key"]), self.encode(v, path + [str(k)])]
+                                          for k, v in value.items()]}
+        raise TypeError(
+            f"cannot store state[{_show(path)}] of type {type(value).__qualname__}: supported are dict, list, "
+            "tuple, paddle.Tensor, numpy arrays and scalars, int, float, bool, str, None and paddle RNG states"
+        )
+
+
+def _show(path: list[str]) -> str:
+    return "][".join(repr(p) for p in path)
+
+
+def encode_state(state: Any) -> tuple[Any, dict[str, np.ndarray]]:
+    """Return ``(json_tree, arrays)``; raises ``TypeError`` naming the key of an unsupported value."""
+    encoder = _Encoder()
+    tree = encoder.encode(state, [])
+    return tree, encoder.arrays
+
+
+def decode_state(tree: Any, arrays: dict[str, np.ndarray], map_numpy: bool = False) -> Any:
+    """Rebuild the state; ``map_numpy=True`` returns tensors as numpy arrays (bfloat16 as uint16 bits)."""
+
+    def array(node: dict) -> np.ndarray:
+        key = node.get("key")
+        if key not in arrays:
+            raise CheckpointError(f"state.json refers to tensor {key!r}, which tensors.safetensors does not hold")
+        return arrays[key]
+
+    def decode(node: Any) -> Any:
+        if isinstance(node, list):
+            return [decode(v) for v in node]
+        if not isinstance(node, dict):
+            return node
+        kind = node.get(TAG)
+        if kind is None:
+            return {k: decode(v) for k, v in node.items()}
+        if kind == "float":
+            return _NON_FINITE[node["value"]]
+        if kind == "tensor":
+            data = array(node)
+            if map_numpy:
+                return data
+            return paddle.to_tensor(data, dtype=node["dtype"], place=paddle.CPUPlace())
+        if kind == "ndarray":
+            return array(node)
+        if kind == "numpy_scalar":
+            return array(node)[()]
+        if kind == "paddle_generator_state":
+            return generator_state_from_dict(node)
+        if kind == "tuple":
+            return tuple(decode(v) for v in node["items"])
+        if kind == "dict":
+            return {_hashable(decode(k)): decode(v) for k, v in node["items"]}
+        raise CheckpointError(f"state.json holds an unknown node type {kind!r} (written by a newer paddletrain?)")
+
+    try:
+        return decode(tree)
+    except (KeyError, TypeError, ValueError) as error:
+        if isinstance(error, CheckpointError):
+            raise
+        raise CheckpointError(f"state.json is malformed: {type(error).__name__}: {error}") from error
+
+
+def _hashable(key: Any) -> Any:
+    return tuple(_hashable(k) for k in key) if isinstance(key, list) else key
