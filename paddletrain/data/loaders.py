@@ -1,0 +1,214 @@
+"""DataLoaders with deterministic augmentation and a bad-sample policy that never hangs.
+
+Why not a plain ``paddle.io.DataLoader``: on paddle 3.3 an exception in ``dataset.__getitem__`` hangs the
+loop forever with ``num_workers=0`` and surfaces as an anonymous "Blocking queue is killed" with workers.
+So :class:`SeededDataset` turns every per-sample failure into a :class:`BadSample` marker, the collate
+function keeps the markers out of the stacked arrays, and :class:`CheckedDataLoader` acts on them in the
+main process: raise :class:`BadSampleError` naming the file (policy "fail") or drop, log and count the
+sample (policy "skip"), aborting once an epoch's skipped samples exceed ``max_bad_fraction``.
+
+With ``num_workers=0`` batches are loaded in the calling thread: paddle's loader thread would run the
+transforms concurrently with the training step, and the per-sample reseeding of the global RNGs would then
+leak into the trainer's random stream.
+"""
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Union
+
+import numpy as np
+import paddle
+
+from paddletrain.data.datasets import BadSampleError, DatasetError
+from paddletrain.data.sampler import ResumableBatchSampler, SampleKey
+from paddletrain.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+BAD_SAMPLE_POLICIES = ("fail", "skip")
+
+
+@dataclass
+class BadSample:
+    """Marker returned instead of ``(image, label, index, batch)`` for a sample that failed."""
+
+    index: int
+    batch: int
+    description: str
+    error: str
+    # "read": unreadable/transform failed (policy decides); "label": label out of range (always fatal).
+    kind: str = "read"
+
+
+class SeededDataset(paddle.io.Dataset):
+    """Wrap a dataset so each sample's randomness is a pure function of (seed, epoch, index).
+
+    ``dataset[SampleKey(index, epoch, batch)]`` seeds python ``random`` and ``numpy.random`` from
+    ``(seed, epoch, index)``, loads the sample, applies ``transform`` and restores both global RNG states,
+    so the result does not depend on worker count, prefetching or resume position, and the caller's random
+    stream is untouched. Returns ``(image, label, index, batch)``, or a :class:`BadSample` on any failure.
+    """
+
+    def __init__(self, dataset: Any, transform: Optional[Callable[[Any], Any]] = None, seed: int = 0,
+                 num_classes: Optional[int] = None) -> None:
+        super().__init__()
+        self.dataset = dataset
+        self.transform = transform
+        self.seed = int(seed)
+        classes = getattr(dataset, "classes", None)
+        self.num_classes = num_classes if num_classes is not None else (len(classes) if classes else None)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def describe(self, index: int) -> str:
+        """The wrapped dataset's name for the sample, or a generic one if it cannot describe samples."""
+        try:
+            return str(self.dataset.describe(index))
+        except Exception:  # describing must never hide the original problem
+            return f"{type(self.dataset).__name__}[{index}]"
+
+    def __getitem__(self, key: Union[SampleKey, tuple, int]) -> Union[tuple, BadSample]:
+        key = SampleKey(*key) if isinstance(key, tuple) else SampleKey(int(key), 0, 0)
+        seeds = np.random.SeedSequence([self.seed, key.epoch, key.index]).generate_state(2)
+        py_state, np_state = random.getstate(), np.random.get_state()
+        try:
+            random.seed(int(seeds[0]))
+            np.random.seed(seeds[1])
+            image, label = self.dataset[key.index]
+            if self.transform is not None:
+                image = self.transform(image)
+            label = int(label)
+        except Exception as exc:  # any failure becomes a marker: raising here would hang paddle's loader
+            return BadSample(key.index, key.batch, self.describe(key.index), f"{type(exc).__name__}: {exc}")
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+        if self.num_classes is not None and not 0 <= label < self.num_classes:
+            return BadSample(key.index, key.batch, self.describe(key.index),
+                             f"label {label} is outside [0, {self.num_classes}) for a dataset of "
+                             f"{self.num_classes} classes", kind="label")
+        return image, label, key.index, key.batch
+
+
+def collate_checked(items: Sequence[Union[tuple, BadSample]]) -> list:
+    """Stack the good samples; pass bad ones on as plain data the main process can report.
+
+    Returns ``[images | None, labels | None, indices, batch, problems]``: ``indices`` covers every sample
+    of the batch (never empty, so paddle's queue never sees an empty batch), ``problems`` is a list of
+    ``[index, description, error, kind]``. ``None`` replaces the arrays when no sample survived.
+    """
+    problems = [[b.index, b.description, b.error, b.kind] for b in items if isinstance(b, BadSample)]
+    good = [item for item in items if not isinstance(item, BadSample)]
+    indices = np.array([item.index if isinstance(item, BadSample) else item[2] for item in items], np.int64)
+    batch = items[0].batch if isinstance(items[0], BadSample) else items[0][3]
+    images = labels = None
+    if good:
+        try:
+            images = np.stack([np.asarray(item[0]) for item in good])
+            labels = np.array([item[1] for item in good], dtype=np.int64)
+        except Exception as exc:
+            shapes = sorted({str(np.shape(item[0])) for item in good})
+            problems.append([-1, f"batch {batch}", f"cannot stack samples of shapes {shapes}: {exc}", "collate"])
+            images = labels = None
+    return [images, labels, indices, batch, problems]
+
+
+class CheckedDataLoader(paddle.io.DataLoader):
+    """A ``paddle.io.DataLoader`` over a :class:`SeededDataset` that yields ``[images, labels]`` tensors.
+
+    Applies the bad-sample policy in the main process, keeps ``batch_sampler.position`` equal to the
+    number of batches delivered, and exposes ``num_real_samples`` (this rank's samples that are not
+    distributed padding) and the counters ``bad_samples`` (this epoch) / ``total_bad_samples``.
+    """
+
+    def __init__(self, dataset: SeededDataset, batch_sampler: ResumableBatchSampler, *, num_workers: int = 0,
+                 bad_sample_policy: str = "fail", max_bad_fraction: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(dataset, batch_sampler=batch_sampler, num_workers=num_workers,
+                         collate_fn=collate_checked, **kwargs)
+        self.bad_sample_policy = bad_sample_policy
+        self.max_bad_fraction = max_bad_fraction
+        self.bad_samples = 0
+        self.total_bad_samples = 0
+
+    @property
+    def num_real_samples(self) -> int:
+        return self.batch_sampler.num_real_samples
+
+    def __iter__(self) -> Iterator[List[paddle.Tensor]]:
+        self.bad_samples = 0
+        raw = self._load_in_this_thread() if self.num_workers == 0 else super().__iter__()
+        for images, labels, indices, batch, problems in raw:
+            self.batch_sampler.position = int(batch) + 1
+            if problems:
+                self._handle_problems(problems)
+            if images is not None:
+                yield [images, labels]
+
+    def _load_in_this_thread(self) -> Iterator[list]:
+        for keys in self.batch_sampler:
+            batch = collate_checked([self.dataset[key] for key in keys])
+            yield [paddle.to_tensor(x) if isinstance(x, np.ndarray) else x for x in batch]
+
+    def _handle_problems(self, problems: List[list]) -> None:
+        for index, description, error, kind in problems:
+            index = int(index)
+            if kind == "label":
+                raise DatasetError(f"bad label in sample {index} ({description}): {error}. Check the dataset's "
+                                   "labels or data.class_names.")
+            if kind == "collate":
+                raise DatasetError(f"the transform produced samples of different shapes in {description}: {error}."
+                                   " Check data.image_size and the transform presets.")
+            if self.bad_sample_policy == "fail":
+                raise BadSampleError(f"cannot load sample {index} ({description}): {error}. Fix or remove the file,"
+                                     " or set data.bad_sample_policy=skip to drop unreadable samples.",
+                                     index, description)
+            self.bad_samples += 1
+            self.total_bad_samples += 1
+            budget = int(self.max_bad_fraction * self.batch_sampler.num_samples)
+            log.warning("skipping unreadable sample %d (%s): %s [%d skipped this epoch, budget %d]",
+                        index, description, error, self.bad_samples, budget)
+            if self.bad_samples > budget:
+                raise BadSampleError(
+                    f"{self.bad_samples} unreadable samples in this epoch of {self.batch_sampler.num_samples}, "
+                    f"more than data.max_bad_fraction={self.max_bad_fraction} allows ({budget}); the last was "
+                    f"sample {index} ({description}): {error}", index, description)
+
+
+def _check_policy(cfg: Any) -> None:
+    if cfg.bad_sample_policy not in BAD_SAMPLE_POLICIES:
+        raise ConfigError(f"data.bad_sample_policy={cfg.bad_sample_policy!r} is not supported; valid values: "
+                          f"{', '.join(BAD_SAMPLE_POLICIES)}")
+    if not 0.0 <= cfg.max_bad_fraction <= 1.0:
+        raise ConfigError(f"data.max_bad_fraction={cfg.max_bad_fraction} must be between 0 and 1")
+
+
+def build_loader(dataset: Any, cfg: Any, train: bool, seed: int, num_replicas: int = 1, rank: int = 0,
+                 transform: Optional[Callable[[Any], Any]] = None) -> CheckedDataLoader:
+    """A loader over ``dataset`` configured by a ``DataConfig``.
+
+    Train: shuffled by ``(seed, epoch)``, ``cfg.drop_last``, ``cfg.batch_size``. Eval: dataset order, every
+    sample exactly once per rank shard (never dropped), ``cfg.eval_batch_size`` (default ``batch_size``).
+    Call ``loader.batch_sampler.set_epoch(epoch)`` each epoch; save/restore ``loader.batch_sampler.state_dict()``
+    to resume mid-epoch. ``transform`` is applied after the dataset's own (usually the dataset has it).
+    """
+    _check_policy(cfg)
+    batch_size = cfg.batch_size if train else (cfg.eval_batch_size or cfg.batch_size)
+    if batch_size <= 0:
+        key = "data.batch_size" if train or not cfg.eval_batch_size else "data.eval_batch_size"
+        raise ConfigError(f"{key}={batch_size} must be positive")
+    if cfg.num_workers < 0:
+        raise ConfigError(f"data.num_workers={cfg.num_workers} must be 0 or more")
+    sampler = ResumableBatchSampler(dataset, batch_size, shuffle=train, drop_last=bool(train and cfg.drop_last),
+                                    seed=seed, num_replicas=num_replicas, rank=rank)
+    return CheckedDataLoader(
+        SeededDataset(dataset, transform, seed),
+        sampler,
+        num_workers=cfg.num_workers,
+        use_shared_memory=cfg.use_shared_memory,
+        persistent_workers=cfg.persistent_workers and cfg.num_workers > 0,
+        bad_sample_policy=cfg.bad_sample_policy,
+        max_bad_fraction=cfg.max_bad_fraction,
+    )
