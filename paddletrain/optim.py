@@ -1,0 +1,297 @@
+"""Parameter groups, optimizers and per-iteration learning-rate schedules (with linear warmup).
+
+Paddle parameter groups are dicts ``{"params": [...], "weight_decay": float, "learning_rate": mult}``; a group's
+``learning_rate`` multiplies the optimizer's (scheduled) learning rate, and its ``weight_decay`` replaces the
+optimizer's: L2 folded into the update for Momentum/SGD, decoupled decay for AdamW.
+
+Gradient clipping is not configured on the optimizer: :meth:`paddletrain.precision.Precision.step` clips the
+unscaled gradients itself.
+"""
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import paddle
+from paddle import nn
+from paddle.optimizer.lr import LambdaDecay, LinearWarmup, LRScheduler, MultiStepDecay, OneCycleLR
+
+if TYPE_CHECKING:  # pragma: no cover
+    from paddletrain.config import OptimConfig, SchedConfig
+
+OPTIMIZERS = ("sgd", "adamw")
+SCHEDULERS = ("cosine", "step", "multistep", "onecycle", "constant")
+
+NORM_LAYERS: Tuple[type, ...] = (
+    nn.BatchNorm,
+    nn.BatchNorm1D,
+    nn.BatchNorm2D,
+    nn.BatchNorm3D,
+    nn.SyncBatchNorm,
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.InstanceNorm1D,
+    nn.InstanceNorm2D,
+    nn.InstanceNorm3D,
+)
+
+
+# ---------------------------------------------------------------------------------------------- param groups
+def _unwrap(model: nn.Layer) -> nn.Layer:
+    return model._layers if isinstance(model, paddle.DataParallel) else model
+
+
+def _no_decay_ids(model: nn.Layer) -> set:
+    """Parameters of normalisation layers (found by type) and every 1-D parameter (biases)."""
+    ids = set()
+    for layer in model.sublayers(include_self=True):
+        is_norm = isinstance(layer, NORM_LAYERS)
+        for param in layer.parameters(include_sublayers=False):
+            if is_norm or len(param.shape) <= 1:
+                ids.add(id(param))
+    return ids
+
+
+def _head_layer(model: nn.Layer, head_name: str) -> Optional[nn.Layer]:
+    head = getattr(model, head_name, None)
+    if isinstance(head, nn.Layer):
+        return head
+    if hasattr(model, "get_classifier"):
+        return model.get_classifier()
+    return None
+
+
+def _stage_names(model: nn.Layer, children: "OrderedDict[str, nn.Layer]", head: Optional[nn.Layer]) -> List[str]:
+    declared = getattr(model, "stage_names", None)
+    if declared:
+        return list(declared)
+    with_params = [name for name, child in children.items() if child.parameters() and child is not head]
+    stem = with_params[0] if with_params else None
+    return [
+        name
+        for name, child in children.items()
+        if isinstance(child, (nn.Sequential, nn.LayerList)) and child is not head and name != stem
+    ]
+
+
+def _lr_multipliers(
+    model: nn.Layer, head: Optional[nn.Layer], head_lr_mult: float, layer_decay: Optional[float]
+) -> Dict[int, float]:
+    """LR multiplier per parameter id: stem decay^(S+1), stage i decay^(S+1-i), head head_lr_mult."""
+    children = OrderedDict(model.named_children())
+    stages = _stage_names(model, children, head) if layer_decay is not None else []
+    if layer_decay is not None and not stages:
+        raise ValueError(
+            "optim.layer_decay needs a model with stages: declare `stage_names` or use top-level "
+            "nn.Sequential/nn.LayerList stages after the stem"
+        )
+    num_stages = len(stages)
+    depth = num_stages + 1  # the stem sits one step below the first stage
+    mults: Dict[int, float] = {}
+    for name, child in children.items():
+        if child is head:
+            continue
+        if name in stages:
+            depth = num_stages - stages.index(name)
+        mult = layer_decay**depth if layer_decay is not None else 1.0
+        for param in child.parameters():
+            mults[id(param)] = mult
+    stem_mult = layer_decay ** (num_stages + 1) if layer_decay is not None else 1.0
+    for param in model.parameters(include_sublayers=False):  # e.g. a class token registered on the model
+        mults[id(param)] = stem_mult
+    if head is not None:
+        for param in head.parameters():
+            mults[id(param)] = head_lr_mult
+    return mults
+
+
+def param_groups(
+    model: nn.Layer,
+    weight_decay: float,
+    no_decay_norm_bias: bool = True,
+    head_lr_mult: float = 1.0,
+    layer_decay: Optional[float] = None,
+    head_name: str = "fc",
+) -> List[Dict[str, Any]]:
+    """Split ``model``'s parameters into Paddle parameter groups.
+
+    - No weight decay on normalisation-layer parameters (BatchNorm*, SyncBatchNorm, LayerNorm, GroupNorm,
+      InstanceNorm*) and 1-D parameters (biases) when ``no_decay_norm_bias``.
+    - ``head_lr_mult`` multiplies the classifier head's LR (the child ``head_name``, else ``get_classifier()``).
+    - ``layer_decay`` d: the LR decays per stage towards the input. Stages are ``model.stage_names`` when the
+      model declares them, else the top-level ``nn.Sequential``/``nn.LayerList`` children after the first
+      parameter-holding child (the stem). Walking the top-level children in order, everything before the
+      first stage is the stem (d^(S+1)), stage i of S gets d^(S+1-i), children after a stage join it, and the
+      head gets 1.0 (times ``head_lr_mult``).
+
+    Frozen parameters are kept, so unfreezing later trains them; Paddle's optimizers skip them meanwhile.
+    """
+    if weight_decay < 0:
+        raise ValueError(f"optim.weight_decay must be >= 0, got {weight_decay!r}")
+    if not head_lr_mult > 0:
+        raise ValueError(f"optim.head_lr_mult must be > 0, got {head_lr_mult!r}")
+    if layer_decay is not None and not 0 < layer_decay <= 1:
+        raise ValueError(f"optim.layer_decay must be in (0, 1] or null, got {layer_decay!r}")
+    model = _unwrap(model)
+    head = _head_layer(model, head_name)
+    if head is None and (head_lr_mult != 1.0 or layer_decay is not None):
+        raise ValueError(
+            f"optim.head_lr_mult/optim.layer_decay need the classifier head: {type(model).__name__} has no "
+            f"child {head_name!r} and no get_classifier()"
+        )
+    mults = _lr_multipliers(model, head, head_lr_mult, layer_decay)
+    no_decay = _no_decay_ids(model) if no_decay_norm_bias else set()
+
+    groups: "OrderedDict[Tuple[float, bool], List[paddle.Tensor]]" = OrderedDict()
+    for param in model.parameters():
+        key = (mults.get(id(param), 1.0), id(param) not in no_decay)
+        groups.setdefault(key, []).append(param)
+    return [
+        # float(): Paddle maps a float weight_decay to L2Decay but treats an int as a regularizer object.
+        {"params": params, "weight_decay": float(weight_decay) if decay else 0.0, "learning_rate": float(mult)}
+        for (mult, decay), params in groups.items()
+    ]
+
+
+# ---------------------------------------------------------------------------------------------- optimizers
+def build_optimizer(
+    model: nn.Layer, cfg: "OptimConfig", scheduler_or_lr: Union[LRScheduler, float]
+) -> paddle.optimizer.Optimizer:
+    """``sgd`` -> Momentum (plain SGD when momentum == 0), ``adamw`` -> AdamW, over :func:`param_groups`."""
+    name = str(cfg.name).lower()
+    if name not in OPTIMIZERS:
+        raise ValueError(f"optim.name must be one of {list(OPTIMIZERS)}, got {cfg.name!r}")
+    groups = param_groups(
+        model,
+        weight_decay=cfg.weight_decay,
+        no_decay_norm_bias=cfg.no_decay_norm_bias,
+        head_lr_mult=cfg.head_lr_mult,
+        layer_decay=cfg.layer_decay,
+    )
+    decay = float(cfg.weight_decay)
+    if name == "sgd":
+        if not 0 <= cfg.momentum < 1:
+            raise ValueError(f"optim.momentum must be in [0, 1), got {cfg.momentum!r}")
+        if cfg.momentum == 0:
+            if cfg.nesterov:
+                raise ValueError("optim.nesterov needs optim.momentum > 0")
+            return paddle.optimizer.SGD(learning_rate=scheduler_or_lr, parameters=groups, weight_decay=decay)
+        return paddle.optimizer.Momentum(
+            learning_rate=scheduler_or_lr,
+            momentum=cfg.momentum,
+            use_nesterov=cfg.nesterov,
+            parameters=groups,
+            weight_decay=decay,
+        )
+    betas = list(cfg.betas)
+    if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+        raise ValueError(f"optim.betas must be two values in [0, 1), got {cfg.betas!r}")
+    if not cfg.eps > 0:
+        raise ValueError(f"optim.eps must be > 0, got {cfg.eps!r}")
+    return paddle.optimizer.AdamW(
+        learning_rate=scheduler_or_lr,
+        beta1=betas[0],
+        beta2=betas[1],
+        epsilon=cfg.eps,
+        parameters=groups,
+        weight_decay=decay,
+    )
+
+
+def scaled_lr(lr: float, global_batch: int, base_batch_size: int) -> float:
+    """Linear LR scaling (Goyal et al.): ``lr * global_batch / base_batch_size``."""
+    if global_batch <= 0:
+        raise ValueError(f"the global batch size must be > 0, got {global_batch!r}")
+    if base_batch_size <= 0:
+        raise ValueError(f"optim.base_batch_size must be > 0, got {base_batch_size!r}")
+    return lr * global_batch / base_batch_size
+
+
+# ---------------------------------------------------------------------------------------------- schedules
+def build_scheduler(cfg: "SchedConfig", base_lr: float, steps_per_epoch: int, max_epochs: int) -> LRScheduler:
+    """A schedule stepped once per optimizer step (``scheduler.step()`` after each ``optimizer.step()``).
+
+    ``steps_per_epoch`` counts optimizer steps (batches / accumulation). Warmup ramps linearly over
+    ``warmup_epochs`` (fractional allowed) from ``warmup_start_factor`` x the schedule's first LR; the main
+    schedule starts counting after warmup. ``cosine`` and ``onecycle`` span the steps left after warmup;
+    ``step``/``multistep`` drop at absolute epochs (a milestone of 30 drops when epoch 30 starts). Past the
+    last step, cosine stays at ``min_lr``.
+    """
+    name = str(cfg.name).lower()
+    if name not in SCHEDULERS:
+        raise ValueError(f"sched.name must be one of {list(SCHEDULERS)}, got {cfg.name!r}")
+    if not base_lr > 0:
+        raise ValueError(f"the learning rate (optim.lr) must be > 0, got {base_lr!r}")
+    if steps_per_epoch <= 0 or max_epochs <= 0:
+        raise ValueError(f"need steps_per_epoch > 0 and max_epochs > 0, got {steps_per_epoch} and {max_epochs}")
+    total = steps_per_epoch * max_epochs
+    if cfg.warmup_epochs < 0:
+        raise ValueError(f"sched.warmup_epochs must be >= 0, got {cfg.warmup_epochs!r}")
+    warmup = int(round(cfg.warmup_epochs * steps_per_epoch))
+    if warmup >= total:
+        raise ValueError(
+            f"sched.warmup_epochs={cfg.warmup_epochs} covers the whole run ({max_epochs} epochs): make it shorter"
+        )
+    main = _main_schedule(name, cfg, base_lr, steps_per_epoch, total, warmup)
+    if warmup == 0:
+        return main
+    if not 0 <= cfg.warmup_start_factor < 1:
+        raise ValueError(f"sched.warmup_start_factor must be in [0, 1), got {cfg.warmup_start_factor!r}")
+    first_lr = main()
+    return LinearWarmup(main, warmup_steps=warmup, start_lr=cfg.warmup_start_factor * first_lr, end_lr=first_lr)
+
+
+def _main_schedule(
+    name: str, cfg: "SchedConfig", base_lr: float, steps_per_epoch: int, total: int, warmup: int
+) -> LRScheduler:
+    steps = total - warmup
+    if name == "constant":
+        return LambdaDecay(base_lr, lambda step: 1.0)
+    if name == "cosine":
+        if not 0 <= cfg.min_lr <= base_lr:
+            raise ValueError(f"sched.min_lr must be in [0, optim.lr={base_lr}], got {cfg.min_lr!r}")
+        floor = cfg.min_lr / base_lr
+        # Paddle's CosineAnnealingDecay is periodic (it climbs back after T_max); this one holds min_lr.
+        return LambdaDecay(
+            base_lr, lambda step: floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(step, steps) / steps))
+        )
+    if name == "onecycle":
+        if not 0 < cfg.pct_start < 1:
+            raise ValueError(f"sched.pct_start must be in (0, 1), got {cfg.pct_start!r}")
+        if not cfg.max_lr_factor > 0:
+            raise ValueError(f"sched.max_lr_factor must be > 0, got {cfg.max_lr_factor!r}")
+        # Paddle divides by the length of the warm phase (pct_start * steps - 1): it must be at least one step.
+        if cfg.pct_start * steps < 2 or (1 - cfg.pct_start) * steps < 2:
+            raise ValueError(
+                f"sched.pct_start={cfg.pct_start} leaves a phase under 2 steps of the {steps}-step schedule"
+            )
+        return OneCycleLR(
+            max_learning_rate=base_lr * cfg.max_lr_factor,
+            total_steps=steps,
+            phase_pct=float(cfg.pct_start),
+            end_learning_rate=cfg.min_lr,
+        )
+    if name == "step":
+        if cfg.step_size <= 0:
+            raise ValueError(f"sched.step_size must be > 0 epochs, got {cfg.step_size!r}")
+        epochs = list(range(cfg.step_size, total // steps_per_epoch, cfg.step_size))
+        return _drops_at_epochs(epochs, "sched.step_size", cfg.gamma, base_lr, steps_per_epoch, warmup)
+    milestones = list(cfg.milestones)
+    if not milestones or any(b <= a for a, b in zip(milestones, milestones[1:])) or milestones[0] <= 0:
+        raise ValueError(f"sched.milestones must be strictly increasing positive epochs, got {cfg.milestones!r}")
+    return _drops_at_epochs(milestones, "sched.milestones", cfg.gamma, base_lr, steps_per_epoch, warmup)
+
+
+def _drops_at_epochs(
+    epochs: Sequence[int], key: str, gamma: float, base_lr: float, steps_per_epoch: int, warmup: int
+) -> LRScheduler:
+    if not 0 < gamma <= 1:
+        raise ValueError(f"sched.gamma must be in (0, 1], got {gamma!r}")
+    # The main schedule counts from the end of warmup, so shift the absolute epochs back by the warmup.
+    steps = [e * steps_per_epoch - warmup for e in epochs]
+    if steps and steps[0] <= 0:
+        raise ValueError(f"{key}: a drop at epoch {epochs[0]} falls inside the warmup; shorten sched.warmup_epochs")
+    if not steps:  # no drop within the run
+        return LambdaDecay(base_lr, lambda step: 1.0)
+    return MultiStepDecay(base_lr, milestones=steps, gamma=gamma)
