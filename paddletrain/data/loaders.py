@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import random
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Union
 
@@ -42,13 +43,32 @@ class BadSample:
     kind: str = "read"
 
 
+@contextmanager
+def _global_rngs_seeded(py_seed: int, np_seed: int) -> Iterator[None]:
+    """Seed python ``random`` and ``numpy.random`` for the block.
+
+    In the main process the previous states are restored afterwards so the trainer's random stream is
+    unaffected. A worker process owns its RNGs, so it skips the restore (about 0.1 ms per sample).
+    """
+    restore = paddle.io.get_worker_info() is None
+    saved = (random.getstate(), np.random.get_state()) if restore else None
+    random.seed(py_seed)
+    np.random.seed(np_seed)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            random.setstate(saved[0])
+            np.random.set_state(saved[1])
+
+
 class SeededDataset(paddle.io.Dataset):
     """Wrap a dataset so each sample's randomness is a pure function of (seed, epoch, index).
 
     ``dataset[SampleKey(index, epoch, batch)]`` seeds python ``random`` and ``numpy.random`` from
-    ``(seed, epoch, index)``, loads the sample, applies ``transform`` and restores both global RNG states,
-    so the result does not depend on worker count, prefetching or resume position, and the caller's random
-    stream is untouched. Returns ``(image, label, index, batch)``, or a :class:`BadSample` on any failure.
+    ``(seed, epoch, index)``, loads the sample and applies ``transform``, so the result does not depend on
+    worker count, prefetching or resume position. In the main process both global RNG states are restored
+    afterwards, leaving the caller's random stream untouched. Returns ``(image, label, index, batch)``, or a :class:`BadSample` on any failure.
     """
 
     def __init__(self, dataset: Any, transform: Optional[Callable[[Any], Any]] = None, seed: int = 0,
@@ -73,19 +93,14 @@ class SeededDataset(paddle.io.Dataset):
     def __getitem__(self, key: Union[SampleKey, tuple, int]) -> Union[tuple, BadSample]:
         key = SampleKey(*key) if isinstance(key, tuple) else SampleKey(int(key), 0, 0)
         seeds = np.random.SeedSequence([self.seed, key.epoch, key.index]).generate_state(2)
-        py_state, np_state = random.getstate(), np.random.get_state()
         try:
-            random.seed(int(seeds[0]))
-            np.random.seed(seeds[1])
-            image, label = self.dataset[key.index]
-            if self.transform is not None:
-                image = self.transform(image)
-            label = int(label)
+            with _global_rngs_seeded(int(seeds[0]), int(seeds[1])):
+                image, label = self.dataset[key.index]
+                if self.transform is not None:
+                    image = self.transform(image)
+                label = int(label)
         except Exception as exc:  # any failure becomes a marker: raising here would hang paddle's loader
             return BadSample(key.index, key.batch, self.describe(key.index), f"{type(exc).__name__}: {exc}")
-        finally:
-            random.setstate(py_state)
-            np.random.set_state(np_state)
         if self.num_classes is not None and not 0 <= label < self.num_classes:
             return BadSample(key.index, key.batch, self.describe(key.index),
                              f"label {label} is outside [0, {self.num_classes}) for a dataset of "
