@@ -340,9 +340,13 @@ def _global_norm(grads: List[paddle.Tensor]) -> Optional[paddle.Tensor]:
 
 def _scale_grads_(grads: List[paddle.Tensor], max_norm: float, total_norm: paddle.Tensor) -> None:
     """Clip by global norm in place, on the device (no host sync)."""
-    coef = paddle.clip(max_norm / (total_norm + 1e-6), max=1.0)
+    # Shape [1], not 0-d: Paddle's in-place multiply broadcasts a 0-d factor ~6x slower on CPU.
+    coef = paddle.clip(max_norm / (total_norm + 1e-6), max=1.0).reshape([1])
+    by_dtype = {paddle.float32: coef}
     for g in grads:
-        g.multiply_(coef.astype(g.dtype))
+        if g.dtype not in by_dtype:
+            by_dtype[g.dtype] = coef.astype(g.dtype)
+        g.multiply_(by_dtype[g.dtype])
 
 
 def _to_host(norm: Optional[paddle.Tensor], scale: Any) -> Tuple[Optional[float], Optional[float]]:
