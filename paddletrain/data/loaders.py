@@ -100,7 +100,9 @@ class SeededDataset(paddle.io.Dataset):
                     image = self.transform(image)
                 label = int(label)
         except Exception as exc:  # any failure becomes a marker: raising here would hang paddle's loader
-            return BadSample(key.index, key.batch, self.describe(key.index), f"{type(exc).__name__}: {exc}")
+            # A dataset's own BadSampleError already says what went wrong; other errors need their type.
+            error = str(exc) if isinstance(exc, BadSampleError) else f"{type(exc).__name__}: {exc}"
+            return BadSample(key.index, key.batch, self.describe(key.index), error)
         if self.num_classes is not None and not 0 <= label < self.num_classes:
             return BadSample(key.index, key.batch, self.describe(key.index),
                              f"label {label} is outside [0, {self.num_classes}) for a dataset of "
