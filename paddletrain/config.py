@@ -5,6 +5,8 @@ misspelt key, a wrong type or a missing required value fails at start-up, before
 """
 from __future__ import annotations
 
+import dataclasses
+import typing
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
@@ -236,9 +238,28 @@ CHOICES: dict[str, tuple] = {
     "trainer.early_stopping.mode": ("max", "min"),
 }
 
+# Built-in datasets that cannot run without data.root (the others have a default location or need no files).
+DATASETS_NEEDING_ROOT = ("imagefolder",)
+
 # Keys that must be positive integers when set.
 POSITIVE: tuple = ("data.batch_size", "trainer.max_epochs", "trainer.accumulate_grad_batches",
-                   "trainer.max_consecutive_nonfinite", "data.image_size")
+                   "trainer.max_consecutive_nonfinite", "data.image_size", "trainer.checkpoint.keep_last",
+                   "trainer.checkpoint.every_n_epochs", "trainer.checkpoint.every_n_steps")
+
+
+def unknown_keys(node: Any, schema: type, prefix: str = "") -> List[str]:
+    """Keys of ``node`` that ``schema`` does not declare.
+
+    Hydra's ``+key=value`` force-adds keys even into typed nodes, so this check is the one that catches them.
+    """
+    hints = typing.get_type_hints(schema)
+    found = []
+    for key in node.keys():
+        if key not in hints:
+            found.append(f"{prefix}{key}")
+        elif dataclasses.is_dataclass(hints[key]) and node[key] is not None:
+            found.extend(unknown_keys(node[key], hints[key], f"{prefix}{key}."))
+    return found
 
 
 def validate_config(cfg: Any) -> None:
@@ -250,6 +271,9 @@ def validate_config(cfg: Any) -> None:
 
     from paddletrain.errors import ConfigError
 
+    unknown = unknown_keys(cfg, EvaluateConfig if "checkpoint" in cfg else FitConfig)
+    if unknown:
+        raise ConfigError(f"unknown config key {unknown[0]} (not in the schema; check the spelling)")
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(f"missing required value for {', '.join(missing)} (set it on the command line, "
@@ -263,7 +287,12 @@ def validate_config(cfg: Any) -> None:
         value = OmegaConf.select(cfg, key)
         if value is not None and value < 1:
             raise ConfigError(f"{key}={value} must be >= 1")
-    if OmegaConf.select(cfg, "data.num_workers") is not None and cfg.data.num_workers < 0:
-        raise ConfigError(f"data.num_workers={cfg.data.num_workers} must be >= 0")
+    if cfg.data.name in DATASETS_NEEDING_ROOT and not cfg.data.root:
+        raise ConfigError(f"missing required value for data.root: data.name={cfg.data.name} reads its images from "
+                          f"there (e.g. data.root=/data/my_images)")
+    for key in ("data.num_workers", "trainer.checkpoint.keep_best"):
+        value = OmegaConf.select(cfg, key)
+        if value is not None and value < 0:
+            raise ConfigError(f"{key}={value} must be >= 0")
     if len(cfg.data.mean) != len(cfg.data.std):
         raise ConfigError(f"data.mean has {len(cfg.data.mean)} values but data.std has {len(cfg.data.std)}")

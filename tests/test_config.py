@@ -45,8 +45,8 @@ def test_overrides_reach_typed_values():
     ("model=resnet9000", "resnet9000"),
 ])
 def test_bad_override_names_the_key(override, key):
-    with pytest.raises((ConfigCompositionException, ValidationError)) as info:
-        compose_fit([override])
+    with pytest.raises((ConfigCompositionException, ValidationError, ConfigError)) as info:
+        validate_config(compose_fit([override]))
     message = str(info.value) + str(info.value.__cause__ or "")
     assert key in message
 

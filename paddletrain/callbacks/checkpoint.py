@@ -85,7 +85,6 @@ class ModelCheckpoint(Callback):
         state.update(self.extra_state)
         for cb in trainer.callbacks:
             cb.on_save_checkpoint(trainer, state)
-        # The callback's own state (best metric, top-K) must include this save, so it is recorded by the manager.
         metadata = {"epoch": trainer.epoch, "global_step": trainer.global_step,
                     "batch_in_epoch": trainer.batch_in_epoch, "epoch_finished": trainer.epoch_finished,
                     "monitor": self.monitor, "metric": metric, "config_hash": self.config_hash}

@@ -1,0 +1,1 @@
+"""Packaged YAML presets, one directory per config group, validated by paddletrain.config."""
