@@ -1,0 +1,27 @@
+"""Model zoo: a name registry and the ResNet family.
+
+>>> from paddletrain.models import create_model, list_models
+>>> model = create_model("resnet20", num_classes=10)
+"""
+from . import resnet  # noqa: F401  (registers the ResNet builders)
+from .registry import (
+    ModelOptionError,
+    UnknownModelError,
+    create_model,
+    is_model,
+    list_models,
+    register_model,
+)
+from .resnet import BasicBlock, Bottleneck, ResNet
+
+__all__ = [
+    "BasicBlock",
+    "Bottleneck",
+    "ModelOptionError",
+    "ResNet",
+    "UnknownModelError",
+    "create_model",
+    "is_model",
+    "list_models",
+    "register_model",
+]
