@@ -152,12 +152,13 @@ class CheckedDataLoader(paddle.io.DataLoader):
 
     @property
     def num_real_samples(self) -> int:
+        """This rank's samples that are not padding; padding repeats come last in its order."""
         return self.batch_sampler.num_real_samples
 
     def __iter__(self) -> Iterator[List[paddle.Tensor]]:
         self.bad_samples = 0
         raw = self._load_in_this_thread() if self.num_workers == 0 else super().__iter__()
-        for images, labels, indices, batch, problems in raw:
+        for images, labels, _indices, batch, problems in raw:
             self.batch_sampler.position = int(batch) + 1
             if problems:
                 self._handle_problems(problems)
