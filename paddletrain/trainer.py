@@ -8,6 +8,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
+import signal
+import threading
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -15,6 +18,7 @@ import numpy as np
 import paddle
 
 from paddletrain.callbacks.base import Callback, StepOutput
+from paddletrain.errors import TrainingInterrupted, UserError
 from paddletrain.metrics import ClassificationMeter
 from paddletrain.precision import Precision
 
@@ -45,6 +49,8 @@ class Trainer:
         run_dir: where callbacks write (logs, checkpoints); ``None`` for none.
         hparams: a flat dict of hyper-parameters for loggers.
         rank / world_size: this process's place in data-parallel training.
+        handle_signals: on SIGTERM/SIGINT finish the current optimizer step, let callbacks save (see
+            :class:`~paddletrain.errors.TrainingInterrupted`) and stop; a second signal exits at once.
     """
 
     def __init__(
@@ -68,6 +74,7 @@ class Trainer:
         hparams: Optional[Dict[str, Any]] = None,
         rank: int = 0,
         world_size: int = 1,
+        handle_signals: bool = True,
     ) -> None:
         if accumulate_grad_batches < 1:
             raise ValueError(f"accumulate_grad_batches must be >= 1, got {accumulate_grad_batches}")
@@ -105,8 +112,10 @@ class Trainer:
         self.consecutive_nonfinite = 0
         self.num_train_batches: Optional[int] = None
         self.train_loader: Optional[Iterable] = None
+        self.handle_signals = handle_signals
         self.resumed_from: Optional[str] = None
         self._is_setup = False
+        self._pending_signal: Optional[int] = None
 
     # ------------------------------------------------------------------ properties
     @property
@@ -165,15 +174,38 @@ class Trainer:
         self.num_train_batches = self._num_batches(train_loader, self.limit_train_batches)
         if ckpt_path is not None:
             self.restore(ckpt_path)
-        try:
-            self._call("on_fit_start")
-            while not self._done():
-                self._run_epoch(train_loader, val_loader)
-            self._call("on_fit_end")
-        except BaseException as exc:
-            self._call("on_exception", exc)
-            raise
+        with self._signal_handlers():
+            try:
+                self._call("on_fit_start")
+                while not self._done():
+                    self._run_epoch(train_loader, val_loader)
+                self._call("on_fit_end")
+            except BaseException as exc:
+                self._call("on_exception", exc)
+                raise
         return dict(self.metrics)
+
+    @contextlib.contextmanager
+    def _signal_handlers(self):
+        """Turn SIGTERM/SIGINT into a stop at the next optimizer-step boundary; a second signal exits at once."""
+        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum, frame):
+            if self._pending_signal is not None:
+                log.error("Second %s: exiting immediately", signal.Signals(signum).name)
+                os._exit(128 + signum)
+            self._pending_signal = signum
+            log.warning("%s received: finishing the current step, then saving and stopping "
+                        "(send it again to exit immediately)", signal.Signals(signum).name)
+
+        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
 
     def _done(self) -> bool:
         if self.should_stop or self.epoch >= self.max_epochs:
@@ -185,7 +217,8 @@ class Trainer:
         sampler = getattr(train_loader, "batch_sampler", None)
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(self.epoch)
-        if self.batch_in_epoch and hasattr(sampler, "skip_batches"):
+        # A sampler with its own state_dict restored its position on resume; others are told what to skip.
+        if self.batch_in_epoch and hasattr(sampler, "skip_batches") and not hasattr(sampler, "load_state_dict"):
             sampler.skip_batches(self.batch_in_epoch)
         self.module.train()
         self._call("on_train_epoch_start")
@@ -238,6 +271,9 @@ class Trainer:
                              data_time=t1 - t0, compute_time=t2 - t1, finite=finite)
             self._call("on_train_batch_end", out, batch, batch_idx)
             batch_idx += 1
+            # Stop only on an optimizer-step boundary: accumulated gradients are not part of a checkpoint.
+            if self._pending_signal is not None and step_now:
+                raise TrainingInterrupted(self._pending_signal)
             if self.should_stop or (self.max_steps is not None and self.global_step >= self.max_steps):
                 break
         elapsed = time.perf_counter() - epoch_start
@@ -352,6 +388,7 @@ class Trainer:
         """Restore what :meth:`state_dict` produced (callbacks by their ``state_key``)."""
         from paddletrain.checkpoint import set_rng_state
 
+        check_state_matches(self.module, state["model"])
         self.module.set_state_dict(state["model"])
         self.optimizer.set_state_dict(state["optimizer"])
         if self.scheduler is not None and "scheduler" in state:
@@ -394,3 +431,21 @@ class Trainer:
         if limit is not None:
             n = limit if n is None else min(n, limit)
         return n
+
+
+def check_state_matches(model: paddle.nn.Layer, saved: Dict[str, Any]) -> None:
+    """Raise :class:`UserError` listing missing, unexpected and shape-mismatched keys.
+
+    Paddle's ``set_state_dict`` only warns about them, which would resume a different model silently.
+    """
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(saved))
+    unexpected = sorted(set(saved) - set(expected))
+    mismatched = sorted(f"{k}: checkpoint {list(saved[k].shape)} vs model {list(expected[k].shape)}"
+                        for k in set(expected) & set(saved) if list(saved[k].shape) != list(expected[k].shape))
+    if missing or unexpected or mismatched:
+        parts = [f"{label} ({len(keys)}): {', '.join(keys[:8])}{' ...' if len(keys) > 8 else ''}"
+                 for label, keys in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", mismatched))
+                 if keys]
+        raise UserError("the checkpoint's weights do not fit this model (a different architecture or number of "
+                        "classes?): " + "; ".join(parts))

@@ -13,7 +13,7 @@ def test_fit_then_evaluate_end_to_end(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["epochs"] == 2 and 0.0 <= summary["val/top1"] <= 1.0 and summary["val/loss"] > 0
-    assert "Summary:" in result.stderr + result.stdout
+    assert "Summary:" in result.stdout + result.stderr
     assert (run_dir / ".hydra" / "config.yaml").is_file()
     assert any((run_dir / "visualdl").iterdir())
     checkpoints = sorted(p for p in (run_dir / "checkpoints").iterdir() if p.is_dir() and not p.name.startswith("."))
@@ -37,14 +37,16 @@ def test_unknown_key_fails_at_startup_with_one_line(tmp_path):
 
 def test_bad_choice_fails_before_building_anything(tmp_path):
     result = run_module("paddletrain.fit", [*TINY, "optim.name=rmsprop", f"hydra.run.dir={tmp_path}"], cwd=tmp_path)
+    output = result.stdout + result.stderr
     assert result.returncode == 2
-    assert "optim.name='rmsprop'" in result.stderr and "Traceback" not in result.stderr
-    assert "Device" not in result.stderr  # stopped before the runtime was even set up
+    assert "optim.name='rmsprop'" in output and "Traceback" not in output
+    assert "Device" not in output  # stopped before the runtime was even set up
 
 
 def test_missing_data_root_names_the_key(tmp_path):
     result = run_module("paddletrain.fit", ["data=imagefolder", f"hydra.run.dir={tmp_path}"], cwd=tmp_path)
-    assert result.returncode == 2 and "data.root" in result.stderr and "Traceback" not in result.stderr
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and "data.root" in output and "Traceback" not in output
 
 
 def test_multirun_sweep(tmp_path):

@@ -88,7 +88,8 @@ class ModelCheckpoint(Callback):
         metadata = {"epoch": trainer.epoch, "global_step": trainer.global_step,
                     "batch_in_epoch": trainer.batch_in_epoch, "epoch_finished": trainer.epoch_finished,
                     "monitor": self.monitor, "metric": metric, "config_hash": self.config_hash}
-        name = f"epoch={trainer.epoch:04d}-step={trainer.global_step:07d}"
+        # No "=" in the name: Hydra would read it as an override when the path is passed on the command line.
+        name = f"epoch{trainer.epoch:04d}-step{trainer.global_step:07d}"
         self.last_path = self.manager.save(state, name=name, metadata=metadata, metric=metric)
         log.info("Saved checkpoint %s%s", self.last_path,
                  f" ({self.monitor}={metric:.4f})" if metric is not None else "")
