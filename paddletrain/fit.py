@@ -20,7 +20,7 @@ import paddle
 from omegaconf import DictConfig, OmegaConf
 
 from paddletrain.config import register_configs, validate_config
-from paddletrain.errors import ConfigError, UserError
+from paddletrain.errors import TrainingInterrupted, UserError
 
 log = logging.getLogger("paddletrain")
 
@@ -67,11 +67,13 @@ def build_model(cfg: DictConfig, classes: List[str], in_chans: int) -> paddle.nn
         drop_rate=m.drop_rate,
         zero_init_residual=m.zero_init_residual,
         data_format=m.data_format,
+        strict=m.strict,
     )
 
 
-def build_callbacks(cfg: DictConfig, run_dir: Path, mean: List[float], std: List[float]) -> list:
-    """Built-in callbacks selected by the ``trainer`` config."""
+def build_callbacks(cfg: DictConfig, run_dir: Path, mean: List[float], std: List[float],
+                    run_info: Dict[str, Any]) -> list:
+    """Built-in callbacks selected by the ``trainer`` config; ``run_info`` is stored in every checkpoint."""
     from paddletrain.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, ProgressBar, VisualDLLogger
 
     t = cfg.trainer
@@ -87,7 +89,7 @@ def build_callbacks(cfg: DictConfig, run_dir: Path, mean: List[float], std: List
         callbacks.append(ModelCheckpoint(
             run_dir / "checkpoints", monitor=ck.monitor, mode=ck.mode, keep_last=ck.keep_last,
             keep_best=ck.keep_best, every_n_steps=ck.every_n_steps, every_n_epochs=ck.every_n_epochs,
-            extra_state={"config": OmegaConf.to_container(cfg, resolve=True)}))
+            extra_state={"config": OmegaConf.to_container(cfg, resolve=True), "run": run_info}))
     return callbacks
 
 
@@ -111,37 +113,53 @@ def train(cfg: DictConfig, run_dir: Path) -> Dict[str, float]:
     scheduler = build_scheduler(cfg.sched, cfg.optim.lr, steps_per_epoch, t.max_epochs)
     optimizer = build_optimizer(model, cfg.optim, scheduler)
     precision = Precision.from_config(t.amp, device=runtime.device)
+    run_info = {"model": cfg.model.name, "num_classes": len(data.classes), "batch_size": cfg.data.batch_size,
+                "world_size": 1}
+    checkpoint = load_resume_checkpoint(t.resume, run_dir, run_info)
     trainer = Trainer(
         model, optimizer, scheduler=scheduler,
         loss_fn=paddle.nn.CrossEntropyLoss(label_smoothing=t.label_smoothing),
         precision=precision,
-        callbacks=build_callbacks(cfg, run_dir, list(cfg.data.mean), list(cfg.data.std)),
+        callbacks=build_callbacks(cfg, run_dir, list(cfg.data.mean), list(cfg.data.std), run_info),
         max_epochs=t.max_epochs, max_steps=t.max_steps, accumulate_grad_batches=t.accumulate_grad_batches,
         grad_clip_norm=t.grad_clip_norm, limit_train_batches=t.limit_train_batches,
         limit_val_batches=t.limit_val_batches, val_every_n_epochs=t.val_every_n_epochs,
         max_consecutive_nonfinite=t.max_consecutive_nonfinite, num_classes=len(data.classes),
         run_dir=str(run_dir), hparams=flat_hparams(cfg),
     )
-    metrics = trainer.fit(data.train_loader, data.val_loader, ckpt_path=resolve_resume(t.resume, run_dir))
+    metrics = trainer.fit(data.train_loader, data.val_loader, ckpt_path=checkpoint)
     write_summary(run_dir, metrics, trainer)
     return metrics
 
 
-def resolve_resume(resume: Optional[str], run_dir: Path) -> Optional[str]:
-    """``None``, ``auto`` (newest complete checkpoint in the run dir, if any) or an explicit checkpoint dir."""
-    from paddletrain.checkpoint import find_latest
+def load_resume_checkpoint(resume: Optional[str], run_dir: Path, run_info: Dict[str, Any]) -> Optional[Any]:
+    """The checkpoint to resume from: ``None``, ``auto`` (newest complete one in the run dir) or a directory.
+
+    A different model or number of classes is an error; a different batch or world size is a warning.
+    """
+    from paddletrain.checkpoint import find_latest, load_checkpoint
 
     if resume is None:
         return None
+    path: Optional[Path] = Path(resume)
     if resume == "auto":
-        latest = find_latest(run_dir / "checkpoints")
-        if latest is None:
-            log.info("trainer.resume=auto: no checkpoint in %s, starting fresh", run_dir / "checkpoints")
+        path = find_latest(run_dir / "checkpoints", log=log)
+        if path is None:
+            log.info("trainer.resume=auto: no complete checkpoint in %s, starting fresh", run_dir / "checkpoints")
             return None
-        return str(latest)
-    if not Path(resume).is_dir():
+    elif not path.is_dir():
         raise UserError(f"trainer.resume={resume}: no such checkpoint directory")
-    return resume
+    checkpoint = load_checkpoint(path)
+    saved = checkpoint.state.get("run", {})
+    for key in ("model", "num_classes"):
+        if key in saved and saved[key] != run_info[key]:
+            raise UserError(f"cannot resume from {path}: it was trained with {key}={saved[key]}, "
+                            f"this run has {key}={run_info[key]}")
+    for key in ("batch_size", "world_size"):
+        if key in saved and saved[key] != run_info[key]:
+            log.warning("Resuming from %s with %s=%s; the checkpoint was written with %s=%s", path, key,
+                        run_info[key], key, saved[key])
+    return checkpoint
 
 
 def flat_hparams(cfg: DictConfig) -> Dict[str, Any]:
@@ -182,9 +200,12 @@ def main(cfg: DictConfig) -> Optional[float]:
     """Hydra entry point; returns the monitored metric so sweepers can optimise it."""
     try:
         metrics = train(cfg, run_dir_from_hydra())
-    except (UserError, ConfigError) as exc:
+    except UserError as exc:
         log.error("%s", exc)
         sys.exit(2)
+    except TrainingInterrupted as exc:
+        log.error("%s; resume with trainer.resume=auto hydra.run.dir=<this run dir>", exc)
+        sys.exit(exc.exit_code)
     return metrics.get(cfg.trainer.checkpoint.monitor)
 
 

@@ -163,10 +163,10 @@ class Trainer:
             self._is_setup = True
 
     def fit(self, train_loader: Iterable, val_loader: Optional[Iterable] = None,
-            ckpt_path: Optional[str] = None) -> Dict[str, float]:
+            ckpt_path: Optional[Any] = None) -> Dict[str, float]:
         """Train until ``max_epochs``/``max_steps`` or a callback stops; returns the final metrics.
 
-        ``ckpt_path`` restores model, optimizer, scheduler, precision, callbacks, RNGs and the position
+        ``ckpt_path`` (a checkpoint directory or loaded ``Checkpoint``) restores model, optimizer, scheduler, precision, callbacks, RNGs and the position
         inside the epoch, so the run continues exactly where the checkpoint was written.
         """
         self.setup()
@@ -179,6 +179,8 @@ class Trainer:
                 self._call("on_fit_start")
                 while not self._done():
                     self._run_epoch(train_loader, val_loader)
+                    if self._pending_signal is not None:  # arrived during validation or the epoch-end hooks
+                        raise TrainingInterrupted(self._pending_signal)
                 self._call("on_fit_end")
             except BaseException as exc:
                 self._call("on_exception", exc)
@@ -222,18 +224,23 @@ class Trainer:
             sampler.skip_batches(self.batch_in_epoch)
         self.module.train()
         self._call("on_train_epoch_start")
-        train_metrics = self._train_batches(train_loader)
+        train_metrics, exhausted = self._train_batches(train_loader)
         self.metrics.update(train_metrics)
-        if val_loader is not None and self.val_every_n_epochs and (self.epoch + 1) % self.val_every_n_epochs == 0:
+        last_epoch = not exhausted or self.epoch + 1 >= self.max_epochs
+        if val_loader is not None and self.val_every_n_epochs and (
+                (self.epoch + 1) % self.val_every_n_epochs == 0 or last_epoch):
             self.metrics.update(self._validate(val_loader))
-        # The epoch is complete: a checkpoint written from here on resumes at the next epoch.
-        self.epoch_finished = True
+        # Only an epoch whose batches all ran is finished: a checkpoint written after a max_steps or
+        # should_stop cut resumes at the next batch of this epoch, not at the next epoch.
+        self.epoch_finished = exhausted
         self._call("on_train_epoch_end", dict(self.metrics))
-        self.epoch += 1
-        self.batch_in_epoch = 0
-        self.epoch_finished = False
+        if exhausted:
+            self.epoch += 1
+            self.batch_in_epoch = 0
+            self.epoch_finished = False
 
-    def _train_batches(self, loader: Iterable) -> Dict[str, float]:
+    def _train_batches(self, loader: Iterable) -> Tuple[Dict[str, float], bool]:
+        """Train over the epoch's remaining batches; returns the epoch's metrics and whether all batches ran."""
         meter = ClassificationMeter(self.num_classes)
         accumulate = self.accumulate_grad_batches
         limit = self.num_train_batches
@@ -241,6 +248,7 @@ class Trainer:
         epoch_start = time.perf_counter()
         batch_idx = self.batch_in_epoch
         iterator = iter(loader)
+        exhausted = True
         while limit is None or batch_idx < limit:
             t0 = time.perf_counter()
             try:
@@ -275,6 +283,7 @@ class Trainer:
             if self._pending_signal is not None and step_now:
                 raise TrainingInterrupted(self._pending_signal)
             if self.should_stop or (self.max_steps is not None and self.global_step >= self.max_steps):
+                exhausted = limit is not None and batch_idx >= limit
                 break
         elapsed = time.perf_counter() - epoch_start
         metrics = meter.compute("train")
@@ -282,7 +291,7 @@ class Trainer:
             metrics["train/throughput"] = images_seen / max(elapsed, 1e-9)
             metrics["train/data_time_share"] = time_data / max(time_data + time_compute, 1e-9)
         metrics["train/lr"] = self.current_lr
-        return metrics
+        return metrics, exhausted
 
     def _optimizer_step(self) -> Tuple[bool, bool]:
         """Unscale, check, clip and step; the scheduler advances only when the optimizer really stepped."""
@@ -411,14 +420,15 @@ class Trainer:
             sampler.load_state_dict(state["sampler"])
         set_rng_state(state["rng"])
 
-    def restore(self, ckpt_path: str) -> None:
-        """Load a checkpoint directory into this trainer and its callbacks."""
-        from paddletrain.checkpoint import load_checkpoint
+    def restore(self, checkpoint: Any) -> None:
+        """Load a checkpoint (a directory, or a :class:`~paddletrain.checkpoint.Checkpoint`) into the trainer."""
+        from paddletrain.checkpoint import Checkpoint, load_checkpoint
 
-        checkpoint = load_checkpoint(ckpt_path)
+        if not isinstance(checkpoint, Checkpoint):
+            checkpoint = load_checkpoint(checkpoint)
         self._call("on_load_checkpoint", checkpoint.state)
         self.load_state_dict(checkpoint.state)
-        self.resumed_from = str(ckpt_path)
+        self.resumed_from = ckpt_path = str(checkpoint.path)
         log.info("Resumed from %s at epoch %d, batch %d, global step %d", ckpt_path, self.epoch,
                  self.batch_in_epoch, self.global_step)
 

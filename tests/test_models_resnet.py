@@ -168,8 +168,8 @@ def test_nhwc_matches_nchw_for_same_weights(build, pool):
     x = paddle.rand([2, 3, 35, 35])  # odd size exercises ceil-mode pooling in both layouts
     with paddle.no_grad():
         ref = nchw(x)
-        out = nhwc(x.transpose([0, 2, 3, 1]))
-        feats = nhwc.forward_features(x.transpose([0, 2, 3, 1]))
+        out = nhwc(x)  # the input stays NCHW; the model transposes once
+        feats = nhwc.forward_features(x)
     assert max_abs_diff(ref, out) <= 1e-5
     assert feats.shape[-1] == nhwc.num_features  # channels last all the way through
     layers = [m for m in nhwc.sublayers() if isinstance(m, (nn.Conv2D, nn.BatchNorm2D, nn.AvgPool2D, nn.MaxPool2D))]

@@ -75,6 +75,13 @@ class ModelCheckpoint(Callback):
                 self._warned_missing_monitor = True
             self.save(trainer, metric=metric)
 
+    def on_exception(self, trainer: "Trainer", exception: BaseException) -> None:
+        from paddletrain.errors import TrainingInterrupted
+
+        # A signal stops training on a step boundary: save there so `trainer.resume=auto` continues exactly.
+        if isinstance(exception, TrainingInterrupted):
+            self.save(trainer, metric=None)
+
     def save(self, trainer: "Trainer", metric: Optional[float]) -> Optional[Path]:
         """Write one checkpoint now; refuses (and logs) when a parameter is NaN/inf so good ones survive."""
         if not _params_finite(trainer.module):

@@ -187,7 +187,8 @@ class ResNet(nn.Layer):
         zero_init_residual: zero the last norm scale of every block, so each block starts as an identity.
         norm_layer: called as ``norm_layer(channels, data_format=...)``; default ``nn.BatchNorm2D``.
         act_layer: called as ``act_layer()``; default ``nn.ReLU``.
-        data_format: ``"NCHW"`` or ``"NHWC"``; the layout of the model's input and every conv/norm/pool.
+        data_format: ``"NCHW"`` or ``"NHWC"``: the layout of every conv/norm/pool (NHWC is faster for AMP on
+            GPUs). The input is always NCHW.
         drop_rate: dropout probability on the pooled features, before the classifier.
         global_pool: ``"avg"``, ``"max"`` or ``"avgmax"`` (mean of both).
     """
@@ -373,7 +374,13 @@ class ResNet(nn.Layer):
         self.pretrained_cfg = {**self.pretrained_cfg, "num_classes": num_classes}
 
     def forward_features(self, x: paddle.Tensor) -> paddle.Tensor:
-        """Stem and stages: the unpooled feature map (``num_features`` channels, stride 32; 4 for CIFAR)."""
+        """Stem and stages: the unpooled feature map (``num_features`` channels, stride 32; 4 for CIFAR).
+
+        The input is NCHW in both layouts; an NHWC model transposes it once here, so data pipelines, exported
+        input specs and predictors stay the same, and returns a channels-last feature map.
+        """
+        if self.data_format == "NHWC":
+            x = paddle.transpose(x, [0, 2, 3, 1])
         x = self.maxpool(self.act1(self.bn1(self.conv1(x))))
         for name in self.stage_names:
             x = getattr(self, name)(x)
