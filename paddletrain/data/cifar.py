@@ -1,0 +1,223 @@
+"""CIFAR-10 / CIFAR-100 read from the python-pickle archives Paddle downloads (``cifar-10{,0}-python.tar.gz``).
+
+The batches inside are pickles, and unpickling runs whatever the file asks for. They are read with
+``SafeUnpickler``, which only lets through the few numpy globals needed to rebuild an array (the containers,
+bytes, str and int of the batches need no globals at all); anything else is refused, so a tampered archive
+fails with an error instead of running code. An already extracted ``cifar-10-batches-py`` /
+``cifar-100-python`` directory next to the archive works too.
+"""
+from __future__ import annotations
+
+import io
+import pickle
+import tarfile
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+
+import numpy as np
+
+from paddletrain.data.datasets import DatasetError, ImageDataset, Transform
+
+
+class _Layout:
+    def __init__(self, archive: str, folder: str, members: Dict[str, Callable[[str], bool]], meta: str,
+                 labels_key: bytes, names_key: bytes, url_attr: str) -> None:  # fmt: skip
+        self.archive, self.folder, self.members, self.meta = archive, folder, members, meta
+        self.labels_key, self.names_key, self.url_attr = labels_key, names_key, url_attr
+
+
+LAYOUTS: Dict[str, _Layout] = {
+    "cifar10": _Layout(
+        "cifar-10-python.tar.gz", "cifar-10-batches-py",
+        {"train": lambda n: n.startswith("data_batch"), "val": lambda n: n == "test_batch"},
+        "batches.meta", b"labels", b"label_names", "CIFAR10",
+    ),
+    "cifar100": _Layout(
+        "cifar-100-python.tar.gz", "cifar-100-python",
+        {"train": lambda n: n == "train", "val": lambda n: n == "test"},
+        "meta", b"fine_labels", b"fine_label_names", "CIFAR100",
+    ),
+}  # fmt: skip
+
+
+def _numpy_global(module: str, name: str) -> Callable[[], Any]:
+    def resolve() -> Any:
+        import importlib
+
+        try:
+            return getattr(importlib.import_module(module.replace("numpy.core", "numpy._core")), name)
+        except ImportError:  # pragma: no cover - numpy 1.x has only numpy.core
+            return getattr(importlib.import_module(module.replace("numpy._core", "numpy.core")), name)
+
+    return resolve
+
+
+def _latin1_encode(text: str, encoding: str) -> bytes:
+    """How a Python 3 protocol-2 pickle spells bytes; any other codec is refused."""
+    if encoding not in ("latin1", "latin-1"):
+        raise pickle.UnpicklingError(f"_codecs.encode with {encoding!r} is not allowed in a CIFAR batch")
+    return text.encode("latin1")
+
+
+# The only globals an array pickle needs (numpy 1.x and 2.x spell the modules differently); nothing that can
+# run code, open files or import further modules.
+_ALLOWED_GLOBALS: Dict[Tuple[str, str], Callable[[], Any]] = {
+    ("numpy", "ndarray"): lambda: np.ndarray,
+    ("numpy", "dtype"): lambda: np.dtype,
+    ("_codecs", "encode"): lambda: _latin1_encode,
+}
+for _core in ("numpy.core", "numpy._core"):
+    _ALLOWED_GLOBALS[(f"{_core}.multiarray", "_reconstruct")] = _numpy_global(f"{_core}.multiarray", "_reconstruct")
+    _ALLOWED_GLOBALS[(f"{_core}.numeric", "_frombuffer")] = _numpy_global(f"{_core}.numeric", "_frombuffer")
+
+
+class SafeUnpickler(pickle.Unpickler):
+    """Unpickles builtin containers, bytes, str, numbers and numpy arrays; refuses every other global."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        factory = _ALLOWED_GLOBALS.get((module, name))
+        if factory is None:
+            raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in a CIFAR batch")
+        return factory()
+
+
+def safe_load(data: bytes, source: str) -> Any:
+    """Unpickle ``data`` (Python 2 pickles: str read as bytes) with ``SafeUnpickler``; errors name ``source``."""
+    try:
+        return SafeUnpickler(io.BytesIO(data), encoding="bytes").load()
+    except Exception as e:  # any malformed pickle is a bad file, whatever the unpickler raised
+        raise DatasetError(f"cannot read CIFAR batch {source!r}: {e}") from e
+
+
+def _members(root: Path, layout: _Layout) -> Iterator[Tuple[str, str, bytes]]:
+    """(file name, source for messages, bytes) of each file in the tar.gz or the extracted folder."""
+    archive = root / layout.archive if root.is_dir() else root
+    if archive.is_file():
+        try:
+            with tarfile.open(archive, "r:*") as tar:
+                for member in tar:
+                    if member.isfile():
+                        handle = tar.extractfile(member)
+                        assert handle is not None
+                        yield member.name.rsplit("/", 1)[-1], f"{archive}:{member.name}", handle.read()
+        except (tarfile.TarError, OSError, EOFError) as e:
+            raise DatasetError(f"cannot read CIFAR archive {str(archive)!r}: {e}") from e
+        return
+    folder = root / layout.folder
+    for path in sorted(folder.iterdir()):
+        if path.is_file():
+            yield path.name, str(path), path.read_bytes()
+
+
+def _download(kind: str, target: Path) -> None:
+    import shutil
+
+    from paddle.dataset.common import download
+    from paddle.vision.datasets import cifar as paddle_cifar
+
+    layout = LAYOUTS[kind]
+    url, md5 = getattr(paddle_cifar, f"{layout.url_attr}_URL"), getattr(paddle_cifar, f"{layout.url_attr}_MD5")
+    fetched = Path(download(url, "cifar", md5))
+    target.mkdir(parents=True, exist_ok=True)
+    if fetched.resolve() != (target / layout.archive).resolve():
+        shutil.copyfile(fetched, target / layout.archive)
+
+
+def paddle_cache_dir() -> Path:
+    """Where Paddle's downloader stores the CIFAR archives (``~/.cache/paddle/dataset/cifar``)."""
+    from paddle.dataset.common import DATA_HOME
+
+    return Path(DATA_HOME) / "cifar"
+
+
+class CifarDataset(ImageDataset):
+    """CIFAR-10 (``kind="cifar10"``) or CIFAR-100 fine labels (``kind="cifar100"``): 32x32x3 uint8 images.
+
+    ``root`` is the directory holding the archive (or the archive path itself); ``None`` means Paddle's download
+    cache. ``split="val"`` is the official test batch. ``download=True`` fetches a missing archive with
+    Paddle's downloader (md5-checked) into ``root``.
+    """
+
+    in_chans = 3
+
+    def __init__(
+        self,
+        root: Optional[Union[str, Path]],
+        split: str = "train",
+        kind: str = "cifar10",
+        transform: Transform = None,
+        download: bool = False,
+    ) -> None:
+        super().__init__(transform)
+        if kind not in LAYOUTS:
+            raise DatasetError(f"CIFAR kind must be one of {sorted(LAYOUTS)}, got {kind!r}")
+        layout = LAYOUTS[kind]
+        if split not in layout.members:
+            raise DatasetError(f"{kind} split must be one of {sorted(layout.members)}, got {split!r}")
+        self.kind, self.split = kind, split
+        self.root = Path(root) if root else paddle_cache_dir()
+        if not self._present(layout):
+            if not download:
+                raise DatasetError(
+                    f"{kind}: neither {layout.archive!r} nor {layout.folder + '/'!r} found in {str(self.root)!r}; "
+                    f"point data.root at the directory holding it, or set data.download=true"
+                )
+            _download(kind, self.root)
+        self._load(layout)
+
+    def _present(self, layout: _Layout) -> bool:
+        if self.root.is_file():
+            return True
+        return (self.root / layout.archive).is_file() or (self.root / layout.folder).is_dir()
+
+    def _load(self, layout: _Layout) -> None:
+        wanted = layout.members[self.split]
+        batches: List[Tuple[str, Dict[bytes, Any]]] = []
+        meta: Optional[Dict[bytes, Any]] = None
+        for name, source, data in _members(self.root, layout):
+            if wanted(name):
+                batches.append((source, safe_load(data, source)))
+            elif name == layout.meta:
+                meta = safe_load(data, source)
+        where = str(self.root)
+        if not batches:
+            raise DatasetError(f"{self.kind}: no {self.split} batches in {where!r}; is it the {layout.archive} archive?")
+        if meta is None or layout.names_key not in meta:
+            raise DatasetError(f"{self.kind}: {layout.meta!r} with {layout.names_key!r} missing from {where!r}")
+        self.classes = [n.decode() if isinstance(n, bytes) else str(n) for n in meta[layout.names_key]]
+        images, labels = [], []
+        batches.sort(key=lambda item: item[0])
+        for source, batch in batches:
+            data, batch_labels = _check_batch(batch, layout.labels_key, source)
+            images.append(data)
+            labels.append(batch_labels)
+        self.targets = np.concatenate(labels)
+        if self.targets.max() >= len(self.classes):
+            raise DatasetError(f"{self.kind}: label {self.targets.max()} in {where!r} but {len(self.classes)} classes")
+        # Stored CHW-flat per row; transposed once so every sample is a contiguous HWC array.
+        self.images = np.ascontiguousarray(np.concatenate(images).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
+        self.sources = [source for source, _ in batches]
+        self._offsets = np.cumsum([len(x) for x in labels])
+
+    def load_image(self, index: int) -> np.ndarray:
+        return self.images[index]
+
+    def describe(self, index: int) -> str:
+        batch = int(np.searchsorted(self._offsets, index, side="right"))
+        first = int(self._offsets[batch - 1]) if batch else 0
+        return f"{self.sources[batch]}[{index - first}]"
+
+
+def _check_batch(batch: Any, labels_key: bytes, source: str) -> Tuple[np.ndarray, np.ndarray]:
+    if not isinstance(batch, dict) or b"data" not in batch or labels_key not in batch:
+        raise DatasetError(f"CIFAR batch {source!r} is not a dict with b'data' and {labels_key!r}")
+    data, labels = batch[b"data"], np.asarray(batch[labels_key], dtype=np.int64)
+    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
+        raise DatasetError(f"CIFAR batch {source!r}: data must be a uint8 (N, 3072) array, got {_shape(data)}")
+    if labels.shape != (len(data),):
+        raise DatasetError(f"CIFAR batch {source!r} has {len(data)} images but {labels.shape[0]} labels")
+    return data, labels
+
+
+def _shape(value: Any) -> str:
+    return f"{value.dtype} {value.shape}" if isinstance(value, np.ndarray) else type(value).__name__
