@@ -165,3 +165,9 @@ def test_download_uses_paddle_downloader(tmp_path: Path, monkeypatch) -> None:
     ds = CifarDataset(tmp_path / "root", "val", download=True)
     assert len(ds) == 2 and (tmp_path / "root" / "cifar-10-python.tar.gz").is_file()
     assert requested == [(paddle_cifar.CIFAR10_URL, "cifar", paddle_cifar.CIFAR10_MD5)]
+
+
+def test_root_with_tilde_is_expanded(tmp_path: Path, monkeypatch) -> None:
+    make_archive(tmp_path / "cifar", "cifar10")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert len(CifarDataset("~/cifar", "val")) == 2

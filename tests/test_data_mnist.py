@@ -132,3 +132,8 @@ def test_debian_fashion_mnist_package() -> None:
     ds = IDXDataset(mnist.DEBIAN_FASHION_MNIST_DIR, "val", kind="fashion_mnist")
     assert len(ds) == 10000 and np.bincount(ds.targets).tolist() == [1000] * 10
     assert ds[0][0].shape == (28, 28, 1)
+
+
+def test_root_with_tilde_is_expanded(idx_root: Path, monkeypatch) -> None:
+    monkeypatch.setenv("HOME", str(idx_root.parent))
+    assert len(IDXDataset(f"~/{idx_root.name}", "val")) == 3

@@ -155,7 +155,7 @@ class CifarDataset(ImageDataset):
         if split not in layout.members:
             raise DatasetError(f"{kind} split must be one of {sorted(layout.members)}, got {split!r}")
         self.kind, self.split = kind, split
-        self.root = Path(root) if root else paddle_cache_dir()
+        self.root = Path(root).expanduser() if root else paddle_cache_dir()
         if not self._present(layout):
             if not download:
                 raise DatasetError(

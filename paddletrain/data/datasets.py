@@ -17,10 +17,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 import numpy as np
 import paddle
 
+from paddletrain.errors import UserError
+
 Transform = Optional[Callable[[Any], Any]]
 
 
-class DatasetError(ValueError):
+class DatasetError(UserError):
     """The data on disk or the data config is wrong; the message names the path or key at fault."""
 
 

@@ -61,7 +61,7 @@ def read_class_names(path: Union[str, Path], expected: int) -> List[str]:
 
 def _resolve_class_names(class_names: Union[str, Path], root: Path) -> Path:
     """A relative path is looked up from the working directory, then from the dataset root."""
-    path = Path(class_names)
+    path = Path(class_names).expanduser()
     if path.is_absolute() or path.exists() or not (root / path).exists():
         return path
     return root / path
@@ -88,7 +88,7 @@ class ImageFolderDataset(ImageDataset):
         super().__init__(transform)
         if in_chans not in _MODES:
             raise DatasetError(f"imagefolder in_chans must be 1 or 3, got {in_chans}")
-        self.root = Path(root)
+        self.root = Path(root).expanduser()
         self.split = split
         self.in_chans = in_chans
         train_dir = _split_dir(self.root, "train")

@@ -146,7 +146,7 @@ class IDXDataset(ImageDataset):
         self.targets = labels.astype(np.int64)
 
     def _locate(self, root: Optional[Union[str, Path]], download: bool) -> Path:
-        dirs = [Path(root)] if root else default_search_dirs(self.kind)
+        dirs = [Path(root).expanduser()] if root else default_search_dirs(self.kind)
         names = FILES[self.split]
         for directory in dirs:
             if all(_find(directory, name) for name in names):
