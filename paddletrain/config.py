@@ -179,7 +179,11 @@ class TrainerConfig:
     # Stop after this many consecutive non-finite steps.
     max_consecutive_nonfinite: int = 20
     ema_decay: Optional[float] = None
+    # paddle.profiler over steps [wait, wait + warmup + active): summary + Chrome trace in <run dir>/profiler.
     profile: bool = False
+    profile_wait: int = 2
+    profile_warmup: int = 1
+    profile_active: int = 5
     amp: AmpConfig = field(default_factory=AmpConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
@@ -244,7 +248,8 @@ DATASETS_NEEDING_ROOT = ("imagefolder",)
 # Keys that must be positive integers when set.
 POSITIVE: tuple = ("data.batch_size", "trainer.max_epochs", "trainer.accumulate_grad_batches",
                    "trainer.max_consecutive_nonfinite", "data.image_size", "trainer.checkpoint.keep_last",
-                   "trainer.checkpoint.every_n_epochs", "trainer.checkpoint.every_n_steps")
+                   "trainer.checkpoint.every_n_epochs", "trainer.checkpoint.every_n_steps",
+                   "trainer.profile_active")
 
 
 def unknown_keys(node: Any, schema: type, prefix: str = "") -> List[str]:
@@ -290,7 +295,7 @@ def validate_config(cfg: Any) -> None:
     if cfg.data.name in DATASETS_NEEDING_ROOT and not cfg.data.root:
         raise ConfigError(f"missing required value for data.root: data.name={cfg.data.name} reads its images from "
                           f"there (e.g. data.root=/data/my_images)")
-    for key in ("data.num_workers", "trainer.checkpoint.keep_best"):
+    for key in ("data.num_workers", "trainer.checkpoint.keep_best", "trainer.profile_wait", "trainer.profile_warmup"):
         value = OmegaConf.select(cfg, key)
         if value is not None and value < 0:
             raise ConfigError(f"{key}={value} must be >= 0")

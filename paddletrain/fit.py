@@ -74,7 +74,8 @@ def build_model(cfg: DictConfig, classes: List[str], in_chans: int) -> paddle.nn
 def build_callbacks(cfg: DictConfig, run_dir: Path, mean: List[float], std: List[float],
                     run_info: Dict[str, Any]) -> list:
     """Built-in callbacks selected by the ``trainer`` config; ``run_info`` is stored in every checkpoint."""
-    from paddletrain.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint, ProgressBar, VisualDLLogger
+    from paddletrain.callbacks import (EarlyStopping, LearningRateMonitor, ModelCheckpoint, ProfilerCallback,
+                                       ProgressBar, VisualDLLogger)
 
     t = cfg.trainer
     callbacks: list = [ProgressBar(enabled=None if t.progress_bar else False), LearningRateMonitor()]
@@ -84,6 +85,9 @@ def build_callbacks(cfg: DictConfig, run_dir: Path, mean: List[float], std: List
     if t.early_stopping.enabled:
         es = t.early_stopping
         callbacks.append(EarlyStopping(monitor=es.monitor, mode=es.mode, patience=es.patience, min_delta=es.min_delta))
+    if t.profile:
+        callbacks.append(ProfilerCallback(run_dir / "profiler", wait=t.profile_wait, warmup=t.profile_warmup,
+                                          active=t.profile_active))
     if t.checkpoint.enabled:
         ck = t.checkpoint
         callbacks.append(ModelCheckpoint(

@@ -3,6 +3,7 @@ from .base import Callback, StepOutput, metric_improved
 from .checkpoint import ModelCheckpoint
 from .early_stopping import EarlyStopping
 from .lr_monitor import LearningRateMonitor
+from .profiler import ProfilerCallback
 from .progress import ProgressBar
 from .visualdl import VisualDLLogger
 
@@ -13,6 +14,7 @@ __all__ = [
     "EarlyStopping",
     "LearningRateMonitor",
     "ModelCheckpoint",
+    "ProfilerCallback",
     "ProgressBar",
     "VisualDLLogger",
 ]
