@@ -1,0 +1,194 @@
+"""What every benchmark shares: option parsing, synthetic data, timed windows, memory and the environment.
+
+Timing rules (from the benchmark issue): pin the CPU threads once for all arms, warm every arm up, time
+several windows of steps with a device sync at each window's end, interleave arms window by window
+(A B C A B C ...) so drift and neighbours' load hit every arm alike, and report medians.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import resource
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Type, TypeVar
+
+import numpy as np
+import paddle
+
+from paddletrain.errors import ConfigError
+
+C = TypeVar("C")
+
+# The bench-only model for measuring per-step framework overhead: its compute is negligible on purpose.
+TINY_MODEL = "tiny"
+
+
+def parse_options(schema: Type[C], args: Sequence[str], command: str) -> C:
+    """``key=value`` arguments validated against the dataclass ``schema`` (types, unknown keys)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    for arg in args:
+        if "=" not in arg:
+            raise ConfigError(f"bench {command}: expected key=value, got {arg!r}")
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.from_dotlist(list(args)))
+        return OmegaConf.to_object(merged)  # type: ignore[return-value]
+    except OmegaConfBaseException as exc:
+        keys = ", ".join(f.name for f in dataclasses.fields(schema))  # type: ignore[arg-type]
+        key = getattr(exc, "full_key", None)
+        reason = str(getattr(exc, "msg", exc)).splitlines()[0]
+        where = f" {key}:" if key else ""
+        raise ConfigError(f"bench {command}:{where} {reason} (valid keys: {keys}, out)") from None
+
+
+def check_positive(command: str, **values: int) -> None:
+    """Raise ConfigError naming the first option that is not >= 1."""
+    for key, value in values.items():
+        if value < 1:
+            raise ConfigError(f"bench {command}: {key}={value} must be >= 1")
+
+
+class TinyNet(paddle.nn.Layer):
+    """conv(8) -> BN -> ReLU -> global pool -> linear: enough to exercise every training-step part."""
+
+    def __init__(self, num_classes: int = 10, in_chans: int = 3) -> None:
+        super().__init__()
+        self.conv = paddle.nn.Conv2D(in_chans, 8, 3, padding=1, bias_attr=False)
+        self.bn = paddle.nn.BatchNorm2D(8)
+        self.pool = paddle.nn.AdaptiveAvgPool2D(1)
+        self.fc = paddle.nn.Linear(8, num_classes)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        return self.fc(self.pool(paddle.nn.functional.relu(self.bn(self.conv(x)))).flatten(1))
+
+
+def build_model(name: str, num_classes: int, data_format: str = "NCHW", seed: int = 0) -> paddle.nn.Layer:
+    """A registry model (or the bench's ``tiny``), initialised from ``seed`` so every arm starts equal."""
+    from paddletrain.models import create_model
+
+    paddle.seed(seed)
+    if name == TINY_MODEL:
+        if data_format != "NCHW":
+            raise ConfigError(f"bench: model={TINY_MODEL} supports only data_format=NCHW")
+        return TinyNet(num_classes)
+    return create_model(name, num_classes=num_classes, data_format=data_format)
+
+
+def synthetic_batches(count: int, batch_size: int, image_size: int, num_classes: int,
+                      seed: int = 0) -> List[List[paddle.Tensor]]:
+    """``count`` distinct ``[images, labels]`` batches already on the current device (NCHW float32)."""
+    rng = np.random.default_rng(seed)
+    return [[paddle.to_tensor(rng.standard_normal((batch_size, 3, image_size, image_size), dtype=np.float32)),
+             paddle.to_tensor(rng.integers(0, num_classes, (batch_size,), dtype=np.int64))]
+            for _ in range(count)]
+
+
+def cycle(batches: Sequence[Any], steps: int) -> List[Any]:
+    """``steps`` items taken round-robin from ``batches``."""
+    return [batches[i % len(batches)] for i in range(steps)]
+
+
+def device_sync() -> None:
+    """Wait for queued device work (a no-op for CPU, whose kernels run synchronously)."""
+    if not paddle.device.get_device().startswith("cpu"):
+        paddle.device.synchronize()
+
+
+def on_gpu() -> bool:
+    return paddle.device.get_device().startswith("gpu")
+
+
+def reset_peak_memory() -> None:
+    if on_gpu():
+        paddle.device.cuda.reset_max_memory_allocated()
+
+
+def peak_memory_mb() -> Dict[str, Optional[float]]:
+    """Device memory peak on a GPU (since the last reset); on CPU the process's peak RSS (never resets)."""
+    if on_gpu():
+        return {"peak_gpu_allocated_mb": paddle.device.cuda.max_memory_allocated() / 2**20, "peak_rss_mb": None}
+    # Linux reports ru_maxrss in KiB.
+    return {"peak_gpu_allocated_mb": None, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+Window = Callable[[int], float]
+
+
+def interleave(arms: Dict[str, Window], windows: int, steps: int, warmup: int) -> Dict[str, List[float]]:
+    """Run every arm's warm-up, then ``windows`` rounds of A B C ...; returns seconds per step per window.
+
+    An arm is ``run(steps) -> elapsed seconds`` and must end its window with a device sync.
+    """
+    for run in arms.values():
+        if warmup:
+            run(warmup)
+    per_step: Dict[str, List[float]] = {name: [] for name in arms}
+    for _ in range(windows):
+        for name, run in arms.items():
+            per_step[name].append(run(steps) / steps)
+    return per_step
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    """Seconds ``fn`` takes, including a final device sync."""
+    start = time.perf_counter()
+    fn()
+    device_sync()
+    return time.perf_counter() - start
+
+
+def summarize(seconds_per_step: Sequence[float], batch_size: int) -> Dict[str, Any]:
+    """Median ms/step and images/s, plus the spread across windows (max-min over median)."""
+    median = statistics.median(seconds_per_step)
+    return {
+        "ms_per_step": median * 1e3,
+        "images_per_s": batch_size / median,
+        "spread": (max(seconds_per_step) - min(seconds_per_step)) / median,
+        "windows_ms": [round(s * 1e3, 3) for s in seconds_per_step],
+    }
+
+
+def paired_ratio(numerator: Sequence[float], denominator: Sequence[float]) -> float:
+    """Median of window-by-window ratios: robust to drift that hits neighbouring windows alike."""
+    return statistics.median(n / d for n, d in zip(numerator, denominator))
+
+
+def environment(cpu_threads: Optional[int] = None) -> Dict[str, Any]:
+    """Where and under which load the numbers were measured."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cores = os.cpu_count()
+    return {
+        "paddle": paddle.__version__,
+        "python": platform.python_version(),
+        "device": paddle.device.get_device(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_cores": cores,
+        "cpu_threads": cpu_threads,
+        "load_average_1m": round(os.getloadavg()[0], 2),
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def write_jpeg_folder(root: Path, num_images: int, image_size: int, num_classes: int = 4, seed: int = 0,
+                      quality: int = 90) -> Path:
+    """An image folder ``root/train/<class>/*.jpg`` of smooth random images (JPEG decodes like photos).
+
+    Returns ``root``. Used by the data and inference benchmarks when no real dataset is given.
+    """
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for i in range(num_images):
+        class_dir = root / "train" / f"class{i % num_classes}"
+        class_dir.mkdir(parents=True, exist_ok=True)
+        # Upsampled low-resolution noise: smooth regions and edges, so the JPEG is photo-sized, not noise-sized.
+        small = rng.integers(0, 256, (max(2, image_size // 16),) * 2 + (3,), dtype=np.uint8)
+        image = Image.fromarray(small).resize((image_size, image_size), Image.BILINEAR)
+        image.save(class_dir / f"{i:05d}.jpg", quality=quality)
+    return root

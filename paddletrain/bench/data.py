@@ -1,0 +1,146 @@
+"""Data pipeline throughput: image-folder decode + augment, bare and through the library's loader.
+
+- ``bare``: ``dataset[i]`` (PIL decode + the training transform) in a plain loop on one core: the rate the
+  loader should reach with ``num_workers=0`` (goal: >= 0.9x).
+- ``loader``: ``paddletrain.data.build_loader`` (seeded per-sample augmentation, bad-sample checks,
+  collate, tensors) for each worker count: steady images/s from the first batch to the last, and the
+  first batch's wait (worker start-up) separately.
+- ``trainer``: ``Trainer.fit`` of ``model`` on that loader for two epochs; the second epoch's
+  ``train/data_time_share`` is the share of step time spent waiting for data (goal: < 10% when workers
+  suffice) and ``train/throughput`` its images/s.
+"""
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import paddle
+
+from paddletrain.bench.common import build_model, check_positive, environment, write_jpeg_folder
+from paddletrain.errors import ConfigError
+
+
+@dataclass
+class DataBenchConfig:
+    # An image folder (root/train/<class>/<image>); None: synthesise num_images JPEGs of source_size px.
+    root: Optional[str] = None
+    num_images: int = 1024
+    source_size: int = 64
+    image_size: int = 32
+    transform: str = "small"  # a data.train_transform preset: small | imagenet | none
+    batch_size: int = 64
+    workers: List[int] = field(default_factory=lambda: [0, 1, 2])
+    # Timed passes over the images (bare and per worker count); the median is reported.
+    epochs: int = 3
+    # Model for the Trainer's data-wait share; null skips that part.
+    model: Optional[str] = "resnet20"
+    train_batches: int = 16
+    # paddle 3.3.1's persistent workers wait ~0.5 s at every epoch start (see docs/performance.md).
+    persistent_workers: bool = False
+    cpu_threads: Optional[int] = None
+
+
+def _data_config(cfg: DataBenchConfig, num_workers: int) -> Any:
+    from omegaconf import OmegaConf
+
+    from paddletrain.config import DataConfig
+
+    return OmegaConf.structured(DataConfig(name="imagefolder", root=cfg.root, image_size=cfg.image_size,
+                                           train_transform=cfg.transform, batch_size=cfg.batch_size,
+                                           num_workers=num_workers, persistent_workers=cfg.persistent_workers,
+                                           drop_last=False))
+
+
+def _dataset(cfg: DataBenchConfig) -> Any:
+    from paddletrain.data import build_transform
+    from paddletrain.data.imagefolder import ImageFolderDataset
+
+    return ImageFolderDataset(cfg.root, "train", transform=build_transform(_data_config(cfg, 0), train=True))
+
+
+def bare_rate(dataset: Any, epochs: int) -> List[float]:
+    """Images/s of ``dataset[i]`` in a loop, one value per pass."""
+    rates = []
+    for _ in range(epochs):
+        start = time.perf_counter()
+        for i in range(len(dataset)):
+            dataset[i]
+        rates.append(len(dataset) / (time.perf_counter() - start))
+    return rates
+
+
+def loader_rate(loader: Any, epochs: int) -> Dict[str, float]:
+    """Steady images/s of iterating ``loader`` (from its first batch to its last) and the first batch's wait.
+
+    Worker start-up is excluded from the rate and reported as ``first_batch_s`` (medians over ``epochs``).
+    """
+    rates, first = [], []
+    for epoch in range(epochs):
+        loader.batch_sampler.set_epoch(epoch)
+        start = time.perf_counter()
+        arrivals, sizes = [], []
+        for batch in loader:
+            arrivals.append(time.perf_counter())
+            sizes.append(int(batch[0].shape[0]))
+        if len(arrivals) < 2:
+            raise ConfigError(f"bench data: need at least 2 batches per epoch; lower batch_size={loader.batch_size}"
+                              " or add images")
+        first.append(arrivals[0] - start)
+        rates.append(sum(sizes[1:]) / (arrivals[-1] - arrivals[0]))
+    return {"images_per_s": statistics.median(rates), "first_batch_s": statistics.median(first)}
+
+
+def trainer_data_wait(cfg: DataBenchConfig, loader: Any, num_classes: int) -> Dict[str, float]:
+    """The Trainer's own data-wait share and throughput in its second epoch on ``loader``."""
+    from paddletrain.trainer import Trainer
+
+    model = build_model(cfg.model, num_classes)
+    optimizer = paddle.optimizer.Momentum(0.01, momentum=0.9, parameters=model.parameters())
+    trainer = Trainer(model, optimizer, max_epochs=2, limit_train_batches=cfg.train_batches,
+                      num_classes=num_classes, handle_signals=False)
+    metrics = trainer.fit(loader)
+    return {"data_time_share": metrics["train/data_time_share"], "train_images_per_s": metrics["train/throughput"]}
+
+
+def run_data(cfg: DataBenchConfig) -> Dict[str, Any]:
+    """Bare decode+augment rate, loader rate per worker count and the Trainer's data-wait share."""
+    from paddletrain.data import build_loader
+    from paddletrain.runtime import setup_runtime
+
+    check_positive("data", num_images=cfg.num_images, source_size=cfg.source_size, image_size=cfg.image_size,
+                   batch_size=cfg.batch_size, epochs=cfg.epochs, train_batches=cfg.train_batches)
+    if not cfg.workers or min(cfg.workers) < 0:
+        raise ConfigError(f"bench data: workers={cfg.workers} must list counts >= 0, e.g. workers=[0,1,2]")
+    runtime = setup_runtime("auto", cfg.cpu_threads)
+    with tempfile.TemporaryDirectory(prefix="paddletrain-bench-") as tmp:
+        if cfg.root is None:
+            cfg.root = str(write_jpeg_folder(Path(tmp), cfg.num_images, cfg.source_size))
+            synthetic = True
+        else:
+            synthetic = False
+        dataset = _dataset(cfg)
+        bare = statistics.median(bare_rate(dataset, cfg.epochs))
+        rows: List[Dict[str, Any]] = [{"pipeline": "bare decode+augment (1 core)", "num_workers": None,
+                                       "images_per_s": bare, "vs_bare": 1.0}]
+        for workers in cfg.workers:
+            loader = build_loader(dataset, _data_config(cfg, workers), train=True, seed=0)
+            timing = loader_rate(loader, cfg.epochs)
+            row = {"pipeline": "build_loader", "num_workers": workers, **timing,
+                   "vs_bare": timing["images_per_s"] / bare}
+            if cfg.model:
+                row.update(trainer_data_wait(cfg, loader, len(dataset.classes)))
+            rows.append(row)
+            del loader  # stops its persistent workers before the next count starts its own
+    if synthetic:
+        cfg.root = None
+    workers0 = next((r for r in rows[1:] if r["num_workers"] == 0), None)
+    goals = [] if workers0 is None else [
+        {"goal": "num_workers=0 >= 0.9 x bare", "measured": workers0["vs_bare"], "met": workers0["vs_bare"] >= 0.9}]
+    source = "synthetic JPEGs" if synthetic else cfg.root
+    return {"benchmark": "data", "config": vars(cfg), "environment": environment(runtime.cpu_threads), "rows": rows,
+            "goals": goals, "notes": [f"images: {len(dataset)} from {source}, transform preset {cfg.transform!r} "
+                                      f"at {cfg.image_size}px"]}

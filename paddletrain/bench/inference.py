@@ -1,0 +1,153 @@
+"""Inference throughput and latency vs batch size: dygraph eval vs the exported Paddle Inference predictor.
+
+- ``dygraph``: ``model.eval()`` under ``paddle.no_grad()``, logits fetched to NumPy (as a predictor returns).
+- ``predictor``: the model exported by ``paddletrain.export.export_model`` and run by
+  ``paddletrain.inference.Predictor`` (oneDNN on CPU unless ``use_mkldnn=false``) on the same arrays.
+Both arms run on the same pinned threads, windows interleaved per batch size; latency is the median time of
+one batch, throughput images/s. ``predict``: ``paddletrain.predict.predict_files`` end to end (decode,
+preprocess in workers, predict) on synthetic JPEGs vs the bare predictor on ready arrays of the same count.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+import paddle
+
+from paddletrain.bench.common import (build_model, check_positive, environment, interleave, paired_ratio, timed,
+                                      write_jpeg_folder)
+from paddletrain.errors import ConfigError
+
+
+@dataclass
+class InferenceBenchConfig:
+    model: str = "resnet18"
+    image_size: int = 224
+    num_classes: int = 1000
+    batch_sizes: List[int] = field(default_factory=lambda: [1, 8, 32, 64])
+    # Each timed window runs ceil(images_per_window / batch) batches.
+    images_per_window: int = 64
+    windows: int = 3
+    warmup: int = 1
+    use_mkldnn: bool = True
+    # Files for the predict_files end-to-end comparison; 0 skips it.
+    predict_images: int = 256
+    predict_batch_size: int = 32
+    predict_workers: int = 2
+    predict_windows: int = 2
+    cpu_threads: Optional[int] = None
+    device: str = "auto"
+
+
+def _dygraph_arm(model: paddle.nn.Layer, batch: np.ndarray) -> Callable[[int], float]:
+    images = paddle.to_tensor(batch)
+
+    def run(steps: int) -> float:
+        def work() -> None:
+            with paddle.no_grad():
+                for _ in range(steps):
+                    model(images).numpy()
+        return timed(work)
+
+    return run
+
+
+def _predictor_arm(predictor: Any, batch: np.ndarray) -> Callable[[int], float]:
+    def run(steps: int) -> float:
+        def work() -> None:
+            for _ in range(steps):
+                predictor.predict(batch)
+        return timed(work)
+
+    return run
+
+
+def _preprocessing(cfg: InferenceBenchConfig) -> Dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    from paddletrain.config import DataConfig
+    from paddletrain.data import preprocessing_info
+
+    imagenet = dict(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
+    data = OmegaConf.structured(DataConfig(image_size=cfg.image_size, eval_transform="imagenet", **imagenet))
+    return preprocessing_info(data)
+
+
+def batch_table(cfg: InferenceBenchConfig, model: paddle.nn.Layer, predictor: Any) -> List[Dict[str, Any]]:
+    rng = np.random.default_rng(0)
+    rows = []
+    for batch_size in cfg.batch_sizes:
+        batch = rng.standard_normal((batch_size, 3, cfg.image_size, cfg.image_size), dtype=np.float32)
+        steps = max(1, math.ceil(cfg.images_per_window / batch_size))
+        per_batch = interleave({"dygraph": _dygraph_arm(model, batch), "predictor": _predictor_arm(predictor, batch)},
+                               cfg.windows, steps, cfg.warmup)
+        row: Dict[str, Any] = {"batch_size": batch_size}
+        for arm, seconds in per_batch.items():
+            median = statistics.median(seconds)
+            row[f"{arm}_latency_ms"] = median * 1e3
+            row[f"{arm}_images_per_s"] = batch_size / median
+        row["predictor_vs_dygraph"] = paired_ratio(per_batch["dygraph"], per_batch["predictor"])
+        rows.append(row)
+    return rows
+
+
+def predict_pipeline(cfg: InferenceBenchConfig, predictor: Any, workdir: Path) -> Dict[str, Any]:
+    """predict_files' images/s on JPEGs vs the bare predictor's on ready arrays, interleaved windows."""
+    from paddletrain.predict import predict_files
+
+    source = max(cfg.image_size, round(cfg.image_size / 0.875))
+    root = write_jpeg_folder(workdir / "images", cfg.predict_images, source)
+    paths = sorted(str(p) for p in root.rglob("*.jpg"))
+    batch = np.random.default_rng(1).standard_normal(
+        (cfg.predict_batch_size, 3, cfg.image_size, cfg.image_size), dtype=np.float32)
+    n_batches = math.ceil(len(paths) / cfg.predict_batch_size)
+    end_to_end, inside, bare = [], [], []
+    for _ in range(cfg.predict_windows):
+        summary = predict_files(predictor, paths, batch_size=cfg.predict_batch_size, num_workers=cfg.predict_workers,
+                                topk=5, output=workdir / "predictions.jsonl", progress=False)
+        if summary.n_failed:
+            raise RuntimeError(f"predict_files failed on {summary.n_failed} synthetic images")
+        end_to_end.append(summary.images_per_s)
+        inside.append(summary.predictor_images_per_s)
+        bare.append(n_batches * cfg.predict_batch_size / _predictor_arm(predictor, batch)(n_batches))
+    e2e, raw = statistics.median(end_to_end), statistics.median(bare)
+    return {"images": len(paths), "batch_size": cfg.predict_batch_size, "num_workers": cfg.predict_workers,
+            "predict_files_images_per_s": e2e, "predictor_share_images_per_s": statistics.median(inside),
+            "bare_predictor_images_per_s": raw, "ratio": e2e / raw}
+
+
+def run_inference(cfg: InferenceBenchConfig) -> Dict[str, Any]:
+    """The batching table (dygraph vs predictor) and the predict_files pipeline ratio."""
+    from paddletrain.export import export_model
+    from paddletrain.inference import Predictor
+    from paddletrain.runtime import setup_runtime
+
+    check_positive("inference", image_size=cfg.image_size, num_classes=cfg.num_classes, windows=cfg.windows,
+                   images_per_window=cfg.images_per_window, predict_batch_size=cfg.predict_batch_size,
+                   predict_windows=cfg.predict_windows)
+    if not cfg.batch_sizes or min(cfg.batch_sizes) < 1:
+        raise ConfigError(f"bench inference: batch_sizes={cfg.batch_sizes} must list sizes >= 1")
+    runtime = setup_runtime(cfg.device, cfg.cpu_threads)
+    model = build_model(cfg.model, cfg.num_classes)
+    model.eval()
+    with tempfile.TemporaryDirectory(prefix="paddletrain-bench-") as tmp:
+        model_dir = export_model(model, Path(tmp) / "export", input_size=(3, cfg.image_size, cfg.image_size),
+                                 preprocessing=_preprocessing(cfg))
+        predictor = Predictor(model_dir, device=cfg.device, cpu_threads=runtime.cpu_threads,
+                              use_mkldnn=cfg.use_mkldnn)
+        rows = batch_table(cfg, model, predictor)
+        pipeline = predict_pipeline(cfg, predictor, Path(tmp)) if cfg.predict_images else None
+    worst = min(r["predictor_vs_dygraph"] for r in rows)
+    goals = [{"goal": "predictor >= 4 x dygraph at every batch size", "measured": worst, "met": worst >= 4.0}]
+    if pipeline:
+        goals.append({"goal": "predict_files >= 0.8 x bare predictor", "measured": pipeline["ratio"],
+                      "met": pipeline["ratio"] >= 0.8})
+    return {"benchmark": "inference", "config": vars(cfg), "environment": environment(runtime.cpu_threads),
+            "rows": rows, "pipeline": pipeline, "goals": goals,
+            "notes": [f"{cfg.model} at {cfg.image_size}px, {cfg.num_classes} classes, oneDNN "
+                      f"{'on' if cfg.use_mkldnn else 'off'} in the predictor"]}

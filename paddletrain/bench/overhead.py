@@ -1,0 +1,180 @@
+"""Trainer overhead: the same training through ``Trainer.fit``, ``paddle.Model.fit`` and hand-written loops.
+
+All arms run in one process with the same pinned CPU threads, the same model (same initial weights, one
+copy per arm), the same Momentum optimizer and the same on-device synthetic batches; their windows are
+interleaved A B C D A B C D ... and the medians are compared. What each arm does per step:
+
+- ``trainer``: ``Trainer.fit`` over a list of batches with the callbacks ``paddletrain.fit`` always adds
+  (a hidden ProgressBar and LearningRateMonitor): forward, backward, ``Precision.step`` (global gradient
+  norm -> host, step unless non-finite, clear), ``float(loss)`` (host), loss and top-1/top-5 hits summed on
+  the device, callback dispatch. One ``fit()`` call per window, so a window also pays fit/epoch set-up.
+- ``hand``: the same per-step work written inline: forward, backward, global gradient norm from the same
+  fused squared-L2 kernel -> host, step if finite, clear, ``float(loss)``, loss and top-k hits on device.
+- ``bare``: forward, backward, ``optimizer.step()``, ``clear_grad()``, ``float(loss)``: the floor, without
+  the finite check or metrics (for reference; the goal compares with ``hand``).
+- ``model_fit``: ``paddle.Model.fit`` (hapi) with ``Accuracy(topk=(1, 5))``, ``verbose=0``: per step it
+  copies inputs with ``to_tensor``, steps, and moves the loss and the metric's hits to NumPy.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
+
+import paddle
+
+from paddletrain.bench.common import (build_model, check_positive, cycle, environment, interleave, paired_ratio,
+                                      summarize, synthetic_batches, timed)
+from paddletrain.errors import ConfigError
+
+ARMS = ("trainer", "hand", "bare", "model_fit")
+# Per-step work of each arm, reported with the results (details in the module docstring).
+ARM_WORK = {
+    "trainer": "Trainer.fit: fwd, bwd, Precision.step (grad norm -> host, step, clear), float(loss), device "
+               "loss/top-k sums, callbacks (hidden ProgressBar, LearningRateMonitor); one fit() per window",
+    "hand": "inline loop with the same work: fwd, bwd, fused grad norm -> host, step if finite, clear, "
+            "float(loss), device loss/top-k sums",
+    "bare": "fwd, bwd, step, clear, float(loss) (no finite check, no metrics)",
+    "model_fit": "paddle.Model.fit, Accuracy(topk=(1,5)), verbose=0: to_tensor copies, loss and hits to NumPy",
+}
+LR = 0.01
+
+
+@dataclass
+class OverheadBenchConfig:
+    model: str = "resnet20"
+    batch_size: int = 64
+    image_size: int = 32
+    num_classes: int = 10
+    arms: List[str] = field(default_factory=lambda: list(ARMS))
+    windows: int = 5
+    steps: int = 10
+    warmup: int = 3
+    cpu_threads: Optional[int] = None
+    device: str = "auto"
+
+
+def _optimizer(model: paddle.nn.Layer) -> paddle.optimizer.Optimizer:
+    return paddle.optimizer.Momentum(LR, momentum=0.9, parameters=model.parameters())
+
+
+def _squared_norm(grad: paddle.Tensor) -> paddle.Tensor:
+    fused = getattr(paddle._C_ops, "squared_l2_norm", None)
+    return fused(grad).reshape([]) if fused is not None else paddle.square(grad).sum()
+
+
+def trainer_arm(cfg: OverheadBenchConfig, batches: List[Any]) -> Callable[[int], float]:
+    from paddletrain.callbacks import LearningRateMonitor, ProgressBar
+    from paddletrain.trainer import Trainer
+
+    model = build_model(cfg.model, cfg.num_classes)
+    trainer = Trainer(model, _optimizer(model), callbacks=[ProgressBar(enabled=False), LearningRateMonitor()],
+                      num_classes=cfg.num_classes, max_epochs=0)
+
+    def run(steps: int) -> float:
+        trainer.max_epochs = trainer.epoch + 1  # one more epoch: this window's batches
+        return timed(lambda: trainer.fit(cycle(batches, steps)))
+
+    return run
+
+
+def hand_arm(cfg: OverheadBenchConfig, batches: List[Any], equivalent_work: bool = True) -> Callable[[int], float]:
+    model = build_model(cfg.model, cfg.num_classes)
+    model.train()
+    optimizer = _optimizer(model)
+    params = list(model.parameters())
+    loss_fn = paddle.nn.CrossEntropyLoss()
+    ks = [k for k in (1, 5) if k <= cfg.num_classes]
+
+    def work(steps: int) -> None:
+        loss_sum = hits = None
+        for images, labels in cycle(batches, steps):
+            logits = model(images)
+            loss = loss_fn(logits, labels)
+            loss.backward()
+            if equivalent_work:
+                grads = [p.grad for p in params if p.grad is not None]
+                norm = paddle.stack([_squared_norm(g) for g in grads]).sum().sqrt()
+                if math.isfinite(float(norm)):
+                    optimizer.step()
+            else:
+                optimizer.step()
+            optimizer.clear_grad()
+            loss_value = float(loss)
+            if equivalent_work and math.isfinite(loss_value):
+                _, top = paddle.topk(logits.detach(), k=max(ks), axis=-1)
+                correct = top == labels.reshape([-1, 1])
+                batch_hits = paddle.stack([correct[:, :k].any(axis=-1).astype("float32").sum() for k in ks])
+                batch_loss = loss.detach() * len(labels)
+                hits = batch_hits if hits is None else hits + batch_hits
+                loss_sum = batch_loss if loss_sum is None else loss_sum + batch_loss
+        if hits is not None:
+            paddle.concat([loss_sum.reshape([1]), hits]).numpy()  # the epoch's one metric sync, as the Trainer
+
+    return lambda steps: timed(lambda: work(steps))
+
+
+def model_fit_arm(cfg: OverheadBenchConfig, batches: List[Any]) -> Callable[[int], float]:
+    from paddle.static import InputSpec
+
+    network = build_model(cfg.model, cfg.num_classes)
+    model = paddle.Model(network, inputs=[InputSpec([None, 3, cfg.image_size, cfg.image_size], "float32", "x")],
+                         labels=[InputSpec([None], "int64", "y")])
+    ks = tuple(k for k in (1, 5) if k <= cfg.num_classes)
+    model.prepare(_optimizer(network), paddle.nn.CrossEntropyLoss(), metrics=paddle.metric.Accuracy(topk=ks))
+
+    def run(steps: int) -> float:
+        return timed(lambda: model.fit(cycle(batches, steps), epochs=1, verbose=0, shuffle=False, log_freq=10**9))
+
+    return run
+
+
+BUILDERS: Dict[str, Callable[..., Callable[[int], float]]] = {
+    "trainer": trainer_arm,
+    "hand": hand_arm,
+    "bare": lambda cfg, batches: hand_arm(cfg, batches, equivalent_work=False),
+    "model_fit": model_fit_arm,
+}
+
+
+def run_overhead(cfg: OverheadBenchConfig) -> Dict[str, Any]:
+    """Median ms/step of each arm, the Trainer's throughput ratios and its absolute overhead in ms/step."""
+    from paddletrain.runtime import setup_runtime
+
+    check_positive("overhead", batch_size=cfg.batch_size, image_size=cfg.image_size, num_classes=cfg.num_classes,
+                   windows=cfg.windows, steps=cfg.steps)
+    unknown = [a for a in cfg.arms if a not in ARMS]
+    if unknown or not cfg.arms:
+        raise ConfigError(f"bench overhead: arms={cfg.arms} must be a non-empty subset of {list(ARMS)}")
+    runtime = setup_runtime(cfg.device, cfg.cpu_threads)
+    batches = synthetic_batches(4, cfg.batch_size, cfg.image_size, cfg.num_classes)
+    arms = {name: BUILDERS[name](cfg, batches) for name in cfg.arms}
+    per_step = interleave(arms, cfg.windows, cfg.steps, cfg.warmup)
+    rows = [{"arm": name, "model": cfg.model, "batch_size": cfg.batch_size, **summarize(times, cfg.batch_size)}
+            for name, times in per_step.items()]
+    summary: Dict[str, float] = {}
+    if "trainer" in per_step:
+        trainer = per_step["trainer"]
+        for other in ("hand", "bare", "model_fit"):
+            if other in per_step:
+                # Throughput ratio = other's time / trainer's time: > 1 means the Trainer is faster.
+                summary[f"trainer_vs_{other}"] = paired_ratio(per_step[other], trainer)
+        if "hand" in per_step:
+            summary["trainer_overhead_ms_per_step"] = 1e3 * _median_difference(trainer, per_step["hand"])
+    return {"benchmark": "overhead", "config": vars(cfg), "environment": environment(runtime.cpu_threads),
+            "rows": rows, "summary": summary, "goals": _goals(summary),
+            "notes": [f"{name}: {ARM_WORK[name]}" for name in cfg.arms]}
+
+
+def _median_difference(a: List[float], b: List[float]) -> float:
+    import statistics
+
+    return statistics.median(x - y for x, y in zip(a, b))
+
+
+def _goals(summary: Dict[str, float]) -> List[Dict[str, Any]]:
+    goals = []
+    for key, target in (("trainer_vs_hand", 0.98), ("trainer_vs_model_fit", 1.0)):
+        if key in summary:
+            goals.append({"goal": f"{key} >= {target}", "measured": summary[key], "met": summary[key] >= target})
+    return goals

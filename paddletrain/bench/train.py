@@ -1,0 +1,128 @@
+"""Training throughput on synthetic on-device data, and the CPU thread count that trains fastest.
+
+``train``: images/s, ms/step and peak memory of the library's training step (forward under
+``Precision.autocast``, ``Precision.backward``, ``Precision.step`` with its finite check) for one model /
+batch / precision / data format. ``threads``: the same step with each CPU thread count, interleaved.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
+
+import paddle
+
+from paddletrain.bench.common import (build_model, check_positive, cycle, environment, interleave, peak_memory_mb,
+                                      reset_peak_memory, summarize, synthetic_batches, timed)
+from paddletrain.errors import ConfigError
+from paddletrain.precision import Precision
+
+PRECISIONS = ("fp32", "amp_o1", "amp_o2")
+
+
+@dataclass
+class TrainBenchConfig:
+    model: str = "resnet20"
+    batch_size: int = 64
+    image_size: int = 32
+    num_classes: int = 10
+    precision: str = "fp32"  # fp32 | amp_o1 | amp_o2
+    amp_dtype: str = "float16"  # float16 | bfloat16
+    data_format: str = "NCHW"  # NCHW | NHWC
+    windows: int = 5
+    steps: int = 10
+    warmup: int = 3
+    # None: paddletrain.runtime.default_cpu_threads().
+    cpu_threads: Optional[int] = None
+    device: str = "auto"
+
+
+@dataclass
+class ThreadsBenchConfig(TrainBenchConfig):
+    threads: List[int] = field(default_factory=lambda: [1, 2])
+
+
+def build_precision(name: str, dtype: str, device: str) -> Precision:
+    if name not in PRECISIONS:
+        raise ConfigError(f"bench: precision={name!r} is not supported; choose one of: {', '.join(PRECISIONS)}")
+    if name == "fp32":
+        return Precision(device=device)
+    return Precision(enabled=True, level=name[-2:].upper(), dtype=dtype, device=device)
+
+
+def make_step_window(cfg: TrainBenchConfig, seed: int = 0) -> Callable[[int], float]:
+    """A fresh model + Momentum optimizer and ``run(steps) -> seconds`` over synthetic batches."""
+    if cfg.data_format not in ("NCHW", "NHWC"):
+        raise ConfigError(f"bench: data_format={cfg.data_format!r} must be NCHW or NHWC")
+    device = paddle.device.get_device()
+    precision = build_precision(cfg.precision, cfg.amp_dtype, device)
+    model = build_model(cfg.model, cfg.num_classes, cfg.data_format, seed=seed)
+    optimizer = paddle.optimizer.Momentum(0.01, momentum=0.9, parameters=model.parameters())
+    model, optimizer = precision.setup(model, optimizer)
+    model.train()
+    params = list(model.parameters())
+    loss_fn = paddle.nn.CrossEntropyLoss()
+    batches = synthetic_batches(4, cfg.batch_size, cfg.image_size, cfg.num_classes, seed=seed)
+
+    def window(steps: int) -> float:
+        def work() -> None:
+            loss = None
+            for images, labels in cycle(batches, steps):
+                with precision.autocast(training=True):
+                    loss = loss_fn(model(images), labels)
+                precision.backward(loss)
+                precision.step(optimizer, params)
+            float(loss)  # the window ends when its last step's results are on the host
+
+        return timed(work)
+
+    window.amp_active = precision.amp_active  # type: ignore[attr-defined]
+    return window
+
+
+def _check(cfg: TrainBenchConfig, command: str) -> None:
+    check_positive(command, batch_size=cfg.batch_size, image_size=cfg.image_size, num_classes=cfg.num_classes,
+                   windows=cfg.windows, steps=cfg.steps)
+
+
+def run_train(cfg: TrainBenchConfig) -> Dict[str, Any]:
+    """Median images/s and ms/step over ``cfg.windows`` windows of ``cfg.steps`` steps, after warm-up."""
+    from paddletrain.runtime import setup_runtime
+
+    _check(cfg, "train")
+    runtime = setup_runtime(cfg.device, cfg.cpu_threads)
+    reset_peak_memory()
+    window = make_step_window(cfg)
+    per_step = interleave({"train": window}, cfg.windows, cfg.steps, cfg.warmup)["train"]
+    row = {"model": cfg.model, "batch_size": cfg.batch_size, "image_size": cfg.image_size,
+           "precision": cfg.precision, "amp_active": window.amp_active, "data_format": cfg.data_format,
+           **summarize(per_step, cfg.batch_size), **peak_memory_mb()}
+    notes = [] if window.amp_active or cfg.precision == "fp32" else [
+        "AMP is inert on CPU: this row trained in float32."]
+    return {"benchmark": "train", "config": vars(cfg), "environment": environment(runtime.cpu_threads),
+            "rows": [row], "notes": notes}
+
+
+def run_threads(cfg: ThreadsBenchConfig) -> Dict[str, Any]:
+    """The training step with each thread count in ``cfg.threads``, windows interleaved across counts."""
+    from paddletrain.runtime import set_cpu_threads, setup_runtime
+
+    _check(cfg, "threads")
+    if not cfg.threads or min(cfg.threads) < 1:
+        raise ConfigError(f"bench threads: threads={cfg.threads} must list counts >= 1, e.g. threads=[1,2]")
+    setup_runtime(cfg.device, cfg.threads[0])
+    window = make_step_window(cfg)
+
+    def pinned(threads: int) -> Callable[[int], float]:
+        def run(steps: int) -> float:
+            set_cpu_threads(threads)
+            return window(steps)
+        return run
+
+    per_step = interleave({str(t): pinned(t) for t in cfg.threads}, cfg.windows, cfg.steps, cfg.warmup)
+    rows = [{"model": cfg.model, "batch_size": cfg.batch_size, "image_size": cfg.image_size, "cpu_threads": int(t),
+             **summarize(times, cfg.batch_size)} for t, times in per_step.items()]
+    best = min(rows, key=lambda r: r["ms_per_step"])
+    return {"benchmark": "threads", "config": vars(cfg), "environment": environment(None), "rows": rows,
+            "summary": {"best_cpu_threads": best["cpu_threads"],
+                        "speedup_best_vs_worst": max(r["ms_per_step"] for r in rows) / best["ms_per_step"]},
+            "notes": []}

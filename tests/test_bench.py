@@ -1,0 +1,152 @@
+"""The benchmarks run on tiny cases and report sane fields. Speed itself is measured, never asserted."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from paddletrain.bench.common import parse_options, paired_ratio, summarize
+from paddletrain.bench.data import DataBenchConfig, run_data
+from paddletrain.bench.inference import InferenceBenchConfig, run_inference
+from paddletrain.bench.overhead import ARMS, OverheadBenchConfig, run_overhead
+from paddletrain.bench.report import table, to_markdown
+from paddletrain.bench.train import ThreadsBenchConfig, TrainBenchConfig, run_threads, run_train
+from paddletrain.errors import ConfigError
+
+from .conftest import run_module
+
+TINY = dict(model="tiny", batch_size=4, image_size=8, windows=2, steps=2, warmup=1, cpu_threads=1)
+
+
+def _check_timing(row, batch_size, windows):
+    assert row["ms_per_step"] > 0
+    assert math.isclose(row["images_per_s"], batch_size / (row["ms_per_step"] / 1e3), rel_tol=1e-9)
+    assert len(row["windows_ms"]) == windows
+    assert min(row["windows_ms"]) <= round(row["ms_per_step"], 3) <= max(row["windows_ms"])
+
+
+def test_summarize_takes_the_median_window():
+    stats = summarize([0.010, 0.030, 0.020], batch_size=8)
+    assert stats["ms_per_step"] == pytest.approx(20.0)
+    assert stats["images_per_s"] == pytest.approx(400.0)
+    assert stats["spread"] == pytest.approx(1.0)
+    assert paired_ratio([2.0, 6.0, 3.0], [1.0, 2.0, 2.0]) == pytest.approx(2.0)
+
+
+def test_parse_options_validates_keys_and_types():
+    cfg = parse_options(TrainBenchConfig, ["model=tiny", "batch_size=4"], "train")
+    assert (cfg.model, cfg.batch_size, cfg.image_size) == ("tiny", 4, 32)
+    with pytest.raises(ConfigError, match="modle.*valid keys: model"):
+        parse_options(TrainBenchConfig, ["modle=tiny"], "train")
+    with pytest.raises(ConfigError, match="batch_size"):
+        parse_options(TrainBenchConfig, ["batch_size=many"], "train")
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_options(TrainBenchConfig, ["tiny"], "train")
+
+
+def test_train_reports_throughput_and_memory():
+    result = run_train(TrainBenchConfig(**TINY))
+    (row,) = result["rows"]
+    _check_timing(row, 4, 2)
+    assert row["peak_rss_mb"] > 10 and row["peak_gpu_allocated_mb"] is None
+    assert result["environment"]["cpu_threads"] == 1
+    json.dumps(result)  # JSON-ready as returned
+
+
+def test_train_on_cpu_notes_that_amp_is_inert():
+    result = run_train(TrainBenchConfig(**{**TINY, "precision": "amp_o1"}))
+    assert result["rows"][0]["amp_active"] is False
+    assert any("inert" in note for note in result["notes"])
+    with pytest.raises(ConfigError, match="precision"):
+        run_train(TrainBenchConfig(**{**TINY, "precision": "fp8"}))
+
+
+def test_threads_interleaves_each_count():
+    result = run_threads(ThreadsBenchConfig(**{**TINY, "threads": [1, 2]}))
+    assert [r["cpu_threads"] for r in result["rows"]] == [1, 2]
+    for row in result["rows"]:
+        _check_timing(row, 4, 2)
+    best = min(result["rows"], key=lambda r: r["ms_per_step"])
+    assert result["summary"]["best_cpu_threads"] == best["cpu_threads"]
+    assert result["summary"]["speedup_best_vs_worst"] >= 1.0
+
+
+def test_overhead_runs_every_arm_and_reports_ratios():
+    result = run_overhead(OverheadBenchConfig(**TINY))
+    assert [r["arm"] for r in result["rows"]] == list(ARMS)
+    for row in result["rows"]:
+        _check_timing(row, 4, 2)
+    summary = result["summary"]
+    by_arm = {r["arm"]: r for r in result["rows"]}
+    assert set(summary) == {"trainer_vs_hand", "trainer_vs_bare", "trainer_vs_model_fit",
+                            "trainer_overhead_ms_per_step"}
+    assert all(v > 0 for k, v in summary.items() if k.startswith("trainer_vs"))
+    # The paired ratio lies between the extreme window ratios.
+    ratios = [h / t for h, t in zip(by_arm["hand"]["windows_ms"], by_arm["trainer"]["windows_ms"])]
+    assert min(ratios) - 1e-2 <= summary["trainer_vs_hand"] <= max(ratios) + 1e-2
+    assert [g["goal"] for g in result["goals"]] == ["trainer_vs_hand >= 0.98", "trainer_vs_model_fit >= 1.0"]
+    assert all(g["met"] == (g["measured"] >= float(g["goal"].split(">= ")[1])) for g in result["goals"])
+    assert any(note.startswith("hand:") for note in result["notes"])
+
+
+def test_overhead_rejects_unknown_arm():
+    with pytest.raises(ConfigError, match="arms"):
+        run_overhead(OverheadBenchConfig(**{**TINY, "arms": ["trainer", "lightning"]}))
+
+
+def test_data_reports_bare_loader_and_trainer_wait():
+    cfg = DataBenchConfig(num_images=24, source_size=16, image_size=8, batch_size=8, workers=[0, 1], epochs=1,
+                          model="tiny", train_batches=2, cpu_threads=1)
+    result = run_data(cfg)
+    bare, *loaders = result["rows"]
+    assert bare["num_workers"] is None and bare["images_per_s"] > 0
+    assert [r["num_workers"] for r in loaders] == [0, 1]
+    for row in loaders:
+        assert row["vs_bare"] == pytest.approx(row["images_per_s"] / bare["images_per_s"])
+        assert row["first_batch_s"] >= 0
+        assert 0.0 <= row["data_time_share"] <= 1.0 and row["train_images_per_s"] > 0
+    assert result["goals"][0]["goal"] == "num_workers=0 >= 0.9 x bare"
+    assert cfg.root is None  # the synthetic folder was temporary
+
+
+def test_inference_batch_table_and_pipeline():
+    cfg = InferenceBenchConfig(model="tiny", image_size=16, num_classes=10, batch_sizes=[1, 4], images_per_window=4,
+                               windows=2, predict_images=8, predict_batch_size=4, predict_workers=0,
+                               predict_windows=1, cpu_threads=1)
+    result = run_inference(cfg)
+    assert [r["batch_size"] for r in result["rows"]] == [1, 4]
+    for row in result["rows"]:
+        for arm in ("dygraph", "predictor"):
+            assert row[f"{arm}_images_per_s"] == pytest.approx(row["batch_size"] / row[f"{arm}_latency_ms"] * 1e3)
+        assert row["predictor_vs_dygraph"] > 0
+    pipeline = result["pipeline"]
+    assert pipeline["images"] == 8
+    assert pipeline["ratio"] == pytest.approx(pipeline["predict_files_images_per_s"]
+                                              / pipeline["bare_predictor_images_per_s"])
+    assert len(result["goals"]) == 2
+
+
+def test_markdown_table_skips_per_window_lists():
+    text = table([{"arm": "hand", "ms_per_step": 12.345, "windows_ms": [1, 2]}, {"arm": "x", "extra": None}])
+    assert text.splitlines()[0] == "| arm | ms_per_step | extra |"
+    assert "| hand | 12.3 | - |" in text and "windows_ms" not in text
+
+
+def test_cli_writes_json_and_markdown(tmp_path):
+    out = tmp_path / "r" / "train.json"
+    proc = run_module("paddletrain.bench", ["train", "model=tiny", "batch_size=2", "image_size=8", "windows=2",
+                                            "steps=1", "warmup=0", "cpu_threads=1", f"out={out}"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert result["benchmark"] == "train" and result["config"]["batch_size"] == 2
+    assert out.with_suffix(".md").read_text() == to_markdown(result)
+    assert "| model | batch_size |" in proc.stdout
+
+
+def test_cli_bad_option_is_one_clear_line(tmp_path):
+    proc = run_module("paddletrain.bench", ["overhead", "stepz=3"], cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "stepz" in proc.stderr and "Traceback" not in proc.stderr
+    proc = run_module("paddletrain.bench", ["speed"], cwd=tmp_path)
+    assert proc.returncode == 2 and "usage" in proc.stderr
