@@ -2,7 +2,7 @@
 
 Each image shows one shape of a random size, position, rotation and colour on a random background colour with
 pixel noise. Because the shape can be anywhere, in either contrast polarity, no fixed pixel template separates
-the classes: a linear classifier on the pixels stays near 0.2 top-1, while a small CNN learns the task in a few
+the classes: a linear classifier on the pixels stays below 0.3 top-1, while a small CNN learns the task in a few
 epochs (numbers in docs/data.md).
 """
 from __future__ import annotations
