@@ -1,0 +1,388 @@
+"""`python -m paddletrain.export checkpoint=<dir>`: a checkpoint -> a verified Paddle Inference (or ONNX) model.
+
+Examples::
+
+    python -m paddletrain.export checkpoint=outputs/run/checkpoints/best out_dir=export/
+    python -m paddletrain.export checkpoint=... batch=8            # fixed batch size (default: dynamic)
+    python -m paddletrain.export checkpoint=... format=onnx        # needs `pip install paddletrain[onnx]`
+
+The model is rebuilt from the config saved in the checkpoint, traced with ``paddle.jit.to_static`` and saved
+with ``paddle.jit.save`` next to ``preprocess.json`` (input size, mean/std, resize/crop, labels). A parity
+check then runs the saved model in Paddle Inference and the dygraph model on a few validation images of the
+checkpoint's own dataset; a difference beyond tolerance fails the export (exit code 1).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, List, Optional, Sequence, Tuple, Union
+
+import hydra
+import numpy as np
+import paddle
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from paddletrain.errors import UserError
+from paddletrain.inference import (MODEL_PREFIX, PREPROCESS_FILE, PREPROCESS_FORMAT_VERSION, PRECISIONS, Predictor,
+                                   Preprocessing)
+
+log = logging.getLogger("paddletrain")
+
+FORMATS = ("paddle", "onnx")
+INPUT_NAME = "x"
+ONNX_FILE = f"{MODEL_PREFIX}.onnx"
+ONNX_OPSET = 13
+EXIT_USER_ERROR = 2
+EXIT_PARITY_FAILED = 1
+# Parity tolerance on logits, relative to their scale (max(1, max |logit|)). oneDNN reorders fp32 sums
+# (blocked/Winograd convolutions, fused BN), which moves logits by ~1e-6 relative per layer; 1e-3 leaves
+# two orders of magnitude of headroom for deep nets, while the mistakes the check exists for (wrong weights,
+# train-mode BatchNorm, wrong input layout) change logits by O(1). fp16 keeps ~3 significant digits.
+TOLERANCE = {"fp32": 1e-3, "fp16": 2e-2}
+
+
+@dataclass
+class ExportConfig:
+    """Typed schema of `python -m paddletrain.export` (conf/export.yaml)."""
+
+    checkpoint: str = MISSING
+    # None: the Hydra run directory (outputs/export/<time>).
+    out_dir: Optional[str] = None
+    format: str = "paddle"
+    # "dynamic" or a fixed batch size.
+    batch: str = "dynamic"
+    precision: str = "fp32"
+    check: bool = True
+    num_check_images: int = 16
+    # Where the checkpoint's dataset lives now, if it moved since training (overrides data.root).
+    data_root: Optional[str] = None
+    device: str = "auto"
+    cpu_threads: Optional[int] = None
+
+
+ConfigStore.instance().store(name="export_schema", node=ExportConfig)
+
+
+@dataclass
+class ParityReport:
+    """How the exported model and the dygraph model compare on the same inputs."""
+
+    num_images: int
+    max_abs_diff: float
+    tolerance: float
+    top1_agreement: float
+    # Top-1 disagreements where the reference's top-2 margin exceeds the tolerance: a real flip, not a tie.
+    top1_flips: int
+    preprocess_max_diff: Optional[float] = None
+    passed: bool = False
+
+    def __str__(self) -> str:
+        prep = "" if self.preprocess_max_diff is None else f", preprocess.json vs eval transform max diff " \
+                                                          f"{self.preprocess_max_diff:.2e}"
+        return (f"parity on {self.num_images} images: max |logit diff| {self.max_abs_diff:.2e} "
+                f"(tolerance {self.tolerance:.2e}), top-1 agreement {self.top1_agreement:.1%}{prep} -> "
+                f"{'PASS' if self.passed else 'FAIL'}")
+
+
+@dataclass
+class ExportResult:
+    """What :func:`export_checkpoint` wrote and how it was verified."""
+
+    out_dir: Path
+    format: str
+    files: List[Path]
+    parity: Optional[ParityReport] = None
+    labels: List[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        """True when the parity check ran and passed."""
+        return self.parity is not None and self.parity.passed
+
+
+def _check_choice(key: str, value: Any, allowed: Sequence[Any]) -> None:
+    if value not in allowed:
+        raise UserError(f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
+
+
+def parse_batch(batch: Union[None, int, str]) -> Optional[int]:
+    """``None``/``"dynamic"`` -> None, a positive integer (or its string) -> that int."""
+    if batch is None or batch == "dynamic":
+        return None
+    try:
+        value = int(batch)
+    except (TypeError, ValueError):
+        value = 0
+    if value < 1 or str(batch).strip() != str(value):
+        raise UserError(f"batch={batch!r} must be 'dynamic' or a positive integer")
+    return value
+
+
+def _require_gpu_for_fp16(precision: str) -> None:
+    _check_choice("precision", precision, PRECISIONS)
+    if precision == "fp16" and not (paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count()):
+        raise UserError(
+            "precision=fp16: Paddle Inference runs fp16 only on a GPU, and this Paddle "
+            f"({paddle.__version__}) has none, so an fp16 model could be neither run nor verified here. Export "
+            "precision=fp32 here and load it on the GPU machine with Predictor(..., precision='fp16'), or run "
+            "this export there")
+
+
+def export_model(model: paddle.nn.Layer, out_dir: Union[str, Path], input_size: Tuple[int, int, int] = (3, 224, 224),
+                 batch: Optional[int] = None, precision: str = "fp32", preprocessing: Optional[dict] = None,
+                 labels: Optional[List[str]] = None) -> Path:
+    """Trace ``model`` in eval mode and save it for Paddle Inference, plus ``preprocess.json``.
+
+    Args:
+        model: any Layer taking an NCHW float32 batch.
+        out_dir: created if needed; receives ``model.json`` (Paddle >= 3, PIR) or ``model.pdmodel`` (older),
+            ``model.pdiparams`` and ``preprocess.json``.
+        input_size: (channels, height, width) of one input.
+        batch: ``None`` for a dynamic batch dimension, or a fixed batch size.
+        precision: ``fp32``; or ``fp16``, recorded so the Predictor runs the graph in half precision on a GPU
+            (the saved weights stay fp32). fp16 needs a GPU, where it can be run and verified.
+        preprocessing: eval preprocessing as from ``paddletrain.data.preprocessing_info``; without it the
+            export holds the model only and ``paddletrain.predict`` cannot decode images for it.
+        labels: class names in output order.
+
+    Returns:
+        ``out_dir`` as a Path.
+    """
+    _require_gpu_for_fp16(precision)
+    if len(input_size) != 3 or any(int(v) < 1 for v in input_size):
+        raise UserError(f"input_size={tuple(input_size)} must be (channels, height, width)")
+    if preprocessing is not None and list(preprocessing.get("input_size", input_size)) != list(input_size):
+        raise UserError(f"preprocessing input_size {preprocessing['input_size']} differs from input_size "
+                        f"{list(input_size)}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    was_training = model.training
+    model.eval()
+    try:
+        spec = paddle.static.InputSpec([batch, *map(int, input_size)], "float32", INPUT_NAME)
+        static = paddle.jit.to_static(model, input_spec=[spec], full_graph=True)
+        paddle.jit.save(static, str(out / MODEL_PREFIX))
+    finally:
+        model.train(was_training)
+    meta = {
+        "format_version": PREPROCESS_FORMAT_VERSION,
+        "input_name": INPUT_NAME,
+        "input_size": [int(v) for v in input_size],
+        "batch": batch,
+        "precision": precision,
+        **(preprocessing or {}),
+        "labels": list(labels) if labels is not None else None,
+        "paddle_version": paddle.__version__,
+    }
+    (out / PREPROCESS_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    return out
+
+
+def check_parity(predictor: Predictor, model: paddle.nn.Layer, inputs: np.ndarray, tolerance: float) -> ParityReport:
+    """Compare the exported model (``predictor``) with ``model`` in eval mode on ``inputs`` (NCHW float32)."""
+    model.eval()
+    with paddle.no_grad():
+        reference = model(paddle.to_tensor(inputs)).numpy().astype(np.float32)
+    exported = predictor.predict(inputs)
+    scale = max(1.0, float(np.abs(reference).max()))
+    max_diff = float(np.abs(exported - reference).max())
+    allowed = tolerance * scale
+    agree = exported.argmax(1) == reference.argmax(1)
+    top2 = np.sort(reference, axis=1)[:, -2:] if reference.shape[1] > 1 else np.zeros((len(reference), 2))
+    flips = int(np.sum(~agree & (top2[:, 1] - top2[:, 0] > 2 * allowed)))
+    return ParityReport(num_images=len(inputs), max_abs_diff=max_diff, tolerance=allowed,
+                        top1_agreement=float(agree.mean()), top1_flips=flips,
+                        passed=bool(max_diff <= allowed and flips == 0))
+
+
+def export_onnx(model_dir: Union[str, Path], opset: int = ONNX_OPSET) -> Path:
+    """Convert an export directory's Paddle model to ``model.onnx`` with paddle2onnx (the ``onnx`` extra)."""
+    paddle2onnx = require_paddle2onnx()
+    from paddletrain.inference import PARAMS_FILE, find_graph_file
+
+    model_dir = Path(model_dir)
+    target = model_dir / ONNX_FILE
+    try:
+        paddle2onnx.export(model_filename=str(find_graph_file(model_dir)),
+                           params_filename=str(model_dir / PARAMS_FILE), save_file=str(target),
+                           opset_version=opset, enable_onnx_checker=True)
+    except Exception as exc:  # paddle2onnx reports unsupported ops with assorted exception types
+        raise UserError(f"paddle2onnx {getattr(paddle2onnx, '__version__', '?')} could not convert "
+                        f"{model_dir}: {exc}") from exc
+    if not target.is_file():
+        raise UserError(f"paddle2onnx finished without writing {target}")
+    return target
+
+
+def require_paddle2onnx() -> Any:
+    """The paddle2onnx module, or a UserError naming the extra that installs it."""
+    try:
+        import paddle2onnx
+    except ImportError:
+        raise UserError("format=onnx needs paddle2onnx, which is not installed: "
+                        "pip install paddletrain[onnx]  (or: pip install paddle2onnx)") from None
+    return paddle2onnx
+
+
+def onnx_parity(onnx_file: Path, inputs: np.ndarray, reference: np.ndarray, tolerance: float) -> ParityReport:
+    """Run ``onnx_file`` in onnxruntime and compare with the reference logits."""
+    try:
+        import onnxruntime
+    except ImportError:
+        raise UserError("the ONNX parity check needs onnxruntime: pip install onnxruntime, or pass check=false "
+                        "to skip it (the Paddle model is still verified)") from None
+    session = onnxruntime.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+    exported = session.run(None, {session.get_inputs()[0].name: inputs})[0]
+    scale = max(1.0, float(np.abs(reference).max()))
+    max_diff = float(np.abs(exported - reference).max())
+    agree = exported.argmax(1) == reference.argmax(1)
+    return ParityReport(len(inputs), max_diff, tolerance * scale, float(agree.mean()), int((~agree).sum()),
+                        passed=bool(max_diff <= tolerance * scale))
+
+
+def checkpoint_config(saved: dict, data_root: Optional[str] = None) -> DictConfig:
+    """The training config stored in a checkpoint, validated against the fit schema."""
+    from paddletrain.config import FitConfig, validate_config
+
+    if not saved:
+        raise UserError("the checkpoint holds no config; it was not written by paddletrain.fit")
+    keys = set(FitConfig.__dataclass_fields__)
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(FitConfig), {k: v for k, v in saved.items() if k in keys})
+    except Exception as exc:  # omegaconf's ValidationError/ConfigKeyError name the key
+        raise UserError(f"the checkpoint's config does not match this paddletrain version's schema: {exc}") from exc
+    if data_root is not None:
+        cfg.data.root = data_root
+    validate_config(cfg)
+    cfg.model.pretrained = None  # the checkpoint's weights replace any pretrained ones: don't fetch them
+    return cfg
+
+
+def _load_weights(model: paddle.nn.Layer, state: dict, checkpoint_dir: Path) -> None:
+    if "model" not in state:
+        raise UserError(f"checkpoint={checkpoint_dir} holds no model weights (no 'model' entry)")
+    missing, unexpected = model.set_state_dict(state["model"])
+    if missing or unexpected:
+        raise UserError(f"checkpoint={checkpoint_dir} does not fit the model of its own config: missing "
+                        f"{list(missing)[:5]}, unexpected {list(unexpected)[:5]}")
+
+
+def _check_images(splits: Any, eval_transform: Any, preprocessing: Preprocessing, count: int) -> Tuple[np.ndarray, float]:
+    """``count`` validation images spread over the split, through the eval transform, plus how far the
+    exported preprocessing is from it on the same raw images."""
+    val = splits.val
+    if len(val) == 0:
+        raise UserError("the checkpoint's validation split is empty: no images for the parity check "
+                        "(pass check=false to skip it)")
+    indices = np.unique(np.linspace(0, len(val) - 1, min(count, len(val))).round().astype(int))
+    raws = [val.load_image(int(i)) for i in indices]
+    inputs = np.stack([eval_transform(raw) for raw in raws])
+    exported = np.stack([preprocessing(raw) for raw in raws])
+    return inputs, float(np.abs(inputs - exported).max())
+
+
+def export_checkpoint(checkpoint_dir: Union[str, Path], out_dir: Union[str, Path], format: str = "paddle",
+                      batch: Union[None, int, str] = None, precision: str = "fp32", check: bool = True,
+                      num_check_images: int = 16, data_root: Optional[str] = None, device: str = "auto",
+                      cpu_threads: Optional[int] = None) -> ExportResult:
+    """Rebuild the model of a training checkpoint, export it, and (``check=True``) verify the export.
+
+    The dataset of the checkpoint's config is opened for the class names, the channel count and the
+    validation images of the parity check (``data_root`` points at it if it moved). ``format="onnx"`` also
+    writes ``model.onnx`` (verified with onnxruntime when ``check``). The parity result is in
+    ``result.parity``; this function does not raise when parity fails, the CLI turns that into exit code 1.
+    """
+    from paddletrain.checkpoint import load_checkpoint
+    from paddletrain.data import DatasetError, build_datasets, build_transform, preprocessing_info
+    from paddletrain.fit import build_model
+    from paddletrain.runtime import set_cpu_threads
+
+    _check_choice("format", format, FORMATS)
+    fixed_batch = parse_batch(batch)
+    _require_gpu_for_fp16(precision)
+    if format == "onnx":
+        require_paddle2onnx()  # fail before the slow part
+    if num_check_images < 1:
+        raise UserError(f"num_check_images={num_check_images} must be >= 1")
+    checkpoint_dir = Path(checkpoint_dir)
+    if not checkpoint_dir.is_dir():
+        raise UserError(f"checkpoint={str(checkpoint_dir)!r} is not a directory")
+    checkpoint = load_checkpoint(checkpoint_dir)
+    cfg = checkpoint_config(checkpoint.state.get("config", {}), data_root)
+    set_cpu_threads(cpu_threads)
+    try:
+        probe = build_datasets(cfg.data)
+        eval_tf = build_transform(cfg.data, train=False, in_chans=probe.in_chans)
+    except DatasetError as exc:
+        raise UserError(f"cannot open the checkpoint's dataset ({exc}); if it moved, pass data_root=<dir>") from exc
+    model = build_model(cfg, probe.classes, probe.in_chans)
+    _load_weights(model, checkpoint.state, checkpoint_dir)
+    info = preprocessing_info(cfg.data, in_chans=probe.in_chans)
+    out = export_model(model, out_dir, input_size=tuple(info["input_size"]), batch=fixed_batch,
+                       precision=precision, preprocessing=info, labels=list(probe.classes))
+    files = sorted(p for p in out.iterdir() if p.name.startswith(MODEL_PREFIX) or p.name == PREPROCESS_FILE)
+    result = ExportResult(out_dir=out, format=format, files=files, labels=list(probe.classes))
+
+    inputs = None
+    if check:
+        predictor = Predictor(out, device=device, cpu_threads=cpu_threads, precision=precision)
+        inputs, prep_diff = _check_images(probe, eval_tf, predictor.preprocessing, num_check_images)
+        report = check_parity(predictor, model, inputs, TOLERANCE[precision])
+        report.preprocess_max_diff = prep_diff
+        # The exported preprocessing must reproduce the eval transform exactly: same PIL ops, same order.
+        report.passed = report.passed and prep_diff <= 1e-6
+        result.parity = report
+    else:
+        log.warning("check=false: the exported model was NOT compared with the checkpoint's model")
+    if format == "onnx":
+        onnx_file = export_onnx(out)
+        result.files.append(onnx_file)
+        if check and result.passed:
+            with paddle.no_grad():
+                reference = model(paddle.to_tensor(inputs)).numpy()
+            onnx_report = onnx_parity(onnx_file, inputs, reference, TOLERANCE["fp32"])
+            log.info("ONNX %s", onnx_report)
+            result.parity.passed = onnx_report.passed
+    return result
+
+
+def _report(result: ExportResult) -> None:
+    log.info("Exported %s model to %s: %s", result.format, result.out_dir, ", ".join(p.name for p in result.files))
+    if result.parity is not None:
+        (log.info if result.parity.passed else log.error)("Export %s", result.parity)
+    summary = {"out_dir": str(result.out_dir), "format": result.format, "files": [p.name for p in result.files],
+               "parity": asdict(result.parity) if result.parity else None}
+    print(json.dumps(summary))
+
+
+def run(cfg: DictConfig, default_out_dir: Optional[str] = None) -> int:
+    """The CLI's work for an ``ExportConfig``; returns the exit status (0 ok, 1 parity failed, 2 usage error)."""
+    try:
+        if OmegaConf.is_missing(cfg, "checkpoint"):
+            raise UserError("missing required value for checkpoint (e.g. checkpoint=outputs/<run>/checkpoints/<dir>)")
+        out_dir = cfg.out_dir or default_out_dir
+        if out_dir is None:
+            raise UserError("missing required value for out_dir")
+        result = export_checkpoint(cfg.checkpoint, out_dir, format=cfg.format, batch=cfg.batch,
+                                   precision=cfg.precision, check=cfg.check, num_check_images=cfg.num_check_images,
+                                   data_root=cfg.data_root, device=cfg.device, cpu_threads=cfg.cpu_threads)
+    except UserError as exc:
+        log.error("%s", exc)
+        return EXIT_USER_ERROR
+    _report(result)
+    return EXIT_PARITY_FAILED if cfg.check and not result.passed else 0
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="export")
+def main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    sys.exit(run(cfg, default_out_dir=HydraConfig.get().runtime.output_dir))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,263 @@
+"""Run an exported model with Paddle Inference: the :class:`Predictor` API and the exported preprocessing.
+
+An export directory (written by :mod:`paddletrain.export`) holds the graph (``model.json`` with Paddle >= 3's
+PIR format, ``model.pdmodel`` with older ones), the weights ``model.pdiparams`` and ``preprocess.json``.
+
+>>> predictor = Predictor("export/")                       # CPU with oneDNN, or the GPU when there is one
+>>> image = predictor.preprocessing(PIL.Image.open("cat.jpg"))
+>>> logits = predictor.predict(image[None])                 # (1, num_classes)
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+import numpy as np
+
+from paddletrain.errors import UserError
+
+log = logging.getLogger("paddletrain")
+
+MODEL_PREFIX = "model"
+PARAMS_FILE = f"{MODEL_PREFIX}.pdiparams"
+# Paddle >= 3 saves the PIR program as JSON; older versions save a protobuf ProgramDesc.
+GRAPH_FILES = (f"{MODEL_PREFIX}.json", f"{MODEL_PREFIX}.pdmodel")
+PREPROCESS_FILE = "preprocess.json"
+PREPROCESS_FORMAT_VERSION = 1
+DEVICES = ("auto", "cpu", "gpu")
+PRECISIONS = ("fp32", "fp16")
+RESIZE_MODES = ("shorter_side", "exact")
+# oneDNN keeps one compiled kernel set per input shape; a bounded cache stops a varying last batch from
+# growing memory without limit.
+MKLDNN_SHAPE_CACHE = 10
+
+
+def find_graph_file(model_dir: Union[str, Path]) -> Path:
+    """The graph file of an export directory, whichever format this Paddle version wrote."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise UserError(f"model_dir={str(model_dir)!r} is not a directory; pass the output of paddletrain.export")
+    for name in GRAPH_FILES:
+        if (model_dir / name).is_file():
+            return model_dir / name
+    raise UserError(f"model_dir={str(model_dir)!r} holds no exported model (expected {' or '.join(GRAPH_FILES)} "
+                    f"and {PARAMS_FILE}); export one with `python -m paddletrain.export checkpoint=<dir>`")
+
+
+def read_metadata(model_dir: Union[str, Path]) -> Dict[str, Any]:
+    """The contents of ``preprocess.json``, or an error naming the file and what is wrong."""
+    path = Path(model_dir) / PREPROCESS_FILE
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{path} is missing; it is written by paddletrain.export next to the model") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"{path} is unreadable or not JSON: {exc}") from exc
+    if not isinstance(meta, dict) or "input_size" not in meta:
+        raise UserError(f"{path} has no input_size; it was not written by paddletrain.export")
+    return meta
+
+
+class Preprocessing:
+    """Decoded image -> float32 CHW array, exactly as described by an export's ``preprocess.json``.
+
+    Built from the same transform classes as training's eval pipeline, so an exported model sees the inputs
+    its checkpoint was validated on. Picklable, so decode workers can carry it.
+    """
+
+    def __init__(self, info: Dict[str, Any]) -> None:
+        from paddle.vision import transforms as T
+
+        from paddletrain.data.transforms import ResizeIfNeeded, ToNormalizedArray, ToPILImage
+
+        try:
+            channels = int(info["input_size"][0])
+            mode, resize = info["resize_mode"], int(info["resize"])
+            mean, std, interpolation = list(info["mean"]), list(info["std"]), info["interpolation"]
+            scale = float(info.get("scale", 1 / 255))
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise UserError(f"{PREPROCESS_FILE}: preprocessing is incomplete or malformed ({exc!r})") from exc
+        if mode not in RESIZE_MODES:
+            raise UserError(f"{PREPROCESS_FILE}: resize_mode={mode!r} is not one of {', '.join(RESIZE_MODES)}")
+        if abs(scale - 1 / 255) > 1e-9:
+            raise UserError(f"{PREPROCESS_FILE}: scale={scale} is not supported (only 1/255)")
+        self.info = dict(info)
+        steps: list = [ToPILImage(channels)]
+        if mode == "shorter_side":
+            steps += [T.Resize(resize, interpolation=interpolation), T.CenterCrop(int(info["crop"]))]
+        else:
+            steps.append(ResizeIfNeeded(resize, interpolation))
+        steps.append(ToNormalizedArray(mean, std))
+        self._pipeline = T.Compose(steps)
+
+    def __call__(self, image: Any) -> np.ndarray:
+        """A PIL image or uint8 HWC array -> the model's float32 CHW input."""
+        return self._pipeline(image)
+
+    def __repr__(self) -> str:
+        keys = ("input_size", "resize_mode", "resize", "crop", "interpolation", "mean", "std")
+        return f"Preprocessing({', '.join(f'{k}={self.info.get(k)}' for k in keys)})"
+
+
+def _resolve_device(device: str) -> str:
+    import paddle
+
+    if device not in DEVICES:
+        raise UserError(f"device={device!r} is not one of {', '.join(DEVICES)}")
+    has_gpu = paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
+    if device == "gpu" and not has_gpu:
+        raise UserError(f"device=gpu but this Paddle ({paddle.__version__}) has no usable GPU; use device=cpu")
+    return ("gpu" if has_gpu else "cpu") if device == "auto" else device
+
+
+@dataclass
+class _Runtime:
+    device: str
+    precision: str
+    cpu_threads: int
+    mkldnn: bool
+    tensorrt: bool
+
+
+class Predictor:
+    """An exported model in Paddle Inference, fed NCHW float32 batches of any size.
+
+    Args:
+        model_dir: an export directory (graph, weights and ``preprocess.json``).
+        device: ``auto`` (GPU when Paddle has one, else CPU), ``cpu`` or ``gpu``.
+        cpu_threads: threads of the CPU math library; ``None`` = every core this process may use.
+        use_mkldnn: run on CPU through oneDNN (several times faster than plain kernels for convolutions).
+        precision: ``fp32`` or ``fp16`` (GPU only); ``None`` = what the export recorded.
+        tensorrt: build TensorRT subgraphs on the GPU (needs a Paddle built with TensorRT).
+        gpu_id, gpu_memory_mb: the GPU and its initial memory pool.
+        trt_max_batch: largest batch TensorRT's dynamic-shape engine is built for.
+    """
+
+    def __init__(self, model_dir: Union[str, Path], device: str = "auto", cpu_threads: Optional[int] = None,
+                 use_mkldnn: bool = True, precision: Optional[str] = None, tensorrt: bool = False,
+                 gpu_id: int = 0, gpu_memory_mb: int = 512, trt_max_batch: int = 64) -> None:
+        from paddle import inference
+
+        from paddletrain.runtime import default_cpu_threads
+
+        self.model_dir = Path(model_dir)
+        graph = find_graph_file(self.model_dir)
+        params = self.model_dir / PARAMS_FILE
+        if not params.is_file():
+            raise UserError(f"{params} is missing; the export in {self.model_dir} is incomplete")
+        self.metadata = read_metadata(self.model_dir)
+        self.input_size = tuple(int(v) for v in self.metadata["input_size"])
+        self.fixed_batch: Optional[int] = self.metadata.get("batch")
+        labels = self.metadata.get("labels")
+        self.labels: Optional[List[str]] = list(labels) if labels else None
+        has_preprocessing = "resize_mode" in self.metadata
+        self.preprocessing: Optional[Preprocessing] = Preprocessing(self.metadata) if has_preprocessing else None
+
+        precision = precision or self.metadata.get("precision", "fp32")
+        if precision not in PRECISIONS:
+            raise UserError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}")
+        resolved = _resolve_device(device)
+        if resolved == "cpu" and (precision == "fp16" or tensorrt):
+            what = "precision=fp16" if precision == "fp16" else "tensorrt=true"
+            raise UserError(f"{what} needs a GPU (Paddle Inference runs fp16 and TensorRT only there); "
+                            f"this predictor runs on the CPU: use precision=fp32 and tensorrt=false")
+        threads = cpu_threads or default_cpu_threads()
+        if threads < 1:
+            raise UserError(f"cpu_threads={cpu_threads} must be >= 1")
+
+        config = inference.Config(str(graph), str(params))
+        config.disable_glog_info()
+        # No enable_memory_optim(): with PIR graphs (Paddle 3.3) it fails to load (memory_optimize_pass).
+        config.set_cpu_math_library_num_threads(threads)
+        if resolved == "gpu":
+            self._configure_gpu(config, precision, tensorrt, gpu_id, gpu_memory_mb, trt_max_batch)
+        else:
+            config.disable_gpu()
+            if use_mkldnn:
+                config.enable_mkldnn()
+                config.set_mkldnn_cache_capacity(MKLDNN_SHAPE_CACHE)
+            else:
+                config.disable_mkldnn()
+        try:
+            self._predictor = inference.create_predictor(config)
+        except Exception as exc:  # Paddle raises bare RuntimeError/ValueError for unreadable graphs
+            raise UserError(f"Paddle Inference cannot load {graph}: {exc}") from exc
+        self._input = self._predictor.get_input_handle(self._predictor.get_input_names()[0])
+        self._output = self._predictor.get_output_handle(self._predictor.get_output_names()[0])
+        self.runtime = _Runtime(resolved, precision, threads, bool(use_mkldnn and resolved == "cpu"), tensorrt)
+
+    def _configure_gpu(self, config: Any, precision: str, tensorrt: bool, gpu_id: int, memory_mb: int,
+                       trt_max_batch: int) -> None:
+        from paddle import inference
+
+        half = precision == "fp16"
+        paddle_precision = inference.PrecisionType.Half if half else inference.PrecisionType.Float32
+        config.enable_use_gpu(memory_mb, gpu_id, paddle_precision)
+        if not tensorrt:
+            return
+        try:
+            compiled = inference.get_trt_compile_version()
+        except Exception:  # pragma: no cover - the call itself is missing in builds without TensorRT
+            compiled = (0, 0, 0)
+        if not any(compiled):
+            raise UserError("tensorrt=true but this Paddle build has no TensorRT support; use tensorrt=false")
+        config.enable_tensorrt_engine(workspace_size=1 << 30, max_batch_size=trt_max_batch, min_subgraph_size=3,
+                                      precision_mode=paddle_precision, use_static=False, use_calib_mode=False)
+        name = self.metadata.get("input_name", "x")  # TensorRT needs shapes by name before the predictor exists
+        c, h, w = self.input_size
+        config.set_trt_dynamic_shape_info({name: [1, c, h, w]}, {name: [trt_max_batch, c, h, w]},
+                                          {name: [min(32, trt_max_batch), c, h, w]})
+
+    @property
+    def num_classes(self) -> Optional[int]:
+        return len(self.labels) if self.labels else None
+
+    def predict(self, batch: np.ndarray, probs: bool = False) -> np.ndarray:
+        """Logits (or softmax probabilities with ``probs=True``) for an ``(N, C, H, W)`` float32 batch.
+
+        Any N works: an export with a fixed batch size gets the batch split and zero-padded to that size.
+        """
+        batch = np.ascontiguousarray(batch, dtype=np.float32)
+        if batch.ndim != 4 or tuple(batch.shape[1:]) != self.input_size:
+            raise UserError(f"expected a batch of shape (N, {', '.join(map(str, self.input_size))}), "
+                            f"got {tuple(batch.shape)}")
+        if len(batch) == 0:
+            raise UserError("cannot predict an empty batch")
+        if self.fixed_batch:
+            logits = np.concatenate([self._run_padded(batch[i:i + self.fixed_batch])
+                                     for i in range(0, len(batch), self.fixed_batch)])
+        else:
+            logits = self._run(batch)
+        return softmax(logits) if probs else logits
+
+    def _run_padded(self, chunk: np.ndarray) -> np.ndarray:
+        missing = self.fixed_batch - len(chunk)
+        if missing:
+            chunk = np.concatenate([chunk, np.zeros((missing, *chunk.shape[1:]), np.float32)])
+        return self._run(chunk)[:len(chunk) - missing]
+
+    def _run(self, batch: np.ndarray) -> np.ndarray:
+        self._input.reshape(list(batch.shape))
+        self._input.copy_from_cpu(batch)
+        self._predictor.run()
+        return self._output.copy_to_cpu().astype(np.float32, copy=False)
+
+    def __repr__(self) -> str:
+        r = self.runtime
+        return (f"Predictor({str(self.model_dir)!r}, device={r.device}, precision={r.precision}, "
+                f"cpu_threads={r.cpu_threads}, mkldnn={r.mkldnn}, tensorrt={r.tensorrt})")
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise softmax, stable for large logits."""
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    exp = np.exp(shifted)
+    return exp / exp.sum(axis=-1, keepdims=True)
+
+
+def label_names(labels: Optional[Sequence[str]], indices: Sequence[int]) -> List[str]:
+    """Display names of class indices; the index itself when the export has no labels."""
+    return [labels[i] if labels and i < len(labels) else str(i) for i in indices]

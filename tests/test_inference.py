@@ -1,0 +1,129 @@
+"""Predictor: an exported model in Paddle Inference agrees with the dygraph model, at any batch size."""
+import json
+
+import numpy as np
+import paddle
+import pytest
+from omegaconf import OmegaConf
+from PIL import Image
+
+from paddletrain.config import DataConfig
+from paddletrain.data import build_transform, preprocessing_info
+from paddletrain.errors import UserError
+from paddletrain.export import TOLERANCE, export_model
+from paddletrain.inference import Predictor, Preprocessing, find_graph_file
+from paddletrain.models import create_model
+
+LABELS = ["cat", "dog", "fox", "owl"]
+SIZE = 16
+HAS_GPU = paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
+
+
+def data_config(**overrides):
+    return OmegaConf.structured(DataConfig(image_size=SIZE, **overrides))
+
+
+def reference(model, batch):
+    model.eval()
+    with paddle.no_grad():
+        return model(paddle.to_tensor(batch)).numpy()
+
+
+def assert_close(actual, expected):
+    scale = max(1.0, float(np.abs(expected).max()))
+    assert np.abs(actual - expected).max() <= TOLERANCE["fp32"] * scale
+
+
+@pytest.fixture(scope="module")
+def model():
+    paddle.seed(0)
+    net = create_model("resnet20", num_classes=len(LABELS))
+    # Random BN statistics, so eval-mode BatchNorm is not the identity and a train-mode export would differ.
+    for name, buffer in net.named_buffers():
+        if "_mean" in name or "_variance" in name:
+            buffer.set_value(np.random.default_rng(1).uniform(0.5, 1.5, buffer.shape).astype("float32"))
+    return net.eval()
+
+
+@pytest.fixture(scope="module")
+def exported(model, tmp_path_factory):
+    out = tmp_path_factory.mktemp("export")
+    return export_model(model, out, input_size=(3, SIZE, SIZE), preprocessing=preprocessing_info(data_config()),
+                        labels=LABELS)
+
+
+def test_paddle_writes_a_graph_the_predictor_finds(exported):
+    assert find_graph_file(exported).name in ("model.json", "model.pdmodel")
+    assert (exported / "model.pdiparams").is_file()
+
+
+@pytest.mark.parametrize("batch_size", [1, 5])
+def test_dynamic_batch_matches_dygraph(model, exported, batch_size):
+    predictor = Predictor(exported, device="cpu", cpu_threads=1)
+    batch = np.random.default_rng(batch_size).standard_normal((batch_size, 3, SIZE, SIZE)).astype("float32")
+    logits = predictor.predict(batch)
+    assert logits.shape == (batch_size, len(LABELS))
+    assert_close(logits, reference(model, batch))
+
+
+def test_without_mkldnn_matches_too(model, exported):
+    batch = np.random.default_rng(7).standard_normal((3, 3, SIZE, SIZE)).astype("float32")
+    assert_close(Predictor(exported, device="cpu", use_mkldnn=False).predict(batch), reference(model, batch))
+
+
+def test_fixed_batch_export_splits_and_pads_any_batch(model, tmp_path):
+    out = export_model(model, tmp_path, input_size=(3, SIZE, SIZE), batch=4)
+    predictor = Predictor(out, device="cpu")
+    assert predictor.fixed_batch == 4 == json.loads((out / "preprocess.json").read_text())["batch"]
+    for n in (1, 4, 9):
+        batch = np.random.default_rng(n).standard_normal((n, 3, SIZE, SIZE)).astype("float32")
+        assert_close(predictor.predict(batch), reference(model, batch))
+
+
+def test_probabilities_sum_to_one_and_keep_the_ranking(exported):
+    predictor = Predictor(exported, device="cpu")
+    batch = np.random.default_rng(3).standard_normal((2, 3, SIZE, SIZE)).astype("float32")
+    probs = predictor.predict(batch, probs=True)
+    np.testing.assert_allclose(probs.sum(1), 1.0, rtol=1e-5)
+    np.testing.assert_array_equal(probs.argmax(1), predictor.predict(batch).argmax(1))
+
+
+def test_preprocess_json_describes_input_and_labels(exported):
+    meta = json.loads((exported / "preprocess.json").read_text())
+    assert meta["input_size"] == [3, SIZE, SIZE]
+    assert meta["batch"] is None and meta["precision"] == "fp32"
+    assert meta["labels"] == LABELS
+    assert meta["mean"] == [0.5, 0.5, 0.5] and meta["std"] == [0.5, 0.5, 0.5]
+    assert meta["resize_mode"] == "exact" and meta["resize"] == SIZE and meta["interpolation"] == "bilinear"
+    predictor = Predictor(exported, device="cpu")
+    assert predictor.labels == LABELS and predictor.input_size == (3, SIZE, SIZE)
+
+
+@pytest.mark.parametrize("preset", ["imagenet", "small"])
+def test_exported_preprocessing_reproduces_the_eval_transform(preset):
+    cfg = data_config(eval_transform=preset, interpolation="bicubic", mean=[0.4, 0.5, 0.6], std=[0.2, 0.3, 0.4])
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (23, 31, 3), dtype=np.uint8))
+    ours = Preprocessing(json.loads(json.dumps(preprocessing_info(cfg))))(image)
+    assert ours.shape == (3, SIZE, SIZE)
+    np.testing.assert_array_equal(ours, build_transform(cfg, train=False)(image))
+
+
+def test_wrong_input_shape_is_a_clear_error(exported):
+    with pytest.raises(UserError, match=r"\(N, 3, 16, 16\)"):
+        Predictor(exported, device="cpu").predict(np.zeros((2, 3, 8, 8), np.float32))
+
+
+def test_missing_or_empty_model_dir_is_a_clear_error(tmp_path):
+    with pytest.raises(UserError, match="not a directory"):
+        Predictor(tmp_path / "nope")
+    with pytest.raises(UserError, match="holds no exported model"):
+        Predictor(tmp_path)
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the CPU-only behaviour")
+def test_fp16_without_gpu_is_refused_not_faked(model, exported, tmp_path):
+    with pytest.raises(UserError, match="GPU"):
+        Predictor(exported, device="cpu", precision="fp16")
+    with pytest.raises(UserError, match="precision=fp32"):
+        export_model(model, tmp_path, input_size=(3, SIZE, SIZE), precision="fp16")
+    assert not list(tmp_path.iterdir())
