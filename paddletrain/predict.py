@@ -1,0 +1,282 @@
+"""`python -m paddletrain.predict model_dir=<export> input=<folder|list file|glob>`: batched predictions as JSON lines.
+
+Examples::
+
+    python -m paddletrain.predict model_dir=export/ input=photos/ output=preds.jsonl
+    python -m paddletrain.predict model_dir=export/ input='shots/**/*.png' batch_size=64 num_workers=4 topk=3
+    python -m paddletrain.predict model_dir=export/ input=list.txt     # one path a line, relative to the list
+
+Worker processes decode and preprocess (with the export's own ``preprocess.json``) while the main process
+runs the predictor, with a bounded number of batches in flight. Each image gives one line
+``{"path", "labels", "scores", "class_ids"}`` (top-k, softmax scores) on ``output`` or stdout. An unreadable
+image is logged with its reason and skipped. Exit status: 0 when every image was predicted, 3 when some
+failed (the summary says how many), 2 for a usage error (bad model_dir, no input files, bad option).
+"""
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+import sys
+import time
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Iterator, List, Optional, Sequence, Tuple, Union
+
+import hydra
+import numpy as np
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from paddletrain.errors import UserError
+from paddletrain.inference import Predictor, Preprocessing, label_names, softmax
+
+log = logging.getLogger("paddletrain")
+
+EXIT_USER_ERROR = 2
+EXIT_SOME_FAILED = 3
+GLOB_CHARS = "*?["
+# Batches decoded ahead per worker: enough to hide decode jitter, bounded so memory does not grow when the
+# predictor is the slower side.
+PREFETCH_PER_WORKER = 2
+
+
+@dataclass
+class PredictConfig:
+    """Typed schema of `python -m paddletrain.predict` (conf/predict.yaml)."""
+
+    model_dir: str = MISSING
+    # A folder (searched recursively for images), a text file with one path a line, or a glob pattern.
+    input: str = MISSING
+    batch_size: int = 32
+    # Decode/preprocess processes; 0 decodes in the main process; None = half the cores (the predictor
+    # needs the rest).
+    num_workers: Optional[int] = None
+    # JSON-lines file; None = stdout.
+    output: Optional[str] = None
+    topk: int = 5
+    device: str = "auto"
+    cpu_threads: Optional[int] = None
+    use_mkldnn: bool = True
+    # None = what the export recorded.
+    precision: Optional[str] = None
+    tensorrt: bool = False
+    progress_bar: bool = True
+
+
+ConfigStore.instance().store(name="predict_schema", node=PredictConfig)
+
+
+@dataclass
+class PredictSummary:
+    """Counts and speed of one :func:`predict_files` run."""
+
+    n_total: int
+    n_ok: int
+    n_failed: int
+    seconds: float
+    # Time spent inside the predictor only; the rest is decode wait and writing.
+    predict_seconds: float
+    failures: List[Tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def images_per_s(self) -> float:
+        """End-to-end throughput: decode + preprocess + predict + write."""
+        return self.n_ok / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def predictor_images_per_s(self) -> float:
+        return self.n_ok / self.predict_seconds if self.predict_seconds > 0 else 0.0
+
+    def __str__(self) -> str:
+        return (f"{self.n_ok}/{self.n_total} images predicted, {self.n_failed} failed, in {self.seconds:.2f} s: "
+                f"{self.images_per_s:.1f} images/s end to end ({self.predictor_images_per_s:.1f} images/s in the "
+                f"predictor)")
+
+
+def resolve_inputs(spec: str) -> List[str]:
+    """The image paths ``spec`` names: a folder (recursive, image extensions), a list file, a glob or one image."""
+    from paddletrain.data.imagefolder import is_image_file
+
+    path = Path(spec)
+    if path.is_file():
+        return [str(path)] if is_image_file(path) else _nonempty(_read_list(path), f"the list file input={spec!r} "
+                                                                                   "names no paths")
+    if path.is_dir():
+        found = [os.path.join(root, name) for root, _, names in os.walk(path) for name in names if is_image_file(name)]
+        return _nonempty(sorted(found), f"no image files under input={spec!r}")
+    if any(c in spec for c in GLOB_CHARS):
+        found = [p for p in glob.glob(spec, recursive=True) if os.path.isfile(p)]
+        return _nonempty(sorted(found), f"the pattern input={spec!r} matches no files")
+    raise UserError(f"input={spec!r} is neither a folder, a file nor a glob pattern that matches")
+
+
+def _nonempty(paths: List[str], message: str) -> List[str]:
+    if not paths:
+        raise UserError(message)
+    return paths
+
+
+def _read_list(path: Path) -> List[str]:
+    """Paths one a line (blank lines and ``#`` comments skipped), relative ones taken from the list's folder."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read the list file input={str(path)!r}: {exc}") from exc
+    entries = [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
+    return [entry if os.path.isabs(entry) else str(path.parent / entry) for entry in entries]
+
+
+_worker_preprocessing: Optional[Preprocessing] = None
+
+
+def _init_worker(preprocessing: Preprocessing) -> None:
+    global _worker_preprocessing
+    _worker_preprocessing = preprocessing
+
+
+def load_batch(paths: Sequence[str], preprocessing: Optional[Preprocessing] = None
+               ) -> Tuple[List[str], Optional[np.ndarray], List[Tuple[str, str]]]:
+    """Decode and preprocess ``paths``: (the paths that worked, their stacked inputs, (path, reason) failures)."""
+    from PIL import Image
+
+    preprocessing = preprocessing or _worker_preprocessing
+    ok, arrays, failures = [], [], []
+    for path in paths:
+        try:
+            with Image.open(path) as image:
+                image.load()
+                arrays.append(preprocessing(image))
+            ok.append(path)
+        except Exception as exc:  # any decode/preprocess failure is about this file, not the run
+            failures.append((path, f"{type(exc).__name__}: {exc}"))
+    return ok, (np.stack(arrays) if arrays else None), failures
+
+
+def _decoded_batches(chunks: List[List[str]], preprocessing: Preprocessing, num_workers: int
+                     ) -> Iterator[Tuple[List[str], Optional[np.ndarray], List[Tuple[str, str]]]]:
+    """Batches in input order; with workers, up to ``PREFETCH_PER_WORKER * num_workers`` decode ahead."""
+    if num_workers == 0:
+        for chunk in chunks:
+            yield load_batch(chunk, preprocessing)
+        return
+    with ProcessPoolExecutor(num_workers, initializer=_init_worker, initargs=(preprocessing,)) as pool:
+        pending: deque = deque()
+        queued = iter(chunks)
+        for chunk in queued:
+            pending.append(pool.submit(load_batch, chunk))
+            if len(pending) >= PREFETCH_PER_WORKER * num_workers:
+                break
+        while pending:
+            batch = pending.popleft().result()
+            next_chunk = next(queued, None)
+            if next_chunk is not None:
+                pending.append(pool.submit(load_batch, next_chunk))
+            yield batch
+
+
+def default_num_workers() -> int:
+    from paddletrain.runtime import default_cpu_threads
+
+    return max(1, default_cpu_threads() // 2)
+
+
+def topk_lines(paths: Sequence[str], logits: np.ndarray, labels: Optional[List[str]], k: int) -> Iterator[str]:
+    """One JSON line per image: its top-``k`` labels, softmax scores and class ids, best first."""
+    probs = softmax(logits)
+    k = min(k, probs.shape[1])
+    top = np.argsort(-probs, axis=1, kind="stable")[:, :k]
+    for path, ids, row in zip(paths, top, probs):
+        yield json.dumps({"path": path, "labels": label_names(labels, ids.tolist()),
+                          "scores": [round(float(row[i]), 6) for i in ids], "class_ids": ids.tolist()})
+
+
+def predict_files(predictor: Predictor, paths: Sequence[str], batch_size: int = 32, num_workers: Optional[int] = None,
+                  topk: int = 5, output: Union[None, str, Path, IO[str]] = None,
+                  progress: bool = True) -> PredictSummary:
+    """Predict every image of ``paths`` with ``predictor`` and write one JSON line per image.
+
+    Args:
+        predictor: a :class:`Predictor` whose export has preprocessing.
+        paths: image files; unreadable ones are logged (path and reason) and skipped.
+        batch_size: images per predictor call.
+        num_workers: decode processes (0: decode in this process; None: half the cores).
+        topk: labels per image.
+        output: a file path or an open text stream; None = stdout.
+        progress: show a tqdm progress bar (on stderr).
+    """
+    from tqdm import tqdm
+
+    if predictor.preprocessing is None:
+        raise UserError(f"{predictor.model_dir} has no preprocessing in preprocess.json, so images cannot be "
+                        "decoded for it; export it with paddletrain.export (or export_model(preprocessing=...))")
+    for key, value in (("batch_size", batch_size), ("topk", topk)):
+        if value < 1:
+            raise UserError(f"{key}={value} must be >= 1")
+    workers = default_num_workers() if num_workers is None else num_workers
+    if workers < 0:
+        raise UserError(f"num_workers={num_workers} must be >= 0")
+    paths = [str(p) for p in paths]
+    chunks = [paths[i:i + batch_size] for i in range(0, len(paths), batch_size)]
+    failures: List[Tuple[str, str]] = []
+    n_ok, predict_seconds = 0, 0.0
+    start = time.perf_counter()
+    with ExitStack() as stack:
+        if output is None:
+            sink = sys.stdout
+        elif isinstance(output, (str, Path)):
+            Path(output).parent.mkdir(parents=True, exist_ok=True)
+            sink = stack.enter_context(open(output, "w", encoding="utf-8"))
+        else:
+            sink = output
+        bar = stack.enter_context(tqdm(total=len(paths), unit="img", disable=not progress, file=sys.stderr))
+        for ok, inputs, failed in _decoded_batches(chunks, predictor.preprocessing, workers):
+            for path, reason in failed:
+                log.warning("Skipped %s: %s", path, reason)
+            failures.extend(failed)
+            if inputs is not None:
+                t0 = time.perf_counter()
+                logits = predictor.predict(inputs)
+                predict_seconds += time.perf_counter() - t0
+                sink.write("".join(line + "\n" for line in topk_lines(ok, logits, predictor.labels, topk)))
+                n_ok += len(ok)
+            bar.update(len(ok) + len(failed))
+        sink.flush()
+    return PredictSummary(n_total=len(paths), n_ok=n_ok, n_failed=len(failures),
+                          seconds=time.perf_counter() - start, predict_seconds=predict_seconds, failures=failures)
+
+
+def run(cfg: DictConfig) -> int:
+    """The CLI's work for a ``PredictConfig``; returns the exit status (0 all ok, 3 some failed, 2 usage error)."""
+    try:
+        missing = sorted(OmegaConf.missing_keys(cfg))
+        if missing:
+            raise UserError(f"missing required value for {', '.join(missing)} "
+                            f"(e.g. model_dir=<export dir> input=<folder|list file|glob>)")
+        paths = resolve_inputs(cfg.input)
+        predictor = Predictor(cfg.model_dir, device=cfg.device, cpu_threads=cfg.cpu_threads,
+                              use_mkldnn=cfg.use_mkldnn, precision=cfg.precision, tensorrt=cfg.tensorrt)
+        log.info("%d input files; %r", len(paths), predictor)
+        summary = predict_files(predictor, paths, batch_size=cfg.batch_size, num_workers=cfg.num_workers,
+                                topk=cfg.topk, output=cfg.output, progress=cfg.progress_bar)
+    except UserError as exc:
+        log.error("%s", exc)
+        return EXIT_USER_ERROR
+    log.info("%s%s", summary, f"; predictions in {cfg.output}" if cfg.output else "")
+    if summary.n_failed:
+        log.error("%d of %d images could not be read (see the warnings above)", summary.n_failed, summary.n_total)
+        return EXIT_SOME_FAILED
+    return 0
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="predict")
+def main(cfg: DictConfig) -> None:
+    sys.exit(run(cfg))
+
+
+if __name__ == "__main__":
+    main()

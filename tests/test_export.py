@@ -1,0 +1,123 @@
+"""Export: a training checkpoint becomes a Paddle Inference model that provably matches it."""
+import json
+import os
+
+import numpy as np
+import paddle
+import pytest
+from omegaconf import OmegaConf
+from PIL import Image
+
+from paddletrain.checkpoint import find_latest
+from paddletrain.data import build_datasets
+from paddletrain.errors import UserError
+from paddletrain.export import TOLERANCE, ExportConfig, check_parity, export_checkpoint, parse_batch, run
+from paddletrain.fit import train
+from paddletrain.inference import Predictor
+from paddletrain.models import create_model
+from tests.conftest import TINY, compose_fit, run_module
+
+HAS_GPU = paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
+
+
+@pytest.fixture(scope="module")
+def data_cfg():
+    return compose_fit(TINY).data
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run")
+    train(compose_fit([*TINY, "trainer.visualdl=false"]), run_dir)
+    return find_latest(run_dir / "checkpoints")
+
+
+def test_export_checkpoint_passes_parity_on_real_validation_images(checkpoint, data_cfg, tmp_path):
+    result = export_checkpoint(checkpoint, tmp_path, num_check_images=8)
+    assert result.passed
+    parity = result.parity
+    assert parity.num_images == 8 and parity.top1_agreement == 1.0 and parity.top1_flips == 0
+    assert parity.max_abs_diff <= parity.tolerance
+    assert parity.preprocess_max_diff == 0.0
+    assert {p.name for p in result.files} >= {"model.pdiparams", "preprocess.json"}
+    meta = json.loads((tmp_path / "preprocess.json").read_text())
+    assert meta["labels"] == result.labels == build_datasets(data_cfg).classes
+    assert meta["input_size"] == [3, data_cfg.image_size, data_cfg.image_size]
+    assert meta["mean"] == list(data_cfg.mean) and meta["std"] == list(data_cfg.std)  # the trained statistics
+
+
+def test_parity_check_catches_a_model_that_differs(checkpoint, data_cfg, tmp_path):
+    result = export_checkpoint(checkpoint, tmp_path, check=False)
+    assert result.parity is None and not result.passed
+    paddle.seed(123)
+    other = create_model("resnet20", num_classes=len(result.labels))
+    size = data_cfg.image_size
+    inputs = np.random.default_rng(0).standard_normal((4, 3, size, size)).astype("float32")
+    report = check_parity(Predictor(tmp_path, device="cpu"), other, inputs, tolerance=1e-3)
+    assert not report.passed and report.max_abs_diff > report.tolerance
+
+
+@pytest.mark.parametrize("given, parsed", [(None, None), ("dynamic", None), ("3", 3), (8, 8)])
+def test_batch_is_dynamic_or_a_positive_int(given, parsed):
+    assert parse_batch(given) == parsed
+
+
+@pytest.mark.parametrize("bad", ["0", "-2", "two", "1.5"])
+def test_bad_batch_value_names_the_key(bad):
+    with pytest.raises(UserError, match="batch="):
+        parse_batch(bad)
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the CPU-only behaviour")
+def test_fp16_export_without_gpu_is_refused_before_writing(checkpoint, tmp_path):
+    with pytest.raises(UserError, match="fp16 only on a GPU"):
+        export_checkpoint(checkpoint, tmp_path / "out", precision="fp16")
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_onnx_without_paddle2onnx_names_the_extra(checkpoint, tmp_path, monkeypatch):
+    blocker = tmp_path / "blocked" / "paddle2onnx"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('paddle2onnx hidden by the test')\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(blocker.parent), os.environ.get("PYTHONPATH", "")]))
+    result = run_module("paddletrain.export", [f"checkpoint={checkpoint}", "format=onnx",
+                                               f"out_dir={tmp_path / 'out'}", f"hydra.run.dir={tmp_path}"],
+                        cwd=tmp_path)
+    assert result.returncode == 2
+    assert "pip install paddletrain[onnx]" in result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_parity_failure_is_exit_status_1(checkpoint, tmp_path, monkeypatch):
+    # A negative tolerance makes every comparison fail: this checks the verdict reaches the exit status.
+    monkeypatch.setitem(TOLERANCE, "fp32", -1.0)
+    cfg = OmegaConf.structured(ExportConfig(checkpoint=str(checkpoint), out_dir=str(tmp_path)))
+    assert run(cfg) == 1
+    assert run(OmegaConf.structured(ExportConfig(checkpoint=str(tmp_path / "nope"), out_dir=str(tmp_path)))) == 2
+
+
+def test_cli_export_then_predict_a_folder_with_a_corrupt_file(checkpoint, data_cfg, tmp_path):
+    out = tmp_path / "export"
+    result = run_module("paddletrain.export", [f"checkpoint={checkpoint}", f"out_dir={out}",
+                                               f"hydra.run.dir={tmp_path / 'h1'}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["parity"]["passed"] and summary["parity"]["top1_agreement"] == 1.0
+
+    # Real validation images of the checkpoint's dataset, saved as files, plus one that is not an image.
+    val = build_datasets(data_cfg).val
+    images = tmp_path / "images" / "nested"
+    images.mkdir(parents=True)
+    for i in range(6):
+        Image.fromarray(val.load_image(i)).save(images / f"{i}_{val.classes[val.targets[i]]}.png")
+    (images.parent / "broken.jpg").write_bytes(b"\xff\xd8 truncated")
+    preds = tmp_path / "preds.jsonl"
+    result = run_module("paddletrain.predict", [f"model_dir={out}", f"input={images.parent}", "batch_size=4",
+                                                "num_workers=1", f"output={preds}", "topk=3",
+                                                f"hydra.run.dir={tmp_path / 'h2'}"], cwd=tmp_path)
+    assert result.returncode == 3, result.stderr
+    lines = [json.loads(line) for line in preds.read_text().splitlines()]
+    assert len(lines) == 6
+    assert all(len(line["labels"]) == 3 and line["labels"][0] in val.classes for line in lines)
+    assert "broken.jpg" in result.stderr and "1 failed" in result.stderr
