@@ -88,11 +88,19 @@ def test_overhead_runs_every_arm_and_reports_ratios():
     assert [g["goal"] for g in result["goals"]] == ["trainer_vs_hand >= 0.98", "trainer_vs_model_fit >= 1.0"]
     assert all(g["met"] == (g["measured"] >= float(g["goal"].split(">= ")[1])) for g in result["goals"])
     assert any(note.startswith("hand:") for note in result["notes"])
+    parts = result["trainer_parts_us"]
+    assert any(k.startswith("module.parameters()") for k in parts) and all(v > 0 for v in parts.values())
+    assert "Trainer step part" in to_markdown(result)
 
 
 def test_overhead_rejects_unknown_arm():
     with pytest.raises(ConfigError, match="arms"):
         run_overhead(OverheadBenchConfig(**{**TINY, "arms": ["trainer", "lightning"]}))
+
+
+def test_overhead_without_trainer_arm_skips_attribution():
+    result = run_overhead(OverheadBenchConfig(**{**TINY, "arms": ["hand", "bare"]}))
+    assert result["summary"] == {} and result["trainer_parts_us"] == {} and result["goals"] == []
 
 
 def test_data_reports_bare_loader_and_trainer_wait():

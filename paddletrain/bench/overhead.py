@@ -18,6 +18,7 @@ interleaved A B C D A B C D ... and the medians are compared. What each arm does
 from __future__ import annotations
 
 import math
+import timeit
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
@@ -50,6 +51,8 @@ class OverheadBenchConfig:
     windows: int = 5
     steps: int = 10
     warmup: int = 3
+    # Also time the Trainer's extra per-step parts one by one (module.parameters(), hooks, meter).
+    attribute: bool = True
     cpu_threads: Optional[int] = None
     device: str = "auto"
 
@@ -137,6 +140,55 @@ BUILDERS: Dict[str, Callable[..., Callable[[int], float]]] = {
 }
 
 
+def per_call_us(fn: Callable[[], Any], number: int = 200, repeat: int = 5) -> float:
+    """Best-of-``repeat`` mean microseconds of ``fn`` (the least-disturbed run: this is attribution, not speed)."""
+    fn()
+    return min(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e6
+
+
+def trainer_step_parts(cfg: OverheadBenchConfig, batches: List[Any]) -> Dict[str, float]:
+    """Microseconds per step of what the Trainer does beyond the hand loop, measured one part at a time."""
+    from paddletrain.callbacks import LearningRateMonitor, ProgressBar, StepOutput
+    from paddletrain.metrics import ClassificationMeter
+    from paddletrain.trainer import Trainer
+
+    model = build_model(cfg.model, cfg.num_classes)
+    optimizer = _optimizer(model)
+    callbacks = [ProgressBar(enabled=False), LearningRateMonitor()]
+    trainer = Trainer(model, optimizer, callbacks=callbacks, num_classes=cfg.num_classes)
+    for cb in callbacks:
+        cb.on_fit_start(trainer)
+        cb.on_train_epoch_start(trainer)
+    images, labels = batches[0]
+    with paddle.no_grad():
+        logits = model(images)
+    loss = paddle.nn.functional.cross_entropy(logits, labels)
+    output = StepOutput(loss=1.0, batch_size=len(labels), lr=0.01, stepped=True, data_time=0.0, compute_time=0.0)
+    meter = ClassificationMeter(cfg.num_classes)
+    ks = [k for k in (1, 5) if k <= cfg.num_classes]
+
+    def hooks() -> None:
+        for cb in callbacks:
+            cb.on_train_batch_start(trainer, batches[0], 0)
+            cb.on_before_optimizer_step(trainer, optimizer)
+            cb.on_train_batch_end(trainer, output, batches[0], 0)
+
+    def inline_metric() -> None:
+        _, top = paddle.topk(logits, k=max(ks), axis=-1)
+        correct = top == labels.reshape([-1, 1])
+        paddle.stack([correct[:, :k].any(axis=-1).astype("float32").sum() for k in ks])
+        loss.detach() * len(labels)
+
+    return {
+        "module.parameters() (Trainer._optimizer_step, every step)": per_call_us(lambda: trainer.module.parameters()),
+        "callback hooks (3 per step x 2 callbacks)": per_call_us(hooks),
+        "ClassificationMeter.update": per_call_us(lambda: meter.update(loss, logits, labels, len(labels))),
+        "inline top-k + loss sum (hand loop)": per_call_us(inline_metric),
+        "StepOutput + current_lr": per_call_us(lambda: (trainer.current_lr, StepOutput(
+            loss=1.0, batch_size=8, lr=0.01, stepped=True, data_time=0.0, compute_time=0.0))),
+    }
+
+
 def run_overhead(cfg: OverheadBenchConfig) -> Dict[str, Any]:
     """Median ms/step of each arm, the Trainer's throughput ratios and its absolute overhead in ms/step."""
     from paddletrain.runtime import setup_runtime
@@ -161,8 +213,9 @@ def run_overhead(cfg: OverheadBenchConfig) -> Dict[str, Any]:
                 summary[f"trainer_vs_{other}"] = paired_ratio(per_step[other], trainer)
         if "hand" in per_step:
             summary["trainer_overhead_ms_per_step"] = 1e3 * _median_difference(trainer, per_step["hand"])
+    parts = trainer_step_parts(cfg, batches) if cfg.attribute and "trainer" in cfg.arms else {}
     return {"benchmark": "overhead", "config": vars(cfg), "environment": environment(runtime.cpu_threads),
-            "rows": rows, "summary": summary, "goals": _goals(summary),
+            "rows": rows, "summary": summary, "trainer_parts_us": parts, "goals": _goals(summary),
             "notes": [f"{name}: {ARM_WORK[name]}" for name in cfg.arms]}
 
 

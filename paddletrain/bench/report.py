@@ -38,6 +38,8 @@ def to_markdown(result: Dict[str, Any]) -> str:
         parts += ["", table([result["pipeline"]])]
     if result.get("summary"):
         parts += ["", table([result["summary"]])]
+    if result.get("trainer_parts_us"):
+        parts += ["", table([{"Trainer step part": k, "us per step": v} for k, v in result["trainer_parts_us"].items()])]
     for goal in result.get("goals", []):
         parts.append(f"- goal {goal['goal']}: measured {format_value(goal['measured'])} "
                      f"({'met' if goal['met'] else 'NOT met'})")
