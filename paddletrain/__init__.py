@@ -7,6 +7,7 @@
 __version__ = "0.1.0"
 
 from paddletrain.callbacks import Callback, StepOutput  # noqa: E402
+from paddletrain.inference import Predictor  # noqa: E402
 from paddletrain.models import create_model, list_models, register_model  # noqa: E402
 from paddletrain.precision import Precision  # noqa: E402
 from paddletrain.trainer import NonFiniteLossError, Trainer  # noqa: E402

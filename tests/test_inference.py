@@ -127,3 +127,9 @@ def test_fp16_without_gpu_is_refused_not_faked(model, exported, tmp_path):
     with pytest.raises(UserError, match="precision=fp32"):
         export_model(model, tmp_path, input_size=(3, SIZE, SIZE), precision="fp16")
     assert not list(tmp_path.iterdir())
+
+
+def test_predictor_is_part_of_the_public_api():
+    import paddletrain
+
+    assert paddletrain.Predictor is Predictor
