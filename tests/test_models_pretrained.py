@@ -1,12 +1,15 @@
 """Pretrained weight loading from local files, with the load report and strict/head rules."""
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import paddle
 import pytest
 from safetensors.numpy import save_file
 
 from paddletrain.models import LoadReport, PretrainedLoadError, create_model, load_pretrained
+from paddletrain.models.pretrained import save_pretrained
 
 
 def numpy_state(model: paddle.nn.Layer) -> dict[str, np.ndarray]:
@@ -100,15 +103,28 @@ def test_float16_file_is_cast_to_the_models_dtype(tmp_path, source):
     np.testing.assert_allclose(model.conv1.weight.numpy(), source.conv1.weight.numpy(), rtol=1e-3, atol=1e-3)
 
 
-def test_pickles_need_explicit_trust(tmp_path, source):
+def test_plain_pdparams_load_without_trust_through_the_allow_list_unpickler(tmp_path, source):
     path = tmp_path / "resnet20.pdparams"
     paddle.save(source.state_dict(), str(path))
     model = create_model("resnet20", num_classes=10)
-    with pytest.raises(PretrainedLoadError, match="trust_pickle=True"):
-        load_pretrained(model, str(path))
-    report = load_pretrained(model, str(path), trust_pickle=True)
+    report = load_pretrained(model, str(path))
     assert len(report.matched) == len(source.state_dict())
     np.testing.assert_array_equal(model.fc.weight.numpy(), source.fc.weight.numpy())
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (print, ("pwned",))
+
+
+def test_pickles_that_hold_more_than_arrays_need_explicit_trust(tmp_path, source):
+    path = tmp_path / "evil.pdparams"
+    with open(path, "wb") as handle:
+        pickle.dump({"conv1.weight": _RunsCode()}, handle)
+    model = create_model("resnet20", num_classes=10)
+    with pytest.raises(PretrainedLoadError, match="trust_pickle=True") as info:
+        load_pretrained(model, str(path))
+    assert "builtins.print" in str(info.value) and "evil.pdparams" in str(info.value)
 
 
 @pytest.mark.parametrize(
@@ -126,3 +142,125 @@ def test_unreadable_sources_raise_clear_errors(tmp_path, name, content, match):
     with pytest.raises(PretrainedLoadError, match=match) as info:
         load_pretrained(create_model("resnet20", num_classes=10), str(path))
     assert name in str(info.value)
+
+
+def test_unknown_source_prefix_is_named(tmp_path):
+    with pytest.raises(PretrainedLoadError, match="Unknown weight source 'timm:resnet50'.*vision:"):
+        load_pretrained(create_model("resnet20", num_classes=10), "timm:resnet50")
+
+
+def test_directory_that_is_not_a_checkpoint_is_refused(tmp_path):
+    with pytest.raises(PretrainedLoadError, match="not a paddletrain checkpoint"):
+        load_pretrained(create_model("resnet20", num_classes=10), str(tmp_path))
+
+
+def test_checkpoint_directory_loads_its_model_and_preprocessing(tmp_path, source):
+    from paddletrain.checkpoint import save_checkpoint
+
+    data = {"image_size": 28, "mean": [0.2], "std": [0.3], "interpolation": "bicubic", "eval_resize": 32}
+    path = save_checkpoint(tmp_path / "epoch3", {"model": numpy_state(source), "config": {"data": data},
+                                                 "run": {"model": "resnet20"}})
+    model = create_model("resnet20", num_classes=10, pretrained=str(path))
+    x = paddle.rand([2, 3, 32, 32])
+    model.eval()
+    np.testing.assert_allclose(model(x).numpy(), source(x).numpy(), atol=1e-6)
+    cfg = model.pretrained_cfg
+    assert cfg["input_size"] == (3, 28, 28) and cfg["interpolation"] == "bicubic"
+    assert cfg["mean"] == (0.2,) * 3 and cfg["crop_pct"] == pytest.approx(28 / 32) and cfg["source"] == str(path)
+
+
+def test_saved_weights_carry_preprocessing_and_label_names(tmp_path, source):
+    path = tmp_path / "with_meta.safetensors"
+    source.pretrained_cfg = {**source.pretrained_cfg, "mean": (0.1, 0.2, 0.3), "input_size": (3, 40, 40)}
+    names = [f"class{i}" for i in range(10)]
+    save_pretrained(source, str(path), label_names=names)
+    model = create_model("resnet20", num_classes=10, pretrained=str(path))
+    assert model.pretrained_cfg["label_names"] == names
+    assert tuple(model.pretrained_cfg["mean"]) == (0.1, 0.2, 0.3)
+    assert tuple(model.pretrained_cfg["input_size"]) == (3, 40, 40)
+    # A re-initialised head has other classes: the file's names do not apply to it.
+    other = create_model("resnet20", num_classes=4, pretrained=str(path))
+    assert "label_names" not in other.pretrained_cfg
+
+
+@pytest.mark.parametrize("in_chans", [1, 5])
+def test_first_conv_adapts_to_other_input_channels(weights, source, in_chans):
+    model = create_model("resnet20", num_classes=10, in_chans=in_chans)
+    report = load_pretrained(model, str(weights))
+    assert report.input_conv_adapted and report.input_conv_adapted.startswith("conv1.weight")
+    assert "first conv adapted" in str(report)
+    rgb = source.conv1.weight.numpy()
+    adapted = model.conv1.weight.numpy()
+    if in_chans == 1:
+        np.testing.assert_allclose(adapted[:, 0], rgb.sum(axis=1), rtol=1e-5)
+        # A grey image then gives the logits the RGB model gives to the same image in all three channels.
+        model.eval()
+        grey = paddle.rand([2, 1, 32, 32])
+        np.testing.assert_allclose(model(grey).numpy(), source(paddle.concat([grey] * 3, axis=1)).numpy(),
+                                   atol=1e-4)
+    else:
+        np.testing.assert_allclose(adapted, np.concatenate([rgb, rgb[:, :2]], axis=1) * 3 / 5, rtol=1e-6)
+
+
+def test_adapt_input_conv_rejects_non_conv_weights():
+    from paddletrain.models.weights import adapt_input_conv
+
+    with pytest.raises(ValueError, match="4-D"):
+        adapt_input_conv(np.zeros((3, 3), "float32"), 1)
+
+
+def _shapes(labels, count, seed, size=24):
+    from paddletrain.data.shapes import render_shape
+
+    rng = np.random.default_rng(seed)
+    ys = rng.integers(0, len(labels), count)
+    xs = np.stack([render_shape(labels[y], size, rng) for y in ys]).astype("float32").transpose(0, 3, 1, 2)
+    return (xs / 127.5 - 1.0), ys.astype("int64")
+
+
+def _tiny_resnet(num_classes):
+    from paddletrain.models import BasicBlock, ResNet
+
+    paddle.seed(0)
+    return ResNet(BasicBlock, (1, 1, 1), num_classes=num_classes, stem_type="cifar", stem_width=8,
+                  stage_widths=(8, 16, 32))
+
+
+def _fit(model, xs, ys, steps, lr, callbacks=(), epochs=1):
+    from paddletrain.trainer import Trainer
+
+    rng = np.random.default_rng(0)
+    batches = [(paddle.to_tensor(xs[i]), paddle.to_tensor(ys[i])) for i in
+               (rng.integers(0, len(xs), 32) for _ in range(steps))]
+    optimizer = paddle.optimizer.Momentum(lr, parameters=model.parameters(), momentum=0.9, weight_decay=5e-4)
+    Trainer(model, optimizer, callbacks=list(callbacks), max_epochs=epochs, val_every_n_epochs=0,
+            handle_signals=False).fit(batches)
+
+
+def _accuracy(model, xs, ys):
+    model.eval()
+    with paddle.no_grad():
+        return float((model(paddle.to_tensor(xs)).argmax(1).numpy() == ys).mean())
+
+
+def test_finetuning_from_pretrained_weights_beats_training_from_scratch(tmp_path):
+    """Pretrain on four shapes, fine-tune on two unseen ones from 40 images: the features must transfer."""
+    from paddletrain.callbacks import BackboneFreeze
+
+    pretrain_x, pretrain_y = _shapes([0, 2, 3, 4], 1000, seed=1)  # circle, square, triangle, star
+    source = _tiny_resnet(4)
+    _fit(source, pretrain_x, pretrain_y, steps=120, lr=0.05)
+    path = tmp_path / "shapes4.safetensors"
+    save_pretrained(source, str(path))
+
+    few_x, few_y = _shapes([1, 5], 40, seed=3)  # ring vs cross
+    test_x, test_y = _shapes([1, 5], 400, seed=4)
+    accuracy = {}
+    for start in ("pretrained", "scratch"):
+        model = _tiny_resnet(2)
+        if start == "pretrained":
+            assert load_pretrained(model, str(path)).head_reinitialised
+        _fit(model, few_x, few_y, steps=15, lr=0.02, callbacks=[BackboneFreeze(1)], epochs=2)
+        accuracy[start] = _accuracy(model, test_x, test_y)
+    assert accuracy["pretrained"] > accuracy["scratch"] + 0.15, accuracy
+    assert accuracy["pretrained"] > 0.8, accuracy

@@ -1,175 +1,190 @@
-"""Load pretrained weights into a model and report exactly what was loaded.
+"""Load pretrained weights into a model, exactly and loudly, and report what was loaded.
 
-Sources (for now): a local ``.safetensors`` file, or a ``.pdparams`` pickle when the caller passes
-``trust_pickle=True`` (unpickling can run code from the file). The classifier head, named by
-``model.pretrained_cfg["classifier"]``, may differ: when its shape does not match (another ``num_classes``)
-it is skipped and keeps its fresh initialisation, so fine-tuning on a new label set needs no extra step.
+``load_pretrained(model, source)`` reads the source (see :mod:`paddletrain.models.weights.sources`), converts
+its parameter names onto the model's (:mod:`~paddletrain.models.weights.mapping`), adapts the first conv to
+another ``in_chans`` (:mod:`~paddletrain.models.weights.adapt`) and copies the weights. Under ``strict``
+(the default) anything but the classifier head missing, unexpected or of another shape is an error listing
+the keys. A head of another ``num_classes`` is dropped on purpose: it keeps its fresh initialisation and the
+:class:`LoadReport` says so. The weights' preprocessing and label names go into ``model.pretrained_cfg``.
 """
 from __future__ import annotations
 
+import json
 import logging
-import os
 import warnings
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 import paddle
 
-from ..errors import UserError
+from .weights.adapt import adapt_input_conv
+from .weights.mapping import FIRST_PROJECTION_PREFIXES, HEAD_PREFIXES, IDENTITY, convert_state
+from .weights.report import LoadReport, PretrainedLoadError, abbreviate
+from .weights.sources import (
+    META_LABEL_NAMES,
+    META_PREPROCESSING,
+    WeightsInfo,
+    describe,
+    read_state_dict,
+    read_weights,
+)
 
-__all__ = ["LoadReport", "PretrainedLoadError", "load_pretrained", "read_state_dict"]
+__all__ = [
+    "LoadReport",
+    "PretrainedLoadError",
+    "describe",
+    "load_pretrained",
+    "load_state",
+    "read_state_dict",
+    "save_pretrained",
+]
 
 logger = logging.getLogger(__name__)
 
-SAFE_SUFFIXES = (".safetensors",)
-PICKLE_SUFFIXES = (".pdparams",)
-
-
-class PretrainedLoadError(UserError):
-    """Weights could not be read, or do not fit the model under ``strict`` loading."""
-
-
-@dataclass
-class LoadReport:
-    """What :func:`load_pretrained` did with each weight of the source.
-
-    Attributes:
-        source: the file loaded.
-        matched: keys copied into the model.
-        missing: model keys absent from the source (they keep their fresh initialisation).
-        unexpected: source keys the model does not have (ignored).
-        shape_mismatched: ``(key, source_shape, model_shape)`` for keys skipped because shapes differ.
-        head_reinitialised: the classifier head was not loaded (other shape or absent) and stays fresh.
-    """
-
-    source: str
-    matched: list[str] = field(default_factory=list)
-    missing: list[str] = field(default_factory=list)
-    unexpected: list[str] = field(default_factory=list)
-    shape_mismatched: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
-    head_reinitialised: bool = False
-
-    def __str__(self) -> str:
-        total = len(self.matched) + len(self.missing) + len(self.shape_mismatched)
-        lines = [f"Loaded {len(self.matched)}/{total} weights from {self.source}"]
-        if self.head_reinitialised:
-            lines.append("  classifier head: not loaded, freshly initialised (its shape differs or it is absent)")
-        for title, keys in (("missing", self.missing), ("unexpected", self.unexpected)):
-            if keys:
-                lines.append(f"  {title} ({len(keys)}): {_abbreviate(keys)}")
-        if self.shape_mismatched:
-            items = [f"{k} {list(src)} vs model {list(dst)}" for k, src, dst in self.shape_mismatched]
-            lines.append(f"  shape mismatched ({len(items)}): {_abbreviate(items)}")
-        return "\n".join(lines)
-
-
-def _abbreviate(items: list[str], limit: int = 10) -> str:
-    shown = ", ".join(items[:limit])
-    return shown + (f", ... (+{len(items) - limit} more)" if len(items) > limit else "")
-
-
-def read_state_dict(path: str, trust_pickle: bool = False) -> dict[str, np.ndarray]:
-    """Read a weight file into a dict of numpy arrays, without unpickling unless ``trust_pickle``.
-
-    Raises:
-        PretrainedLoadError: a missing file, an unsupported suffix, a pickle without ``trust_pickle``, or an unreadable file.
-    """
-    if not os.path.isfile(path):
-        raise PretrainedLoadError(f"Pretrained weight file not found: {path!r}")
-    suffix = os.path.splitext(path)[1].lower()
-    if suffix in SAFE_SUFFIXES:
-        from safetensors import SafetensorError
-        from safetensors.numpy import load_file
-
-        try:
-            return dict(load_file(path))
-        except (SafetensorError, OSError, ValueError) as err:
-            raise PretrainedLoadError(f"Cannot read safetensors file {path!r}: {err}") from err
-    if suffix in PICKLE_SUFFIXES:
-        if not trust_pickle:
-            raise PretrainedLoadError(
-                f"{path!r} is a pickle, and unpickling can run code from the file. If you trust it, pass "
-                f"trust_pickle=True, or convert it once to .safetensors."
-            )
-        try:
-            state = paddle.load(path)
-        except Exception as err:  # paddle.load raises many types for a corrupt pickle
-            raise PretrainedLoadError(f"Cannot read pickled weights {path!r}: {err}") from err
-        if not isinstance(state, Mapping):
-            raise PretrainedLoadError(f"{path!r} holds a {type(state).__name__}, not a dict of weights.")
-        return {str(k): _to_numpy(v) for k, v in state.items()}
-    supported = ", ".join(SAFE_SUFFIXES + PICKLE_SUFFIXES)
-    raise PretrainedLoadError(f"Unsupported weight file {path!r}: expected one of {supported}.")
-
-
-def _to_numpy(value: Any) -> np.ndarray:
-    return value.numpy() if isinstance(value, paddle.Tensor) else np.asarray(value)
-
-
-def _is_head_key(key: str, classifier: str) -> bool:
-    return bool(classifier) and (key == classifier or key.startswith(classifier + "."))
+PREPROCESSING_KEYS = ("input_size", "mean", "std", "interpolation", "crop_pct")
 
 
 def load_pretrained(
     model: paddle.nn.Layer, source: str, strict: bool = True, trust_pickle: bool = False
 ) -> LoadReport:
-    """Copy the weights in ``source`` into ``model`` by parameter name and return a :class:`LoadReport`.
+    """Load the weights of ``source`` into ``model`` and return the :class:`LoadReport`.
 
     Args:
-        model: the model; its ``pretrained_cfg["classifier"]`` (if any) names the head that may differ.
-        source: path to a ``.safetensors`` file, or a ``.pdparams`` file with ``trust_pickle=True``.
-        strict: raise if anything outside the classifier head is missing, unexpected or of another shape.
-        trust_pickle: allow unpickling ``.pdparams`` (only for files you trust).
+        model: the model; ``pretrained_cfg["classifier"]`` names its head and ``["first_conv"]`` its first conv.
+        source: a ``.safetensors``/``.pdparams`` file, a paddletrain checkpoint directory, ``vision:<arch>``,
+            ``paddleclas:<ModelName>`` or ``hub:<module>``.
+        strict: raise if anything but the classifier head is missing, unexpected or of another shape.
+        trust_pickle: allow ``paddle.load`` on a ``.pdparams`` pickle that holds more than arrays.
 
     Raises:
-        PretrainedLoadError: see :func:`read_state_dict`; under ``strict``, the message lists the
-        offending keys.
+        PretrainedLoadError: the source cannot be read, or (strict) does not fit; the message lists the keys.
     """
-    state = read_state_dict(source, trust_pickle=trust_pickle)
-    classifier = getattr(model, "pretrained_cfg", {}).get("classifier", "")
-    target = model.state_dict()
-    report = LoadReport(source=str(source))
+    state, info = read_weights(source, trust_pickle=trust_pickle)
+    return load_state(model, state, info, strict=strict)
+
+
+def load_state(
+    model: paddle.nn.Layer, state: Mapping[str, np.ndarray], info: WeightsInfo, strict: bool = True
+) -> LoadReport:
+    """Load an already-read ``state`` (arrays in any supported naming) into ``model``; see :func:`load_pretrained`."""
+    cfg = getattr(model, "pretrained_cfg", {}) or {}
+    classifier = cfg.get("classifier", "")
+    first_conv = f"{cfg['first_conv']}.weight" if cfg.get("first_conv") else ""
+    conversion = convert_state(state, model)
+    report = LoadReport(source=info.source, path=str(info.path or ""), scheme=conversion.scheme)
+
     to_load: dict[str, np.ndarray] = {}
-    for key, param in target.items():
-        if key not in state:
+    for key, param in model.state_dict().items():
+        if key not in conversion.state:
             report.missing.append(key)
             continue
-        value = state[key]
+        value = np.asarray(conversion.state[key])
         model_shape = tuple(param.shape)
+        if key == first_conv and _differs_in_channels_only(value.shape, model_shape):
+            value, how = adapt_input_conv(value, model_shape[1])
+            report.input_conv_adapted = f"{key}: {how}"
         if tuple(value.shape) != model_shape:
             report.shape_mismatched.append((key, tuple(value.shape), model_shape))
             continue
         to_load[key] = value.astype(_numpy_dtype(param), copy=False)
         report.matched.append(key)
-    report.unexpected = [k for k in state if k not in target]
+    report.unexpected = list(conversion.unmapped)
 
-    head_problems = [k for k in report.missing if _is_head_key(k, classifier)]
-    head_problems += [k for k, _, _ in report.shape_mismatched if _is_head_key(k, classifier)]
-    report.head_reinitialised = bool(head_problems)
-    if strict:
-        problems = [k for k in report.missing if not _is_head_key(k, classifier)]
-        problems += [
-            f"{k} (file {list(s)} vs model {list(d)})"
-            for k, s, d in report.shape_mismatched
-            if not _is_head_key(k, classifier)
-        ]
-        problems += [f"{k} (unexpected)" for k in report.unexpected if not _is_head_key(k, classifier)]
-        if problems:
-            raise PretrainedLoadError(
-                f"Weights in {source!r} do not fit {type(model).__name__} (strict loading): "
-                f"{_abbreviate(problems, limit=20)}. Pass strict=False (config: model.strict=false) to load "
-                f"the matching weights only."
-            )
+    def is_head(key: str) -> bool:
+        return bool(classifier) and (key == classifier or key.startswith(classifier + "."))
+
+    # The source's own name for the head, which a feature extractor (num_classes=0) leaves unmatched.
+    source_head = (classifier + ".",) if conversion.scheme == IDENTITY else HEAD_PREFIXES[conversion.scheme]
+    report.head_reinitialised = any(is_head(k) for k in report.missing) or any(
+        is_head(k) for k, _, _ in report.shape_mismatched
+    )
+    problems = [f"{k} (missing)" for k in report.missing if not is_head(k)]
+    problems += [f"{k} (source {list(s)} vs model {list(d)})" for k, s, d in report.shape_mismatched if not is_head(k)]
+    problems += [f"{k} (unexpected)" for k in report.unexpected if not (classifier and k.startswith(source_head))]
+    if problems and strict:
+        raise PretrainedLoadError(
+            f"Weights from {info.source!r} do not fit {_model_name(model)} (strict loading, naming "
+            f"{conversion.scheme!r}, {len(report.matched)} keys matched): {abbreviate(problems, limit=20)}."
+            f"{_hints(model, info, report, conversion.scheme)} Pass strict=False (config: model.strict=false) "
+            f"to load the matching weights only."
+        )
 
     with warnings.catch_warnings():
         # Paddle warns once per key it does not find; the report already accounts for each of them.
         warnings.filterwarnings("ignore", message="Skip loading for")
         model.set_state_dict(to_load)
-    logger.info("%s", report)
+    _record_weights_cfg(model, info, report)
+    if problems:
+        logger.warning("%s", report)
+    else:
+        logger.info("%s", report)
     return report
 
 
-def _numpy_dtype(param: paddle.Tensor) -> np.dtype:
+def _differs_in_channels_only(source: Sequence[int], model: Sequence[int]) -> bool:
+    return len(source) == len(model) == 4 and source[1] != model[1] and (source[0], *source[2:]) == (
+        model[0], *model[2:])
+
+
+def _model_name(model: paddle.nn.Layer) -> str:
+    arch = (getattr(model, "pretrained_cfg", {}) or {}).get("architecture")
+    return f"{type(model).__name__} {arch!r}" if arch else type(model).__name__
+
+
+def _hints(model: paddle.nn.Layer, info: WeightsInfo, report: LoadReport, scheme: str) -> str:
+    hints = []
+    arch = (getattr(model, "pretrained_cfg", {}) or {}).get("architecture")
+    if info.architecture and arch and info.architecture != arch:
+        hints.append(f"these weights are for {info.architecture!r}, the model is {arch!r}")
+    prefixes = FIRST_PROJECTION_PREFIXES.get(scheme, ())
+    if any(k.startswith(prefixes) for k in report.unexpected):
+        hints.append("the weights have a projection shortcut in the first block (PaddleClas/PaddleHub layout): "
+                     "build the model with project_first_shortcut=True")
+    elif any(k.startswith("layer1.0.downsample.") for k in report.missing):
+        hints.append("the model has a projection shortcut in the first block that the weights lack: build it "
+                     "without project_first_shortcut")
+    return "".join(f" Hint: {h}." for h in hints)
+
+
+def _record_weights_cfg(model: paddle.nn.Layer, info: WeightsInfo, report: LoadReport) -> None:
+    """Put what the weights carry (preprocessing, label names, origin) into ``model.pretrained_cfg``."""
+    cfg = getattr(model, "pretrained_cfg", None)
+    if not isinstance(cfg, dict):
+        return
+    updated = dict(cfg)
+    in_chans = (cfg.get("input_size") or (3,))[0]
+    for key in PREPROCESSING_KEYS:
+        if key in info.preprocessing:
+            updated[key] = info.preprocessing[key]
+    for key in ("mean", "std"):
+        if key in info.preprocessing and len(updated[key]) != in_chans:
+            # RGB statistics for a grey or multi-band model: their average per channel, as the ResNet default.
+            updated[key] = (sum(updated[key]) / len(updated[key]),) * in_chans
+    if "input_size" in info.preprocessing:
+        updated["input_size"] = (in_chans, *tuple(info.preprocessing["input_size"])[1:])
+    head_loaded = not report.head_reinitialised and cfg.get("num_classes")
+    if info.label_names and head_loaded and len(info.label_names) == cfg.get("num_classes"):
+        updated["label_names"] = list(info.label_names)
+    updated["source"] = info.source
+    model.pretrained_cfg = updated
+
+
+def save_pretrained(model: paddle.nn.Layer, path: str, label_names: Optional[Sequence[str]] = None) -> None:
+    """Write ``model``'s weights to a ``.safetensors`` file that carries its preprocessing and label names.
+
+    :func:`load_pretrained` reads them back into ``pretrained_cfg``, and ``fit`` uses the preprocessing for
+    ``data.*`` keys set to null.
+    """
+    from safetensors.numpy import save_file
+
+    cfg = getattr(model, "pretrained_cfg", {}) or {}
+    metadata = {META_PREPROCESSING: json.dumps({k: cfg[k] for k in PREPROCESSING_KEYS if k in cfg})}
+    names = label_names if label_names is not None else cfg.get("label_names")
+    if names is not None:
+        metadata[META_LABEL_NAMES] = json.dumps(list(names))
+    save_file({k: v.numpy() for k, v in model.state_dict().items()}, str(path), metadata=metadata)
+
+
+def _numpy_dtype(param: paddle.Tensor) -> Any:
     # A float16 file loads into a float32 model (and back) by casting; numpy knows every dtype used here.
     return np.dtype(str(param.dtype).replace("paddle.", ""))
