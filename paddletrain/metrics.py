@@ -41,6 +41,15 @@ class ClassificationMeter:
             self._hits = hits if self._hits is None else self._hits[: len(ks)] + hits
         self.count += batch_size
 
+    def state_dict(self) -> Dict[str, object]:
+        """The running sums, so a run resumed mid-epoch reports the same epoch metrics as an uninterrupted one."""
+        return {"ks": list(self.ks), "count": self.count, "loss_sum": self._loss_sum, "hits": self._hits}
+
+    def load_state_dict(self, state: Dict[str, object]) -> None:
+        self.ks = tuple(state["ks"])  # type: ignore[arg-type]
+        self.count = int(state["count"])  # type: ignore[arg-type]
+        self._loss_sum, self._hits = state["loss_sum"], state["hits"]  # type: ignore[assignment]
+
     def sums(self) -> paddle.Tensor:
         """[count, loss_sum, hits@k...] as one float64 tensor: what distributed evaluation all-reduces."""
         parts = [paddle.to_tensor([float(self.count)], dtype="float64")]

@@ -116,6 +116,8 @@ class Trainer:
         self.resumed_from: Optional[str] = None
         self._is_setup = False
         self._pending_signal: Optional[int] = None
+        self._train_meter: Optional[ClassificationMeter] = None
+        self._restored_meter: Optional[Dict[str, Any]] = None
 
     # ------------------------------------------------------------------ properties
     @property
@@ -241,7 +243,10 @@ class Trainer:
 
     def _train_batches(self, loader: Iterable) -> Tuple[Dict[str, float], bool]:
         """Train over the epoch's remaining batches; returns the epoch's metrics and whether all batches ran."""
-        meter = ClassificationMeter(self.num_classes)
+        meter = self._train_meter = ClassificationMeter(self.num_classes)
+        if self._restored_meter is not None:
+            meter.load_state_dict(self._restored_meter)
+            self._restored_meter = None
         accumulate = self.accumulate_grad_batches
         limit = self.num_train_batches
         images_seen, time_data, time_compute = 0, 0.0, 0.0
@@ -386,6 +391,8 @@ class Trainer:
             "callbacks": {cb.state_key: cb.state_dict() for cb in self.callbacks},
             "metrics": dict(self.metrics),
         }
+        if self._train_meter is not None and not self.epoch_finished:
+            state["train_meter"] = self._train_meter.state_dict()
         if self.scheduler is not None:
             state["scheduler"] = self.scheduler.state_dict()
         sampler = getattr(self.train_loader, "batch_sampler", None)
@@ -411,6 +418,7 @@ class Trainer:
         else:
             self.epoch, self.batch_in_epoch = int(progress["epoch"]), int(progress["batch_in_epoch"])
         self.metrics.update(state.get("metrics", {}))
+        self._restored_meter = state.get("train_meter") if self.batch_in_epoch else None
         saved_callbacks = state.get("callbacks", {})
         for cb in self.callbacks:
             if cb.state_key in saved_callbacks:

@@ -1,0 +1,142 @@
+"""Exact resume through the real CLI, in fresh processes: an interrupted run ends bit-identical to a straight one.
+
+Every source of randomness is on: shuffling, random crop/flip augmentation, dropout and 2 loader workers.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from paddletrain.checkpoint import find_latest, load_checkpoint
+from tests.conftest import TINY, run_module
+
+# 64 training images / batch 16 = 4 optimizer steps per epoch.
+STEPS_PER_EPOCH = 4
+RANDOM = [*TINY, "trainer.max_epochs=4", "model.drop_rate=0.3", "data.num_workers=2", "trainer.visualdl=true",
+          "trainer.checkpoint.keep_last=2"]
+
+
+def fit(run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
+    result = run_module("paddletrain.fit", [*RANDOM, f"hydra.run.dir={run_dir}", *extra], cwd=run_dir.parent)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    return result
+
+
+def final_state(run_dir: Path) -> dict:
+    return load_checkpoint(find_latest(run_dir / "checkpoints")).state
+
+
+def arrays(tree, prefix=""):
+    """Flatten a state tree into {path: numpy array or python value}."""
+    if isinstance(tree, dict):
+        out = {}
+        for key, value in tree.items():
+            out.update(arrays(value, f"{prefix}{key}/"))
+        return out
+    if isinstance(tree, (list, tuple)):
+        out = {}
+        for i, value in enumerate(tree):
+            out.update(arrays(value, f"{prefix}{i}/"))
+        return out
+    return {prefix[:-1]: np.asarray(tree.numpy() if hasattr(tree, "numpy") else tree)}
+
+
+def assert_same_training_state(a: dict, b: dict) -> None:
+    for part in ("model", "optimizer", "scheduler", "precision", "progress"):
+        left, right = arrays(a[part]), arrays(b[part])
+        assert left.keys() == right.keys(), part
+        for key in left:
+            np.testing.assert_array_equal(left[key], right[key], err_msg=f"{part}/{key}")
+    # Metrics are equal too, except wall-clock ones.
+    timing = ("train/throughput", "train/data_time_share")
+    assert {k: v for k, v in a["metrics"].items() if k not in timing} == \
+        {k: v for k, v in b["metrics"].items() if k not in timing}
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> dict:
+    run_dir = tmp_path_factory.mktemp("straight") / "run"
+    fit(run_dir)
+    return final_state(run_dir)
+
+
+def test_resume_at_epoch_boundary_is_exact(straight, tmp_path):
+    run_dir = tmp_path / "run"
+    fit(run_dir, f"trainer.max_steps={2 * STEPS_PER_EPOCH}")
+    first = final_state(run_dir)
+    assert first["progress"]["epoch"] == 1 and first["progress"]["epoch_finished"]
+    result = fit(run_dir, "trainer.resume=auto")
+    assert "Resumed from" in result.stdout + result.stderr
+    resumed = final_state(run_dir)
+    assert resumed["progress"]["global_step"] == 4 * STEPS_PER_EPOCH
+    assert_same_training_state(straight, resumed)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["epochs"] == 4
+
+
+def test_resume_mid_epoch_is_exact(straight, tmp_path):
+    run_dir = tmp_path / "run"
+    fit(run_dir, f"trainer.max_steps={2 * STEPS_PER_EPOCH + 2}")
+    first = final_state(run_dir)
+    assert first["progress"]["batch_in_epoch"] == 2 and not first["progress"]["epoch_finished"]
+    fit(run_dir, "trainer.resume=auto")
+    assert_same_training_state(straight, final_state(run_dir))
+
+
+def test_resume_from_periodic_step_checkpoint(straight, tmp_path):
+    run_dir = tmp_path / "run"
+    fit(run_dir, "trainer.checkpoint.every_n_steps=3", "trainer.checkpoint.keep_last=10")
+    mid = [p for p in (run_dir / "checkpoints").iterdir() if p.name.endswith("step0000009")]
+    assert len(mid) == 1, sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    other = tmp_path / "other"
+    fit(other, f"trainer.resume={mid[0]}")
+    assert_same_training_state(straight, final_state(other))
+
+
+def test_sigterm_saves_then_resume_completes(straight, tmp_path):
+    run_dir = tmp_path / "run"
+    # Slow each step down so the signal lands mid-run rather than after training finished.
+    args = [*RANDOM, f"hydra.run.dir={run_dir}", "trainer.max_epochs=400"]
+    proc = subprocess.Popen([sys.executable, "-m", "paddletrain.fit", *args], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    checkpoints = run_dir / "checkpoints"
+    while time.time() < deadline and not (checkpoints.is_dir() and find_latest(checkpoints)):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, output[-3000:]
+    assert "SIGTERM" in output
+    interrupted = final_state(run_dir)
+    assert interrupted["progress"]["global_step"] > 0
+    # The interrupted checkpoint resumes into a run that finishes cleanly.
+    result = run_module("paddletrain.fit", [*args[:-1], "trainer.max_epochs=400",
+                                            f"trainer.max_steps={interrupted['progress']['global_step'] + 3}",
+                                            "trainer.resume=auto"], cwd=tmp_path)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert final_state(run_dir)["progress"]["global_step"] == interrupted["progress"]["global_step"] + 3
+
+
+def test_resume_with_another_model_is_an_error(tmp_path):
+    run_dir = tmp_path / "run"
+    fit(run_dir, "trainer.max_epochs=1")
+    result = run_module("paddletrain.fit", [*RANDOM, f"hydra.run.dir={run_dir}", "model=resnet32",
+                                            "trainer.resume=auto"], cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and "model=resnet20" in output and "model=resnet32" in output
+    assert "Traceback" not in output
+
+
+def test_resume_with_another_batch_size_warns(tmp_path):
+    run_dir = tmp_path / "run"
+    fit(run_dir, "trainer.max_epochs=1")
+    result = fit(run_dir, "data.batch_size=8", "trainer.max_epochs=2", "trainer.resume=auto")
+    output = result.stdout + result.stderr
+    assert "batch_size=8" in output and "batch_size=16" in output
