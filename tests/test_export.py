@@ -11,7 +11,8 @@ from PIL import Image
 from paddletrain.checkpoint import find_latest
 from paddletrain.data import build_datasets
 from paddletrain.errors import UserError
-from paddletrain.export import TOLERANCE, ExportConfig, check_parity, export_checkpoint, parse_batch, run
+from paddletrain.export import (TOLERANCE, ExportConfig, check_parity, compare_logits, export_checkpoint, parse_batch,
+                                run)
 from paddletrain.fit import train
 from paddletrain.inference import Predictor
 from paddletrain.models import create_model
@@ -89,11 +90,11 @@ def test_cli_onnx_without_paddle2onnx_names_the_extra(checkpoint, tmp_path, monk
     assert not (tmp_path / "out").exists()
 
 
-def test_parity_failure_is_exit_status_1(checkpoint, tmp_path, monkeypatch):
+def test_parity_failure_is_exit_status_3(checkpoint, tmp_path, monkeypatch):
     # A negative tolerance makes every comparison fail: this checks the verdict reaches the exit status.
     monkeypatch.setitem(TOLERANCE, "fp32", -1.0)
     cfg = OmegaConf.structured(ExportConfig(checkpoint=str(checkpoint), out_dir=str(tmp_path)))
-    assert run(cfg) == 1
+    assert run(cfg) == 3
     assert run(OmegaConf.structured(ExportConfig(checkpoint=str(tmp_path / "nope"), out_dir=str(tmp_path)))) == 2
 
 
@@ -121,3 +122,13 @@ def test_cli_export_then_predict_a_folder_with_a_corrupt_file(checkpoint, data_c
     assert len(lines) == 6
     assert all(len(line["labels"]) == 3 and line["labels"][0] in val.classes for line in lines)
     assert "broken.jpg" in result.stderr and "1 failed" in result.stderr
+
+
+def test_a_disagreement_on_a_near_tie_is_numerics_but_a_clear_one_is_a_flip():
+    reference = np.array([[2.0, 1.9999, 0.0], [3.0, 0.0, 0.0]], np.float32)
+    near_tie = np.array([[1.9999, 2.0, 0.0], [3.0, 0.0, 0.0]], np.float32)
+    report = compare_logits(near_tie, reference, tolerance=1e-3)
+    assert report.passed and report.top1_agreement == 0.5 and report.top1_flips == 0
+    swapped = np.array([[2.0, 1.9999, 0.0], [0.0, 3.0, 0.0]], np.float32)
+    report = compare_logits(swapped, reference, tolerance=1e-3)
+    assert not report.passed and report.top1_flips == 1
