@@ -424,7 +424,8 @@ class Trainer:
             if cb.state_key in saved_callbacks:
                 cb.load_state_dict(saved_callbacks[cb.state_key])
         sampler = getattr(self.train_loader, "batch_sampler", None)
-        if "sampler" in state and hasattr(sampler, "load_state_dict"):
+        # After a finished epoch the next one starts from its first batch: only a mid-epoch position matters.
+        if "sampler" in state and hasattr(sampler, "load_state_dict") and self.batch_in_epoch:
             sampler.load_state_dict(state["sampler"])
         set_rng_state(state["rng"])
 

@@ -12,6 +12,8 @@ from typing import Any, Dict, Iterator, List, NamedTuple, Sized
 import numpy as np
 from paddle.io import DistributedBatchSampler
 
+from paddletrain.errors import UserError
+
 
 class SampleKey(NamedTuple):
     """What the sampler hands to ``dataset[...]`` for one sample."""
@@ -109,7 +111,7 @@ class ResumableBatchSampler(DistributedBatchSampler):
         changed = {k: (state[k], v) for k, v in current.items() if k in state and state[k] != v}
         if position and changed:
             detail = ", ".join(f"{k} was {old}, now {new}" for k, (old, new) in changed.items())
-            raise ValueError(f"cannot resume mid-epoch (batch {position}) because the sampling changed: {detail}. "
+            raise UserError(f"cannot resume mid-epoch (batch {position}) because the sampling changed: {detail}. "
                              "Resume from an end-of-epoch checkpoint or restore the original settings.")
         self.seed = int(state["seed"])
         self.epoch = int(state["epoch"])
