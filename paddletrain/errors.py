@@ -18,3 +18,7 @@ class TrainingInterrupted(Exception):
         self.signum = signum
         self.exit_code = 128 + signum  # the shell convention: 143 for SIGTERM, 130 for SIGINT
         super().__init__(f"training interrupted by {signal.Signals(signum).name}")
+
+
+class NonFiniteLossError(RuntimeError):
+    """Raised after too many consecutive optimizer steps with a non-finite loss or gradient."""

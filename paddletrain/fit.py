@@ -20,7 +20,7 @@ import paddle
 from omegaconf import DictConfig, OmegaConf
 
 from paddletrain.config import register_configs, validate_config
-from paddletrain.errors import TrainingInterrupted, UserError
+from paddletrain.errors import NonFiniteLossError, TrainingInterrupted, UserError
 
 log = logging.getLogger("paddletrain")
 
@@ -55,10 +55,19 @@ def build_data(cfg: DictConfig, seed: int, rank: int = 0, world_size: int = 1) -
 
 
 def build_model(cfg: DictConfig, classes: List[str], in_chans: int) -> paddle.nn.Layer:
-    """The model from the ``model`` config; class count and channels default to the data's."""
+    """The model from the ``model`` config; class count and channels default to the data's.
+
+    ``model.arch`` is passed only when set (``model=vision``); builder options the weights need (e.g.
+    PaddleClas' first-block projection shortcut) come from the weight source.
+    """
+    import paddletrain.models.vision  # noqa: F401  (registers model=vision)
     from paddletrain.models import create_model
+    from paddletrain.models.weights import describe
 
     m = cfg.model
+    options: Dict[str, Any] = {"arch": m.arch} if m.arch else {}
+    if m.pretrained:
+        options.update(describe(m.pretrained).model_options)
     return create_model(
         m.name,
         num_classes=m.num_classes if m.num_classes is not None else len(classes),
@@ -68,14 +77,55 @@ def build_model(cfg: DictConfig, classes: List[str], in_chans: int) -> paddle.nn
         zero_init_residual=m.zero_init_residual,
         data_format=m.data_format,
         strict=m.strict,
+        trust_pickle=m.trust_pickle,
+        **options,
     )
+
+
+# data keys that null hands to the pretrained weights; without weights (or without that value) the schema
+# default applies.
+PREPROCESSING_FROM_WEIGHTS = ("image_size", "interpolation", "mean", "std")
+
+
+def resolve_preprocessing(cfg: DictConfig) -> DictConfig:
+    """``cfg`` with every null ``data.image_size/interpolation/mean/std`` filled from ``model.pretrained``.
+
+    Values set in the config always win. A size taken from the weights also takes their crop ratio for
+    ``data.eval_resize`` when that is null.
+    """
+    import copy
+
+    from paddletrain.config import DataConfig
+
+    unset = [key for key in PREPROCESSING_FROM_WEIGHTS if cfg.data.get(key) is None]
+    if not unset:
+        return cfg
+    weights: Dict[str, Any] = {}
+    if cfg.model.pretrained:
+        from paddletrain.models.weights import describe
+
+        weights = describe(cfg.model.pretrained).preprocessing
+    found = {"image_size": weights["input_size"][-1] if weights.get("input_size") else None,
+             "interpolation": weights.get("interpolation"),
+             "mean": list(weights["mean"]) if weights.get("mean") else None,
+             "std": list(weights["std"]) if weights.get("std") else None}
+    defaults = DataConfig()
+    resolved = copy.deepcopy(cfg)
+    for key in unset:
+        from_weights = found[key] is not None
+        resolved.data[key] = found[key] if from_weights else getattr(defaults, key)
+        log.info("data.%s=%s (from %s)", key, resolved.data[key],
+                 cfg.model.pretrained if from_weights else "the schema default")
+    if "image_size" in unset and found["image_size"] and weights.get("crop_pct") and cfg.data.eval_resize is None:
+        resolved.data.eval_resize = int(round(found["image_size"] / weights["crop_pct"]))
+    return resolved
 
 
 def build_callbacks(cfg: DictConfig, run_dir: Path, mean: List[float], std: List[float],
                     run_info: Dict[str, Any]) -> list:
     """Built-in callbacks selected by the ``trainer`` config; ``run_info`` is stored in every checkpoint."""
-    from paddletrain.callbacks import (EarlyStopping, LearningRateMonitor, ModelCheckpoint, ProfilerCallback,
-                                       ProgressBar, VisualDLLogger)
+    from paddletrain.callbacks import (BackboneFreeze, EarlyStopping, FreezeBatchNorm, LearningRateMonitor,
+                                       ModelCheckpoint, ProfilerCallback, ProgressBar, VisualDLLogger)
 
     t = cfg.trainer
     callbacks: list = [ProgressBar(enabled=None if t.progress_bar else False), LearningRateMonitor()]
@@ -85,6 +135,10 @@ def build_callbacks(cfg: DictConfig, run_dir: Path, mean: List[float], std: List
     if t.early_stopping.enabled:
         es = t.early_stopping
         callbacks.append(EarlyStopping(monitor=es.monitor, mode=es.mode, patience=es.patience, min_delta=es.min_delta))
+    if t.finetune.freeze_backbone_epochs:
+        callbacks.append(BackboneFreeze(t.finetune.freeze_backbone_epochs))
+    if t.finetune.freeze_bn:
+        callbacks.append(FreezeBatchNorm())
     if t.profile:
         callbacks.append(ProfilerCallback(run_dir / "profiler", wait=t.profile_wait, warmup=t.profile_warmup,
                                           active=t.profile_active))
@@ -105,6 +159,7 @@ def train(cfg: DictConfig, run_dir: Path) -> Dict[str, float]:
     from paddletrain.trainer import Trainer
 
     validate_config(cfg)
+    cfg = resolve_preprocessing(cfg)
     t = cfg.trainer
     runtime = setup_runtime(t.device, t.cpu_threads)
     seed_everything(t.seed)
@@ -207,6 +262,9 @@ def main(cfg: DictConfig) -> Optional[float]:
     except UserError as exc:
         log.error("%s", exc)
         sys.exit(2)
+    except NonFiniteLossError as exc:
+        log.error("%s", exc)
+        sys.exit(3)
     except TrainingInterrupted as exc:
         log.error("%s; resume with trainer.resume=auto hydra.run.dir=<this run dir>", exc)
         sys.exit(exc.exit_code)

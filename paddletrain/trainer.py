@@ -18,15 +18,11 @@ import numpy as np
 import paddle
 
 from paddletrain.callbacks.base import Callback, StepOutput
-from paddletrain.errors import TrainingInterrupted, UserError
+from paddletrain.errors import NonFiniteLossError, TrainingInterrupted, UserError
 from paddletrain.metrics import ClassificationMeter
 from paddletrain.precision import Precision
 
 log = logging.getLogger("paddletrain")
-
-
-class NonFiniteLossError(RuntimeError):
-    """Raised after too many consecutive steps with a non-finite loss or gradient."""
 
 
 class Trainer:

@@ -14,6 +14,7 @@ def make_trainer(**overrides):
         global_step=0,
         num_train_batches=4,
         nonfinite_steps=0,
+        precision=types.SimpleNamespace(loss_scale=None),
         metrics={},
         logger=logging.getLogger("paddletrain.test.progress"),
     )
@@ -107,3 +108,13 @@ def test_bar_closes_on_exception_and_unknown_length():
 def test_bad_arguments_name_the_value(kwargs):
     with pytest.raises(ValueError, match=str(next(iter(kwargs.values())))):
         ProgressBar(**kwargs)
+
+
+def test_summary_reports_loss_scale_and_skipped_steps(caplog):
+    trainer = make_trainer(precision=types.SimpleNamespace(loss_scale=32768.0), nonfinite_steps=2)
+    bar = ProgressBar(enabled=False)
+    with caplog.at_level(logging.INFO, logger="paddletrain.test.progress"):
+        run_epoch(bar, trainer, [1.0, 0.5])
+        bar.on_train_epoch_end(trainer, {"train/loss": 0.75})
+    line = caplog.records[-1].getMessage()
+    assert "loss scale 32768" in line and "skipped non-finite steps 2" in line

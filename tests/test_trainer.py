@@ -228,3 +228,45 @@ def test_custom_training_step_subclass():
     trainer = Doubled(model, sgd(model), max_epochs=1)
     trainer.fit(make_batches(3, 4))
     assert trainer.seen == 3
+
+
+def test_loss_scaler_through_the_trainer():
+    """With a scaler that behaves like Paddle's GPU one, an overflow lowers the scale and skips the step."""
+    from paddletrain.precision import Precision
+    from paddletrain.testing import FakeGradScaler
+
+    model = linear_model()
+    sched = paddle.optimizer.lr.StepDecay(learning_rate=0.1, step_size=1, gamma=0.5)
+    opt = paddle.optimizer.SGD(learning_rate=sched, parameters=model.parameters())
+    precision = Precision(enabled=True, dtype="float16",
+                          scaler=FakeGradScaler(init_loss_scaling=1024.0, incr_every_n_steps=2), device="cpu")
+    scales = []
+
+    class Scales(Callback):
+        def on_train_batch_end(self, trainer, output, batch, batch_idx):
+            scales.append((trainer.precision.loss_scale, output.stepped, trainer.current_lr))
+
+    trainer = Trainer(model, opt, scheduler=sched, precision=precision, loss_fn=poisoned_loss({1}),
+                      callbacks=[Scales()], max_epochs=1)
+    trainer.fit(make_batches(4, 8))
+    # good (count 1), inf (halve, reset), good (1), good (2 -> double)
+    assert [s for s, _, _ in scales] == [1024.0, 512.0, 512.0, 1024.0]
+    assert [st for _, st, _ in scales] == [True, False, True, True]
+    assert [lr for _, _, lr in scales] == [0.05, 0.05, 0.025, 0.0125]
+    assert trainer.nonfinite_steps == 1 and trainer.global_step == 3
+    assert precision.state_dict()  # the scaler state is part of every checkpoint
+
+
+def test_checkpoint_never_saves_nan_weights(tmp_path):
+    from paddletrain.callbacks import ModelCheckpoint
+    from paddletrain.checkpoint import find_latest
+
+    model = linear_model()
+    ckpt = ModelCheckpoint(tmp_path, monitor=None)
+    trainer = Trainer(model, sgd(model), callbacks=[ckpt], max_epochs=1)
+    trainer.fit(make_batches(2, 4))
+    good = find_latest(tmp_path)
+    assert good is not None
+    model.weight.set_value(paddle.full(model.weight.shape, float("nan")))
+    assert ckpt.save(trainer, metric=None) is None
+    assert find_latest(tmp_path) == good

@@ -154,6 +154,9 @@ class ProgressBar(Callback):
             f"{stats.elapsed:.1f}s",
             f"data wait {stats.data_share:.0%}",
         ]
+        loss_scale = trainer.precision.loss_scale
+        if loss_scale is not None:
+            parts.append(f"loss scale {loss_scale:g}")
         if trainer.nonfinite_steps:
             parts.append(f"skipped non-finite steps {trainer.nonfinite_steps}")
         return f"Epoch {trainer.epoch + 1}/{trainer.max_epochs} | " + " | ".join(parts)
