@@ -1,0 +1,147 @@
+"""Weight sources vision:, paddleclas: and hub:, with caches simulated in tmp dirs (no network)."""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+
+import numpy as np
+import paddle
+import pytest
+
+from paddletrain.models import PretrainedLoadError, create_model, load_pretrained
+from paddletrain.models.weights import describe
+from paddletrain.models.weights.mapping import ResNetLayout, source_key
+
+
+@pytest.fixture(autouse=True)
+def isolated_caches(tmp_path, monkeypatch):
+    """Every source looks in tmp dirs; nothing can reach the network."""
+    monkeypatch.setenv("PADDLETRAIN_WEIGHTS_HOME", str(tmp_path / "weights"))
+    monkeypatch.setenv("HUB_HOME", str(tmp_path / "hub"))
+    monkeypatch.setenv("PADDLETRAIN_OFFLINE", "1")
+    (tmp_path / "weights").mkdir()
+
+
+def _source_resnet18(**options):
+    paddle.seed(7)
+    model = create_model("resnet18", num_classes=1000, **options)
+    for layer in model.sublayers():
+        if isinstance(layer, paddle.nn.BatchNorm2D):
+            layer._mean.set_value(paddle.rand(layer._mean.shape))
+            layer._variance.set_value(paddle.rand(layer._variance.shape) + 0.5)
+    return model.eval()
+
+
+def _renamed(model, scheme):
+    """The model's weights under another naming (the conversion's inverse, per key)."""
+    layout = ResNetLayout.of(model)
+    return {source_key(k, scheme, layout): v for k, v in model.state_dict().items()}
+
+
+def _assert_same_logits(a, b):
+    a.eval()
+    b.eval()
+    x = paddle.rand([2, 3, 64, 64])
+    np.testing.assert_allclose(a(x).numpy(), b(x).numpy(), atol=1e-5)
+
+
+def test_vision_source_uses_the_cached_file_offline(tmp_path, monkeypatch):
+    source = _source_resnet18()
+    path = tmp_path / "weights" / "resnet18.pdparams"
+    paddle.save(source.state_dict(), str(path))
+    digest = hashlib.md5(path.read_bytes()).hexdigest()
+    # Stand in for paddle.vision's published md5 of resnet18.pdparams.
+    from paddle.vision.models import resnet as vision_resnet
+
+    monkeypatch.setitem(vision_resnet.model_urls, "resnet18", (vision_resnet.model_urls["resnet18"][0], digest))
+    model = create_model("resnet18", pretrained="vision:resnet18")
+    _assert_same_logits(model, source)
+    assert model.pretrained_cfg["source"] == "vision:resnet18" and model.pretrained_cfg["input_size"] == (3, 224, 224)
+
+
+def test_vision_cache_miss_offline_names_the_exact_path(tmp_path):
+    with pytest.raises(PretrainedLoadError) as info:
+        load_pretrained(create_model("resnet50"), "vision:resnet50")
+    message = str(info.value)
+    expected = tmp_path / "weights" / "resnet50.pdparams"
+    assert str(expected) in message and "https://paddle-hapi.bj.bcebos.com/models/resnet50.pdparams" in message
+    assert "ca6f485ee1ab0492d38f323885b0ad80" in message  # paddle.vision's md5, to check the file by hand
+
+
+def test_cached_file_with_another_md5_is_refused(tmp_path):
+    (tmp_path / "weights" / "resnet18.pdparams").write_bytes(b"partial download")
+    with pytest.raises(PretrainedLoadError, match="md5.*delete it"):
+        load_pretrained(create_model("resnet18"), "vision:resnet18")
+
+
+def test_download_goes_to_the_cache_and_its_failure_says_where_to_put_the_file(tmp_path, monkeypatch):
+    from paddle.utils import download
+
+    monkeypatch.delenv("PADDLETRAIN_OFFLINE")
+    source = _source_resnet18(project_first_shortcut=True)
+    calls = []
+
+    def fake_download(url, root_dir, md5sum=None, decompress=True, **kwargs):
+        calls.append((url, root_dir, md5sum))
+        target = f"{root_dir}/{url.rsplit('/', 1)[-1]}"
+        paddle.save(_renamed(source, "paddleclas"), target)
+        return target
+
+    monkeypatch.setattr(download, "get_path_from_url", fake_download)
+    model = create_model("resnet18", project_first_shortcut=True, pretrained="paddleclas:ResNet18")
+    _assert_same_logits(model, source)
+    assert calls == [("https://paddle-imagenet-models-name.bj.bcebos.com/dygraph/legendary_models/"
+                      "ResNet18_pretrained.pdparams", str(tmp_path / "weights"), None)]
+
+    def no_network(*args, **kwargs):
+        raise ConnectionError("network unreachable")
+
+    monkeypatch.setattr(download, "get_path_from_url", no_network)
+    with pytest.raises(PretrainedLoadError, match="download failed.*network unreachable.*ResNet34_pretrained"):
+        load_pretrained(create_model("resnet34"), "paddleclas:ResNet34")
+
+
+def test_paddleclas_weights_need_the_first_block_projection_and_say_so(tmp_path):
+    source = _source_resnet18(project_first_shortcut=True)
+    paddle.save(_renamed(source, "paddleclas"), str(tmp_path / "weights" / "ResNet18_pretrained.pdparams"))
+    assert describe("paddleclas:ResNet18").model_options == {"project_first_shortcut": True}
+    with pytest.raises(PretrainedLoadError, match="blocks.0.short.conv.weight.*project_first_shortcut=True"):
+        create_model("resnet18", pretrained="paddleclas:ResNet18")
+
+
+def test_unknown_names_list_the_available_ones():
+    with pytest.raises(PretrainedLoadError, match="vision:resnet19.*resnet18"):
+        describe("vision:resnet19")
+    with pytest.raises(PretrainedLoadError, match="paddleclas:ResNet50_vx.*ResNet50_vd"):
+        describe("paddleclas:ResNet50_vx")
+
+
+def test_vision_builder_names_find_their_scaled_weights():
+    assert describe("vision:mobilenet_v2").url.endswith("mobilenet_v2_x1.0.pdparams")
+    assert describe("vision:inception_v3").preprocessing["input_size"] == (3, 299, 299)
+
+
+needs_no_paddlehub = pytest.mark.skipif(importlib.util.find_spec("paddlehub") is not None,
+                                        reason="paddlehub is installed: hub: goes through it")
+
+
+@needs_no_paddlehub
+def test_hub_module_directory_is_read_with_its_labels(tmp_path):
+    paddle.seed(5)
+    source = create_model("resnet18_vd", num_classes=3).eval()
+    module = tmp_path / "hub" / "modules" / "resnet18_vd_tiny"
+    module.mkdir(parents=True)
+    paddle.save(_renamed(source, "paddlehub"), str(module / "resnet18_vd.pdparams"))
+    (module / "label_list.txt").write_text("ant\nbee\nwasp\n")
+    model = create_model("resnet18_vd", num_classes=3, pretrained="hub:resnet18_vd_tiny")
+    _assert_same_logits(model, source)
+    assert model.pretrained_cfg["label_names"] == ["ant", "bee", "wasp"]
+
+
+@needs_no_paddlehub
+def test_missing_hub_module_says_where_it_was_looked_for(tmp_path):
+    with pytest.raises(PretrainedLoadError) as info:
+        load_pretrained(create_model("resnet50_vd"), "hub:resnet50_vd_imagenet_ssld")
+    message = str(info.value)
+    assert str(tmp_path / "hub" / "modules" / "resnet50_vd_imagenet_ssld") in message
+    assert "hub install resnet50_vd_imagenet_ssld" in message
