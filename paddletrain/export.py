@@ -160,6 +160,10 @@ def export_model(model: paddle.nn.Layer, out_dir: Union[str, Path], input_size: 
     if preprocessing is not None and list(preprocessing.get("input_size", input_size)) != list(input_size):
         raise UserError(f"preprocessing input_size {preprocessing['input_size']} differs from input_size "
                         f"{list(input_size)}")
+    if getattr(model, "data_format", "NCHW") != "NCHW":
+        log.warning("export_model: a %s model runs in Paddle Inference only without oneDNN "
+                    "(Predictor(use_mkldnn=False)); export_checkpoint exports its NCHW twin instead",
+                    model.data_format)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     was_training = model.training
@@ -336,8 +340,16 @@ def export_checkpoint(checkpoint_dir: Union[str, Path], out_dir: Union[str, Path
         raise UserError(f"cannot open the checkpoint's dataset ({exc}); if it moved, pass data_root=<dir>") from exc
     model = build_model(cfg, probe.classes, probe.in_chans)
     _load_weights(model, checkpoint.state, checkpoint_dir)
+    exported_model = model
+    if cfg.model.data_format != "NCHW":
+        # oneDNN in Paddle Inference 3.3 cannot run NHWC convolutions; weights do not depend on the layout,
+        # so the NCHW twin is exported and the parity check compares it with the model as trained.
+        log.info("model.data_format=%s: exporting the NCHW layout of the same weights", cfg.model.data_format)
+        exported_model = build_model(OmegaConf.merge(cfg, {"model": {"data_format": "NCHW"}}), probe.classes,
+                                     probe.in_chans)
+        _load_weights(exported_model, checkpoint.state, checkpoint_dir)
     info = preprocessing_info(cfg.data, in_chans=probe.in_chans)
-    out = export_model(model, out_dir, input_size=tuple(info["input_size"]), batch=fixed_batch,
+    out = export_model(exported_model, out_dir, input_size=tuple(info["input_size"]), batch=fixed_batch,
                        precision=precision, preprocessing=info, labels=list(probe.classes))
     files = sorted(p for p in out.iterdir() if p.name.startswith(MODEL_PREFIX) or p.name == PREPROCESS_FILE)
     result = ExportResult(out_dir=out, format=format, files=files, labels=list(probe.classes))

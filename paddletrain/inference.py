@@ -242,7 +242,14 @@ class Predictor:
     def _run(self, batch: np.ndarray) -> np.ndarray:
         self._input.reshape(list(batch.shape))
         self._input.copy_from_cpu(batch)
-        self._predictor.run()
+        try:
+            self._predictor.run()
+        except (RuntimeError, ValueError) as exc:  # Paddle reports kernel/shape failures with these
+            hint = (" (oneDNN cannot run NHWC convolutions: export the model with data_format=NCHW, or pass "
+                    "use_mkldnn=False)" if self.runtime.mkldnn and "NHWC" in str(exc) else "")
+            lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+            reason = next((line for line in lines if "Error" in line), lines[-1] if lines else type(exc).__name__)
+            raise UserError(f"Paddle Inference failed to run {self.model_dir}{hint}: {reason}") from exc
         return self._output.copy_to_cpu().astype(np.float32, copy=False)
 
     def __repr__(self) -> str:

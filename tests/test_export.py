@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 from PIL import Image
 
-from paddletrain.checkpoint import find_latest
+from paddletrain.checkpoint import find_latest, load_checkpoint, save_checkpoint
 from paddletrain.data import build_datasets
 from paddletrain.errors import UserError
 from paddletrain.export import (TOLERANCE, ExportConfig, check_parity, compare_logits, export_checkpoint, parse_batch,
@@ -45,6 +45,14 @@ def test_export_checkpoint_passes_parity_on_real_validation_images(checkpoint, d
     assert meta["labels"] == result.labels == build_datasets(data_cfg).classes
     assert meta["input_size"] == [3, data_cfg.image_size, data_cfg.image_size]
     assert meta["mean"] == list(data_cfg.mean) and meta["std"] == list(data_cfg.std)  # the trained statistics
+
+
+def test_an_nhwc_checkpoint_exports_its_nchw_twin_and_is_verified_against_the_original(checkpoint, tmp_path):
+    state = load_checkpoint(checkpoint).state
+    state["config"]["model"]["data_format"] = "NHWC"
+    nhwc_checkpoint = save_checkpoint(tmp_path / "nhwc", state)
+    result = export_checkpoint(nhwc_checkpoint, tmp_path / "out", num_check_images=4)
+    assert result.passed and result.parity.top1_agreement == 1.0
 
 
 def test_parity_check_catches_a_model_that_differs(checkpoint, data_cfg, tmp_path):

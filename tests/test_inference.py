@@ -133,3 +133,12 @@ def test_predictor_is_part_of_the_public_api():
     import paddletrain
 
     assert paddletrain.Predictor is Predictor
+
+
+def test_an_nhwc_graph_under_onednn_fails_with_the_workaround_named(tmp_path):
+    nhwc = create_model("resnet20", num_classes=2, data_format="NHWC")
+    out = export_model(nhwc, tmp_path, input_size=(3, SIZE, SIZE))
+    batch = np.zeros((1, 3, SIZE, SIZE), np.float32)
+    with pytest.raises(UserError, match="use_mkldnn=False"):
+        Predictor(out, device="cpu").predict(batch)
+    assert_close(Predictor(out, device="cpu", use_mkldnn=False).predict(batch), reference(nhwc, batch))
