@@ -2,6 +2,7 @@
 from .base import Callback, StepOutput, metric_improved
 from .checkpoint import ModelCheckpoint
 from .early_stopping import EarlyStopping
+from .finetune import BackboneFreeze, FreezeBatchNorm
 from .lr_monitor import LearningRateMonitor
 from .profiler import ProfilerCallback
 from .progress import ProgressBar
@@ -11,7 +12,9 @@ __all__ = [
     "Callback",
     "StepOutput",
     "metric_improved",
+    "BackboneFreeze",
     "EarlyStopping",
+    "FreezeBatchNorm",
     "LearningRateMonitor",
     "ModelCheckpoint",
     "ProfilerCallback",
