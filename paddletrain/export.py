@@ -288,7 +288,8 @@ def _load_weights(model: paddle.nn.Layer, state: dict, checkpoint_dir: Path) -> 
                         f"{list(missing)[:5]}, unexpected {list(unexpected)[:5]}")
 
 
-def _check_images(splits: Any, eval_transform: Any, preprocessing: Preprocessing, count: int) -> Tuple[np.ndarray, float]:
+def _check_images(splits: Any, eval_transform: Any, preprocessing: Preprocessing,
+                  count: int) -> Tuple[np.ndarray, float]:
     """``count`` validation images spread over the split, through the eval transform, plus how far the
     exported preprocessing is from it on the same raw images."""
     val = splits.val
@@ -302,6 +303,44 @@ def _check_images(splits: Any, eval_transform: Any, preprocessing: Preprocessing
     return inputs, float(np.abs(inputs - exported).max())
 
 
+@dataclass
+class _Rebuilt:
+    """A checkpoint's model as trained, the model to export, and the data they were trained on."""
+
+    model: paddle.nn.Layer
+    exportable: paddle.nn.Layer
+    splits: Any
+    eval_transform: Any
+    preprocessing: dict
+
+
+def _rebuild(checkpoint_dir: Path, data_root: Optional[str]) -> _Rebuilt:
+    from paddletrain.checkpoint import load_checkpoint
+    from paddletrain.data import DatasetError, build_datasets, build_transform, preprocessing_info
+    from paddletrain.fit import build_model
+
+    if not checkpoint_dir.is_dir():
+        raise UserError(f"checkpoint={str(checkpoint_dir)!r} is not a directory")
+    checkpoint = load_checkpoint(checkpoint_dir)
+    cfg = checkpoint_config(checkpoint.state.get("config", {}), data_root)
+    try:
+        splits = build_datasets(cfg.data)
+        eval_tf = build_transform(cfg.data, train=False, in_chans=splits.in_chans)
+    except DatasetError as exc:
+        raise UserError(f"cannot open the checkpoint's dataset ({exc}); if it moved, pass data_root=<dir>") from exc
+    model = build_model(cfg, splits.classes, splits.in_chans)
+    _load_weights(model, checkpoint.state, checkpoint_dir)
+    exportable = model
+    if cfg.model.data_format != "NCHW":
+        # oneDNN in Paddle Inference 3.3 cannot run NHWC convolutions; weights do not depend on the layout,
+        # so the NCHW twin is exported and the parity check compares it with the model as trained.
+        log.info("model.data_format=%s: exporting the NCHW layout of the same weights", cfg.model.data_format)
+        exportable = build_model(OmegaConf.merge(cfg, {"model": {"data_format": "NCHW"}}), splits.classes,
+                                 splits.in_chans)
+        _load_weights(exportable, checkpoint.state, checkpoint_dir)
+    return _Rebuilt(model, exportable, splits, eval_tf, preprocessing_info(cfg.data, in_chans=splits.in_chans))
+
+
 def export_checkpoint(checkpoint_dir: Union[str, Path], out_dir: Union[str, Path], format: str = "paddle",
                       batch: Union[None, int, str] = None, precision: str = "fp32", check: bool = True,
                       num_check_images: int = 16, data_root: Optional[str] = None, device: str = "auto",
@@ -313,9 +352,6 @@ def export_checkpoint(checkpoint_dir: Union[str, Path], out_dir: Union[str, Path
     writes ``model.onnx`` (verified with onnxruntime when ``check``). The parity result is in
     ``result.parity``; this function does not raise when parity fails, the CLI turns that into exit status 3.
     """
-    from paddletrain.checkpoint import load_checkpoint
-    from paddletrain.data import DatasetError, build_datasets, build_transform, preprocessing_info
-    from paddletrain.fit import build_model
     from paddletrain.runtime import set_cpu_threads
 
     _check_choice("format", format, FORMATS)
@@ -327,49 +363,29 @@ def export_checkpoint(checkpoint_dir: Union[str, Path], out_dir: Union[str, Path
         raise UserError(f"num_check_images={num_check_images} must be >= 1")
     if cpu_threads is not None and cpu_threads < 1:
         raise UserError(f"cpu_threads={cpu_threads} must be >= 1")
-    checkpoint_dir = Path(checkpoint_dir)
-    if not checkpoint_dir.is_dir():
-        raise UserError(f"checkpoint={str(checkpoint_dir)!r} is not a directory")
-    checkpoint = load_checkpoint(checkpoint_dir)
-    cfg = checkpoint_config(checkpoint.state.get("config", {}), data_root)
     set_cpu_threads(cpu_threads)
-    try:
-        probe = build_datasets(cfg.data)
-        eval_tf = build_transform(cfg.data, train=False, in_chans=probe.in_chans)
-    except DatasetError as exc:
-        raise UserError(f"cannot open the checkpoint's dataset ({exc}); if it moved, pass data_root=<dir>") from exc
-    model = build_model(cfg, probe.classes, probe.in_chans)
-    _load_weights(model, checkpoint.state, checkpoint_dir)
-    exported_model = model
-    if cfg.model.data_format != "NCHW":
-        # oneDNN in Paddle Inference 3.3 cannot run NHWC convolutions; weights do not depend on the layout,
-        # so the NCHW twin is exported and the parity check compares it with the model as trained.
-        log.info("model.data_format=%s: exporting the NCHW layout of the same weights", cfg.model.data_format)
-        exported_model = build_model(OmegaConf.merge(cfg, {"model": {"data_format": "NCHW"}}), probe.classes,
-                                     probe.in_chans)
-        _load_weights(exported_model, checkpoint.state, checkpoint_dir)
-    info = preprocessing_info(cfg.data, in_chans=probe.in_chans)
-    out = export_model(exported_model, out_dir, input_size=tuple(info["input_size"]), batch=fixed_batch,
-                       precision=precision, preprocessing=info, labels=list(probe.classes))
+    rebuilt = _rebuild(Path(checkpoint_dir), data_root)
+    labels = list(rebuilt.splits.classes)
+    out = export_model(rebuilt.exportable, out_dir, input_size=tuple(rebuilt.preprocessing["input_size"]),
+                       batch=fixed_batch, precision=precision, preprocessing=rebuilt.preprocessing, labels=labels)
     files = sorted(p for p in out.iterdir() if p.name.startswith(MODEL_PREFIX) or p.name == PREPROCESS_FILE)
-    result = ExportResult(out_dir=out, format=format, files=files, labels=list(probe.classes))
+    result = ExportResult(out_dir=out, format=format, files=files, labels=labels)
 
-    inputs = None
     if check:
         predictor = Predictor(out, device=device, cpu_threads=cpu_threads, precision=precision)
-        inputs, prep_diff = _check_images(probe, eval_tf, predictor.preprocessing, num_check_images)
-        report = check_parity(predictor, model, inputs, TOLERANCE[precision])
-        report.preprocess_max_diff = prep_diff
+        inputs, prep_diff = _check_images(rebuilt.splits, rebuilt.eval_transform, predictor.preprocessing,
+                                          num_check_images)
+        result.parity = check_parity(predictor, rebuilt.model, inputs, TOLERANCE[precision])
+        result.parity.preprocess_max_diff = prep_diff
         # The exported preprocessing must reproduce the eval transform exactly: same PIL ops, same order.
-        report.passed = report.passed and prep_diff <= 1e-6
-        result.parity = report
+        result.parity.passed = result.parity.passed and prep_diff <= 1e-6
     else:
         log.warning("check=false: the exported model was NOT compared with the checkpoint's model")
     if format == "onnx":
         onnx_file = export_onnx(out)
         result.files.append(onnx_file)
         if check and result.passed:
-            onnx_report = onnx_parity(onnx_file, inputs, reference_logits(model, inputs), TOLERANCE["fp32"],
+            onnx_report = onnx_parity(onnx_file, inputs, reference_logits(rebuilt.model, inputs), TOLERANCE["fp32"],
                                       fixed_batch)
             (log.info if onnx_report.passed else log.error)("ONNX %s", onnx_report)
             result.parity.passed = onnx_report.passed

@@ -10,7 +10,6 @@ PIR format, ``model.pdmodel`` with older ones), the weights ``model.pdiparams`` 
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
@@ -18,8 +17,6 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 import numpy as np
 
 from paddletrain.errors import UserError
-
-log = logging.getLogger("paddletrain")
 
 MODEL_PREFIX = "model"
 PARAMS_FILE = f"{MODEL_PREFIX}.pdiparams"
