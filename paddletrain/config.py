@@ -29,6 +29,8 @@ class ModelConfig:
     data_format: str = "NCHW"
     # Strict loading of pretrained weights (only the classifier head may differ).
     strict: bool = True
+    # paddle.load a .pdparams that holds more than arrays (pickles can run code: trust the file first).
+    trust_pickle: bool = False
     # Convert BatchNorm to SyncBatchNorm under data parallelism.
     sync_bn: bool = False
 
@@ -49,12 +51,14 @@ class DataConfig:
     download: bool = False
     # Optional text file with one class name per line (imagefolder) .
     class_names: Optional[str] = None
-    image_size: int = 32
+    # image_size, interpolation, mean, std: null = from the pretrained weights (model.pretrained), else these
+    # defaults; see docs/finetuning.md.
+    image_size: Optional[int] = 32
     # Side of the resize before the centre crop at evaluation (imagenet preset); None = image_size / 0.875.
     eval_resize: Optional[int] = None
-    interpolation: str = "bilinear"
-    mean: List[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
-    std: List[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
+    interpolation: Optional[str] = "bilinear"
+    mean: Optional[List[float]] = field(default_factory=lambda: [0.5, 0.5, 0.5])
+    std: Optional[List[float]] = field(default_factory=lambda: [0.5, 0.5, 0.5])
     # Transform presets: "imagenet" (RandomResizedCrop + flip), "small" (pad-crop + flip), "none" (resize only).
     train_transform: str = "small"
     eval_transform: str = "small"
@@ -299,5 +303,5 @@ def validate_config(cfg: Any) -> None:
         value = OmegaConf.select(cfg, key)
         if value is not None and value < 0:
             raise ConfigError(f"{key}={value} must be >= 0")
-    if len(cfg.data.mean) != len(cfg.data.std):
+    if cfg.data.mean is not None and cfg.data.std is not None and len(cfg.data.mean) != len(cfg.data.std):
         raise ConfigError(f"data.mean has {len(cfg.data.mean)} values but data.std has {len(cfg.data.std)}")
