@@ -158,7 +158,7 @@ def paired_ratio(numerator: Sequence[float], denominator: Sequence[float]) -> fl
 
 
 def environment(cpu_threads: Optional[int] = None) -> Dict[str, Any]:
-    """Where and under which load the numbers were measured."""
+    """Where and under which load the numbers were measured; call before measuring, then :func:`finished`."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
@@ -172,7 +172,16 @@ def environment(cpu_threads: Optional[int] = None) -> Dict[str, Any]:
         "cpu_threads": cpu_threads,
         "load_average_1m": round(os.getloadavg()[0], 2),
         "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "_start": time.perf_counter(),
     }
+
+
+def finished(env: Dict[str, Any]) -> Dict[str, Any]:
+    """``env`` with the load average at the end and the benchmark's wall time added."""
+    env = dict(env)
+    env["seconds"] = round(time.perf_counter() - env.pop("_start"), 1)
+    env["load_average_1m_end"] = round(os.getloadavg()[0], 2)
+    return env
 
 
 def write_jpeg_folder(root: Path, num_images: int, image_size: int, num_classes: int = 4, seed: int = 0,

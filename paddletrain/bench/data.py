@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional
 
 import paddle
 
-from paddletrain.bench.common import build_model, check_positive, environment, write_jpeg_folder
+from paddletrain.bench.common import build_model, check_positive, environment, finished, write_jpeg_folder
 from paddletrain.errors import ConfigError
 
 
@@ -116,6 +116,7 @@ def run_data(cfg: DataBenchConfig) -> Dict[str, Any]:
     if not cfg.workers or min(cfg.workers) < 0:
         raise ConfigError(f"bench data: workers={cfg.workers} must list counts >= 0, e.g. workers=[0,1,2]")
     runtime = setup_runtime("auto", cfg.cpu_threads)
+    env = environment(runtime.cpu_threads)
     with tempfile.TemporaryDirectory(prefix="paddletrain-bench-") as tmp:
         if cfg.root is None:
             cfg.root = str(write_jpeg_folder(Path(tmp), cfg.num_images, cfg.source_size))
@@ -141,6 +142,6 @@ def run_data(cfg: DataBenchConfig) -> Dict[str, Any]:
     goals = [] if workers0 is None else [
         {"goal": "num_workers=0 >= 0.9 x bare", "measured": workers0["vs_bare"], "met": workers0["vs_bare"] >= 0.9}]
     source = "synthetic JPEGs" if synthetic else cfg.root
-    return {"benchmark": "data", "config": vars(cfg), "environment": environment(runtime.cpu_threads), "rows": rows,
+    return {"benchmark": "data", "config": vars(cfg), "environment": finished(env), "rows": rows,
             "goals": goals, "notes": [f"images: {len(dataset)} from {source}, transform preset {cfg.transform!r} "
                                       f"at {cfg.image_size}px"]}

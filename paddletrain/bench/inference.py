@@ -19,8 +19,8 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 import paddle
 
-from paddletrain.bench.common import (build_model, check_positive, environment, interleave, paired_ratio, timed,
-                                      write_jpeg_folder)
+from paddletrain.bench.common import (build_model, check_positive, environment, finished, interleave, paired_ratio,
+                                      timed, write_jpeg_folder)
 from paddletrain.errors import ConfigError
 
 
@@ -133,6 +133,7 @@ def run_inference(cfg: InferenceBenchConfig) -> Dict[str, Any]:
     if not cfg.batch_sizes or min(cfg.batch_sizes) < 1:
         raise ConfigError(f"bench inference: batch_sizes={cfg.batch_sizes} must list sizes >= 1")
     runtime = setup_runtime(cfg.device, cfg.cpu_threads)
+    env = environment(runtime.cpu_threads)
     model = build_model(cfg.model, cfg.num_classes)
     model.eval()
     with tempfile.TemporaryDirectory(prefix="paddletrain-bench-") as tmp:
@@ -147,7 +148,7 @@ def run_inference(cfg: InferenceBenchConfig) -> Dict[str, Any]:
     if pipeline:
         goals.append({"goal": "predict_files >= 0.8 x bare predictor", "measured": pipeline["ratio"],
                       "met": pipeline["ratio"] >= 0.8})
-    return {"benchmark": "inference", "config": vars(cfg), "environment": environment(runtime.cpu_threads),
+    return {"benchmark": "inference", "config": vars(cfg), "environment": finished(env),
             "rows": rows, "pipeline": pipeline, "goals": goals,
             "notes": [f"{cfg.model} at {cfg.image_size}px, {cfg.num_classes} classes, oneDNN "
                       f"{'on' if cfg.use_mkldnn else 'off'} in the predictor"]}

@@ -24,8 +24,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 import paddle
 
-from paddletrain.bench.common import (build_model, check_positive, cycle, environment, interleave, paired_ratio,
-                                      summarize, synthetic_batches, timed)
+from paddletrain.bench.common import (build_model, check_positive, cycle, environment, finished, interleave,
+                                      paired_ratio, summarize, synthetic_batches, timed)
 from paddletrain.errors import ConfigError
 
 ARMS = ("trainer", "hand", "bare", "model_fit")
@@ -199,6 +199,7 @@ def run_overhead(cfg: OverheadBenchConfig) -> Dict[str, Any]:
     if unknown or not cfg.arms:
         raise ConfigError(f"bench overhead: arms={cfg.arms} must be a non-empty subset of {list(ARMS)}")
     runtime = setup_runtime(cfg.device, cfg.cpu_threads)
+    env = environment(runtime.cpu_threads)
     batches = synthetic_batches(4, cfg.batch_size, cfg.image_size, cfg.num_classes)
     arms = {name: BUILDERS[name](cfg, batches) for name in cfg.arms}
     per_step = interleave(arms, cfg.windows, cfg.steps, cfg.warmup)
@@ -214,7 +215,7 @@ def run_overhead(cfg: OverheadBenchConfig) -> Dict[str, Any]:
         if "hand" in per_step:
             summary["trainer_overhead_ms_per_step"] = 1e3 * _median_difference(trainer, per_step["hand"])
     parts = trainer_step_parts(cfg, batches) if cfg.attribute and "trainer" in cfg.arms else {}
-    return {"benchmark": "overhead", "config": vars(cfg), "environment": environment(runtime.cpu_threads),
+    return {"benchmark": "overhead", "config": vars(cfg), "environment": finished(env),
             "rows": rows, "summary": summary, "trainer_parts_us": parts, "goals": _goals(summary),
             "notes": [f"{name}: {ARM_WORK[name]}" for name in cfg.arms]}
 

@@ -33,13 +33,15 @@ def to_markdown(result: Dict[str, Any]) -> str:
     env = result["environment"]
     parts = [f"### bench {result['benchmark']}",
              f"paddle {env['paddle']}, {env['device']}, {env['cpu_cores']} cores, cpu_threads={env['cpu_threads']}, "
-             f"load average {env['load_average_1m']} at start, {env['time']}", "", table(result["rows"])]
+             f"load average {env['load_average_1m']} at start and {env.get('load_average_1m_end', '?')} at the end "
+             f"(1 min), {env['time']}, {env.get('seconds', '?')} s", "", table(result["rows"])]
     if result.get("pipeline"):
         parts += ["", table([result["pipeline"]])]
     if result.get("summary"):
         parts += ["", table([result["summary"]])]
     if result.get("trainer_parts_us"):
-        parts += ["", table([{"Trainer step part": k, "us per step": v} for k, v in result["trainer_parts_us"].items()])]
+        parts += ["", table([{"Trainer step part": part, "us per step": us}
+                             for part, us in result["trainer_parts_us"].items()])]
     for goal in result.get("goals", []):
         parts.append(f"- goal {goal['goal']}: measured {format_value(goal['measured'])} "
                      f"({'met' if goal['met'] else 'NOT met'})")

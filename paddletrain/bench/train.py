@@ -11,8 +11,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 import paddle
 
-from paddletrain.bench.common import (build_model, check_positive, cycle, environment, interleave, peak_memory_mb,
-                                      reset_peak_memory, summarize, synthetic_batches, timed)
+from paddletrain.bench.common import (build_model, check_positive, cycle, environment, finished, interleave,
+                                      peak_memory_mb, reset_peak_memory, summarize, synthetic_batches, timed)
 from paddletrain.errors import ConfigError
 from paddletrain.precision import Precision
 
@@ -90,6 +90,7 @@ def run_train(cfg: TrainBenchConfig) -> Dict[str, Any]:
 
     _check(cfg, "train")
     runtime = setup_runtime(cfg.device, cfg.cpu_threads)
+    env = environment(runtime.cpu_threads)
     reset_peak_memory()
     window = make_step_window(cfg)
     per_step = interleave({"train": window}, cfg.windows, cfg.steps, cfg.warmup)["train"]
@@ -98,7 +99,7 @@ def run_train(cfg: TrainBenchConfig) -> Dict[str, Any]:
            **summarize(per_step, cfg.batch_size), **peak_memory_mb()}
     notes = [] if window.amp_active or cfg.precision == "fp32" else [
         "AMP is inert on CPU: this row trained in float32."]
-    return {"benchmark": "train", "config": vars(cfg), "environment": environment(runtime.cpu_threads),
+    return {"benchmark": "train", "config": vars(cfg), "environment": finished(env),
             "rows": [row], "notes": notes}
 
 
@@ -110,6 +111,7 @@ def run_threads(cfg: ThreadsBenchConfig) -> Dict[str, Any]:
     if not cfg.threads or min(cfg.threads) < 1:
         raise ConfigError(f"bench threads: threads={cfg.threads} must list counts >= 1, e.g. threads=[1,2]")
     setup_runtime(cfg.device, cfg.threads[0])
+    env = environment(None)
     window = make_step_window(cfg)
 
     def pinned(threads: int) -> Callable[[int], float]:
@@ -122,7 +124,7 @@ def run_threads(cfg: ThreadsBenchConfig) -> Dict[str, Any]:
     rows = [{"model": cfg.model, "batch_size": cfg.batch_size, "image_size": cfg.image_size, "cpu_threads": int(t),
              **summarize(times, cfg.batch_size)} for t, times in per_step.items()]
     best = min(rows, key=lambda r: r["ms_per_step"])
-    return {"benchmark": "threads", "config": vars(cfg), "environment": environment(None), "rows": rows,
+    return {"benchmark": "threads", "config": vars(cfg), "environment": finished(env), "rows": rows,
             "summary": {"best_cpu_threads": best["cpu_threads"],
                         "speedup_best_vs_worst": max(r["ms_per_step"] for r in rows) / best["ms_per_step"]},
             "notes": []}

@@ -124,7 +124,8 @@ class ProfilerCallback(Callback):
         data = statistics.median(s.data_time for s in steps) * 1e3
         compute = statistics.median(s.compute_time for s in steps) * 1e3
         share = data / max(data + compute, 1e-9)
-        return (f"Profiled batches {self.wait + self.warmup}..{self.wait + self.warmup + len(steps) - 1} of the run (0-based) "
+        first = self.wait + self.warmup
+        return (f"Profiled batches {first}..{first + len(steps) - 1} of the run (0-based) "
                 f"(wait={self.wait}, warmup={self.warmup}, active={self.active})\n"
                 f"Median per step: data wait {data:.2f} ms, compute {compute:.2f} ms "
                 f"(data share {share:.0%}; high means data-bound, see data.num_workers)\n")
