@@ -19,6 +19,7 @@ import hydra
 import paddle
 from omegaconf import DictConfig, OmegaConf
 
+from paddletrain import distributed
 from paddletrain.config import register_configs, validate_config
 from paddletrain.errors import NonFiniteLossError, TrainingInterrupted, UserError
 
@@ -153,7 +154,7 @@ def build_callbacks(cfg: DictConfig, run_dir: Path, mean: List[float], std: List
 
 def train(cfg: DictConfig, run_dir: Path) -> Dict[str, float]:
     """Build everything from ``cfg`` and train; returns the final metrics (also written to summary.json)."""
-    from paddletrain.optim import build_optimizer, build_scheduler
+    from paddletrain.optim import build_optimizer, build_scheduler, scaled_lr
     from paddletrain.precision import Precision
     from paddletrain.runtime import seed_everything, setup_runtime
     from paddletrain.trainer import Trainer
@@ -161,22 +162,32 @@ def train(cfg: DictConfig, run_dir: Path) -> Dict[str, float]:
     validate_config(cfg)
     cfg = resolve_preprocessing(cfg)
     t = cfg.trainer
+    rank, world_size = distributed.rank(), distributed.world_size()
     runtime = setup_runtime(t.device, t.cpu_threads)
-    seed_everything(t.seed)
-    data = build_data(cfg, seed=t.seed)
+    seed_everything(t.seed + rank)  # dropout differs per rank; the data order comes from t.seed alone
+    data = build_data(cfg, seed=t.seed, rank=rank, world_size=world_size)
     model = build_model(cfg, data.classes, data.in_chans)
     steps_per_epoch = len(data.train_loader)
     if t.limit_train_batches:
         steps_per_epoch = min(steps_per_epoch, t.limit_train_batches)
     steps_per_epoch = max(1, steps_per_epoch // t.accumulate_grad_batches)
-    scheduler = build_scheduler(cfg.sched, cfg.optim.lr, steps_per_epoch, t.max_epochs)
+    global_batch = cfg.data.batch_size * world_size * t.accumulate_grad_batches
+    lr = scaled_lr(cfg.optim.lr, global_batch, cfg.optim.base_batch_size) if cfg.optim.scale_lr else cfg.optim.lr
+    log.info("Global batch %d (%d per process x %d process(es) x %d accumulation), learning rate %g%s", global_batch,
+             cfg.data.batch_size, world_size, t.accumulate_grad_batches, lr,
+             f" (optim.lr={cfg.optim.lr:g} scaled by {global_batch}/{cfg.optim.base_batch_size})"
+             if cfg.optim.scale_lr else "")
+    scheduler = build_scheduler(cfg.sched, lr, steps_per_epoch, t.max_epochs)
     optimizer = build_optimizer(model, cfg.optim, scheduler)
     precision = Precision.from_config(t.amp, device=runtime.device)
+    # O2 decorates the bare model before DataParallel wraps it.
+    model, optimizer = precision.setup(model, optimizer)
+    model = distributed.wrap(model, find_unused_parameters=t.find_unused_parameters, sync_bn=cfg.model.sync_bn)
     run_info = {"model": cfg.model.name, "num_classes": len(data.classes), "batch_size": cfg.data.batch_size,
-                "world_size": 1}
+                "world_size": world_size}
     checkpoint = load_resume_checkpoint(t.resume, run_dir, run_info)
     trainer = Trainer(
-        model, optimizer, scheduler=scheduler,
+        model, optimizer, scheduler=scheduler, rank=rank, world_size=world_size,
         loss_fn=paddle.nn.CrossEntropyLoss(label_smoothing=t.label_smoothing),
         precision=precision,
         callbacks=build_callbacks(cfg, run_dir, list(cfg.data.mean), list(cfg.data.std), run_info),
@@ -187,7 +198,9 @@ def train(cfg: DictConfig, run_dir: Path) -> Dict[str, float]:
         run_dir=str(run_dir), hparams=flat_hparams(cfg),
     )
     metrics = trainer.fit(data.train_loader, data.val_loader, ckpt_path=checkpoint)
-    write_summary(run_dir, metrics, trainer)
+    if trainer.is_main:
+        write_summary(run_dir, metrics, trainer)
+    distributed.barrier()
     return metrics
 
 
@@ -256,19 +269,60 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="fit")
 def main(cfg: DictConfig) -> Optional[float]:
-    """Hydra entry point; returns the monitored metric so sweepers can optimise it."""
+    """Hydra entry point; returns the monitored metric so sweepers can optimise it.
+
+    With ``trainer.devices=N`` (N > 1) this process only launches N workers through
+    ``paddle.distributed.launch`` into the same run directory; each worker runs this function again.
+    """
+    run_dir = run_dir_from_hydra()
+    if cfg.trainer.devices > 1 and not distributed.is_launched():
+        launch_workers(cfg, run_dir)
+        return None
+    if distributed.is_launched():
+        distributed.init()
+        distributed.setup_rank_logging(distributed.rank())
+        # Direct `paddle.distributed.launch` runs get one run directory too: rank 0's.
+        run_dir = Path(distributed.broadcast_object(str(run_dir)))
     try:
-        metrics = train(cfg, run_dir_from_hydra())
+        metrics = train(cfg, run_dir)
     except UserError as exc:
-        log.error("%s", exc)
-        sys.exit(2)
+        fail(exc, 2)
     except NonFiniteLossError as exc:
-        log.error("%s", exc)
-        sys.exit(3)
+        fail(exc, 3)
     except TrainingInterrupted as exc:
-        log.error("%s; resume with trainer.resume=auto hydra.run.dir=<this run dir>", exc)
-        sys.exit(exc.exit_code)
+        fail(f"{exc}; resume with trainer.resume=auto hydra.run.dir={run_dir}", exc.exit_code)
+    except Exception as exc:
+        if not distributed.is_launched():
+            raise
+        log.exception("%s: %s: %s", distributed.FAILURE_MARKER, type(exc).__name__, exc)
+        sys.exit(1)
     return metrics.get(cfg.trainer.checkpoint.monitor)
+
+
+def fail(message: Any, exit_code: int) -> None:
+    """Log one clear line (marked for the launcher when this is one rank of a job) and exit."""
+    if distributed.is_launched():
+        log.error("%s: %s", distributed.FAILURE_MARKER, message)
+    else:
+        log.error("%s", message)
+    sys.exit(exit_code)
+
+
+def launch_workers(cfg: DictConfig, run_dir: Path) -> None:
+    """Start ``trainer.devices`` processes on this machine with this run's overrides and run directory."""
+    from hydra.core.hydra_config import HydraConfig
+
+    overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("hydra.run.dir=")]
+    # The workers share this run directory; this process already wrote its .hydra/ config there.
+    args = [*overrides, f"hydra.run.dir={run_dir}", "hydra.output_subdir=null"]
+    result = distributed.launch(cfg.trainer.devices, args, run_dir / "launch")
+    if result.returncode == 0:
+        return
+    for line in result.failures:
+        log.error("%s", line)
+    if not result.failures:
+        log.error("A worker failed; its log is in %s", result.log_dir)
+    sys.exit(128 + result.signum if result.signum else result.returncode)
 
 
 if __name__ == "__main__":

@@ -142,6 +142,7 @@ class Precision:
         if self.enabled and dtype == "float16":
             _check_scaler_settings(**scaler_kwargs)
         self.scaler: Optional[ScalerLike] = self._resolve_scaler(scaler, on_cpu, scaler_kwargs)
+        self._is_setup = False
         if self.enabled and on_cpu:
             injected = " (the injected loss scaler is still used)" if self.scaler is not None else ""
             logger.info(
@@ -205,8 +206,12 @@ class Precision:
     def setup(self, model: paddle.nn.Layer, optimizer: Any) -> Tuple[paddle.nn.Layer, Any]:
         """Cast for O2 (float32 master weights, float32 state_dict); O1 and float32 return them unchanged.
 
-        Call before wrapping the model in ``paddle.DataParallel``.
+        Call before wrapping the model in ``paddle.DataParallel``. Idempotent: a second call (e.g. by the
+        Trainer after ``fit.py`` already set up and wrapped the model) changes nothing.
         """
+        if self._is_setup:
+            return model, optimizer
+        self._is_setup = True
         if self.amp_active and self.level == "O2":
             model, optimizer = paddle.amp.decorate(
                 models=model,

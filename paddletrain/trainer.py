@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 import numpy as np
 import paddle
 
+from paddletrain import distributed
 from paddletrain.callbacks.base import Callback, StepOutput
 from paddletrain.errors import NonFiniteLossError, TrainingInterrupted, UserError
 from paddletrain.metrics import ClassificationMeter
@@ -110,7 +111,6 @@ class Trainer:
         self.train_loader: Optional[Iterable] = None
         self.handle_signals = handle_signals
         self.resumed_from: Optional[str] = None
-        self._is_setup = False
         self._pending_signal: Optional[int] = None
         self._train_meter: Optional[ClassificationMeter] = None
         self._restored_meter: Optional[Dict[str, Any]] = None
@@ -155,10 +155,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ fit
     def setup(self) -> None:
-        """Apply precision wrapping (O2 decorate) once, before the first step or restore."""
-        if not self._is_setup:
-            self.model, self.optimizer = self.precision.setup(self.model, self.optimizer)
-            self._is_setup = True
+        """Apply precision wrapping (O2 decorate) before the first step or restore (a no-op if already done)."""
+        self.model, self.optimizer = self.precision.setup(self.model, self.optimizer)
 
     def fit(self, train_loader: Iterable, val_loader: Optional[Iterable] = None,
             ckpt_path: Optional[Any] = None) -> Dict[str, float]:
@@ -177,8 +175,8 @@ class Trainer:
                 self._call("on_fit_start")
                 while not self._done():
                     self._run_epoch(train_loader, val_loader)
-                    if self._pending_signal is not None:  # arrived during validation or the epoch-end hooks
-                        raise TrainingInterrupted(self._pending_signal)
+                    if self._signal_agreed():  # arrived during validation or the epoch-end hooks
+                        raise TrainingInterrupted(self._pending_signal or signal.SIGTERM)
                 self._call("on_fit_end")
             except BaseException as exc:
                 self._call("on_exception", exc)
@@ -206,6 +204,12 @@ class Trainer:
         finally:
             for sig, old in previous.items():
                 signal.signal(sig, old)
+
+    def _signal_agreed(self) -> bool:
+        """Whether any rank received SIGTERM/SIGINT (one tiny all-reduce per step under data parallelism)."""
+        if self.world_size > 1:
+            return distributed.any_rank(self._pending_signal is not None)
+        return self._pending_signal is not None
 
     def _done(self) -> bool:
         if self.should_stop or self.epoch >= self.max_epochs:
@@ -280,14 +284,18 @@ class Trainer:
                              data_time=t1 - t0, compute_time=t2 - t1, finite=finite)
             self._call("on_train_batch_end", out, batch, batch_idx)
             batch_idx += 1
-            # Stop only on an optimizer-step boundary: accumulated gradients are not part of a checkpoint.
-            if self._pending_signal is not None and step_now:
-                raise TrainingInterrupted(self._pending_signal)
+            # Stop only on an optimizer-step boundary (accumulated gradients are not part of a checkpoint), and
+            # on the same step on every rank, or the others would wait forever in the next all-reduce.
+            if step_now and self._signal_agreed():
+                raise TrainingInterrupted(self._pending_signal or signal.SIGTERM)
             if self.should_stop or (self.max_steps is not None and self.global_step >= self.max_steps):
                 exhausted = limit is not None and batch_idx >= limit
                 break
         elapsed = time.perf_counter() - epoch_start
-        metrics = meter.compute("train")
+        sums = meter.sums()
+        if self.world_size > 1:
+            paddle.distributed.all_reduce(sums)
+        metrics = meter.compute("train", sums)
         if images_seen:
             metrics["train/throughput"] = images_seen / max(elapsed, 1e-9)
             metrics["train/data_time_share"] = time_data / max(time_data + time_compute, 1e-9)
@@ -337,14 +345,25 @@ class Trainer:
         self._call("on_validation_start")
         was_training = self.module.training
         self.module.eval()
+        if self.world_size > 1:
+            distributed.broadcast_buffers(self.module)
         meter = ClassificationMeter(self.num_classes)
         limit = self._num_batches(loader, self.limit_val_batches)
+        # A distributed sampler pads each rank's shard at its end; those repeated samples are not counted.
+        real = getattr(loader, "num_real_samples", None)
+        seen = 0
         with paddle.no_grad():
             for batch_idx, batch in enumerate(loader):
-                if limit is not None and batch_idx >= limit:
+                if (limit is not None and batch_idx >= limit) or (real is not None and seen >= real):
                     break
                 loss, logits, labels = self.validation_step(batch, batch_idx)
-                meter.update(loss, logits, labels, int(batch[0].shape[0]))
+                size = int(labels.shape[0])
+                if real is not None and seen + size > real:
+                    keep = real - seen
+                    logits, labels = logits[:keep], labels[:keep]
+                    loss, size = self.loss_fn(logits, labels), keep
+                meter.update(loss, logits, labels, size)
+                seen += size
         sums = meter.sums()
         if self.world_size > 1:
             paddle.distributed.all_reduce(sums)
@@ -383,7 +402,8 @@ class Trainer:
                 "global_step": self.global_step,
                 "nonfinite_steps": self.nonfinite_steps,
             },
-            "rng": rng_state(),
+            # Every rank's RNG (dropout differs per rank), gathered so rank 0 can save them all.
+            "rng": distributed.all_gather_object(rng_state()) if self.world_size > 1 else [rng_state()],
             "callbacks": {cb.state_key: cb.state_dict() for cb in self.callbacks},
             "metrics": dict(self.metrics),
         }
@@ -423,7 +443,16 @@ class Trainer:
         # After a finished epoch the next one starts from its first batch: only a mid-epoch position matters.
         if "sampler" in state and hasattr(sampler, "load_state_dict") and self.batch_in_epoch:
             sampler.load_state_dict(state["sampler"])
-        set_rng_state(state["rng"])
+        saved_rngs = state["rng"]
+        if len(saved_rngs) == self.world_size:
+            set_rng_state(saved_rngs[self.rank])
+        else:
+            from paddletrain.runtime import seed_everything
+
+            # Another world size: there is no saved stream for this rank, so derive a deterministic one.
+            seed_everything(hash((len(saved_rngs), self.rank, self.global_step)) % (2**31))
+            log.warning("The checkpoint holds RNG states for %d rank(s), this run has %d: random streams are "
+                        "reseeded from (rank, global step)", len(saved_rngs), self.world_size)
 
     def restore(self, checkpoint: Any) -> None:
         """Load a checkpoint (a directory, or a :class:`~paddletrain.checkpoint.Checkpoint`) into the trainer."""

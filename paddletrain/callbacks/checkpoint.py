@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional
 
 import paddle
 
+from paddletrain import distributed
 from paddletrain.callbacks.base import Callback, StepOutput
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -34,7 +35,8 @@ class ModelCheckpoint(Callback):
         extra_state: JSON-serialisable data stored alongside (e.g. the resolved config).
     """
 
-    main_process_only = True
+    # Every rank takes part (the trainer's state gathers all ranks' RNG streams); only rank 0 writes.
+    main_process_only = False
     run_last = True
 
     def __init__(self, dirpath: str | Path, monitor: Optional[str] = "val/top1", mode: str = "max",
@@ -57,7 +59,8 @@ class ModelCheckpoint(Callback):
     def on_fit_start(self, trainer: "Trainer") -> None:
         from paddletrain.checkpoint import check_writable
 
-        check_writable(self.dirpath)
+        if trainer.is_main:
+            check_writable(self.dirpath)
         resumed = getattr(trainer, "resumed_from", None)
         if resumed is not None:
             self.manager.protect(Path(resumed))
@@ -89,6 +92,9 @@ class ModelCheckpoint(Callback):
                       "the existing checkpoints are kept", trainer.global_step)
             return None
         state = trainer.state_dict()
+        if not trainer.is_main:
+            distributed.barrier()  # rank 0 writes; the others wait so no rank runs ahead of a checkpoint
+            return None
         state.update(self.extra_state)
         for cb in trainer.callbacks:
             cb.on_save_checkpoint(trainer, state)
@@ -97,7 +103,11 @@ class ModelCheckpoint(Callback):
                     "monitor": self.monitor, "metric": metric, "config_hash": self.config_hash}
         # No "=" in the name: Hydra would read it as an override when the path is passed on the command line.
         name = f"epoch{trainer.epoch:04d}-step{trainer.global_step:07d}"
-        self.last_path = self.manager.save(state, name=name, metadata=metadata, metric=metric)
+        try:
+            self.last_path = self.manager.save(state, name=name, metadata=metadata, metric=metric)
+        finally:
+            if trainer.world_size > 1:
+                distributed.barrier()
         log.info("Saved checkpoint %s%s", self.last_path,
                  f" ({self.monitor}={metric:.4f})" if metric is not None else "")
         return self.last_path
