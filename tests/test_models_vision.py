@@ -104,3 +104,16 @@ def test_fit_finetunes_a_vision_model_with_the_weights_preprocessing(tmp_path):
     assert 0.0 <= metrics["val/top1"] <= 1.0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["epochs"] == 2
+
+
+@pytest.mark.parametrize("experiment", ["finetune_shufflenet_imagefolder", "finetune_resnet50_vd_imagefolder"])
+def test_finetune_experiments_compose_and_validate(experiment):
+    from pathlib import Path
+
+    from paddletrain.config import validate_config
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    cfg = compose_fit([f"hydra.searchpath=[file://{configs}]", f"+experiment={experiment}", "data.root=/data/x"])
+    validate_config(cfg)
+    assert cfg.model.pretrained and cfg.trainer.finetune.freeze_backbone_epochs >= 1
+    assert cfg.data.mean is None and cfg.data.image_size is None  # taken from the weights
