@@ -8,7 +8,8 @@ The same ResNet weights are published under four namings:
 * ``paddlehub`` (PaddleHub modules, PaddleClas before 2.1): ``conv1_1._conv``, ``conv1_1._batch_norm`` (vd
   stem) or ``conv._conv`` (7x7 stem), ``bb_<stage>_<i>.conv0._conv``, ``bb_<stage>_<i>.short``, ``out``;
 * ``static`` (static-graph parameter names): ``conv1_1_weights``, ``bnv1_1_scale``, ``res2a_branch2a_weights``,
-  ``bn2a_branch2a_scale|_offset|_mean|_variance`` (a norm is "bn" + its conv's name from the 4th letter on), ``res2a_branch1_weights``, ``fc_0.w_0``, ``fc_0.b_0``.
+  ``bn2a_branch2a_scale|_offset|_mean|_variance`` (a norm is "bn" + its conv's name from the 4th letter on),
+  ``res2a_branch1_weights``, ``fc_0.w_0``, ``fc_0.b_0``.
 
 Every scheme names the same units (a conv, a norm, the classifier) in the same layout, so the conversion is
 driven by the model: each of its keys is translated into the name the source would use, and the scheme under
