@@ -4,7 +4,8 @@
   loader should reach with ``num_workers=0`` (goal: >= 0.9x).
 - ``loader``: ``paddletrain.data.build_loader`` (seeded per-sample augmentation, bad-sample checks,
   collate, tensors) for each worker count: steady images/s from the first batch to the last, and the
-  first batch's wait (worker start-up) separately.
+  first batch's wait (worker start-up) separately. Passes are interleaved (bare, w0, w1, ... per epoch)
+  and ``vs_bare`` is the median of the per-pass ratios.
 - ``trainer``: ``Trainer.fit`` of ``model`` on that loader for two epochs; the second epoch's
   ``train/data_time_share`` is the share of step time spent waiting for data (goal: < 10% when workers
   suffice) and ``train/throughput`` its images/s.
@@ -16,11 +17,12 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import paddle
 
-from paddletrain.bench.common import build_model, check_positive, environment, finished, write_jpeg_folder
+from paddletrain.bench.common import (build_model, check_positive, environment, finished, paired_ratio,
+                                      write_jpeg_folder)
 from paddletrain.errors import ConfigError
 
 
@@ -62,36 +64,47 @@ def _dataset(cfg: DataBenchConfig) -> Any:
     return ImageFolderDataset(cfg.root, "train", transform=build_transform(_data_config(cfg, 0), train=True))
 
 
-def bare_rate(dataset: Any, epochs: int) -> List[float]:
-    """Images/s of ``dataset[i]`` in a loop, one value per pass."""
-    rates = []
-    for _ in range(epochs):
-        start = time.perf_counter()
-        for i in range(len(dataset)):
-            dataset[i]
-        rates.append(len(dataset) / (time.perf_counter() - start))
-    return rates
+def bare_pass(dataset: Any) -> float:
+    """Images/s of one pass of ``dataset[i]`` in a plain loop."""
+    start = time.perf_counter()
+    for i in range(len(dataset)):
+        dataset[i]
+    return len(dataset) / (time.perf_counter() - start)
 
 
-def loader_rate(loader: Any, epochs: int) -> Dict[str, float]:
-    """Steady images/s of iterating ``loader`` (from its first batch to its last) and the first batch's wait.
+def loader_pass(loader: Any, epoch: int) -> Tuple[float, float]:
+    """One epoch of ``loader``: steady images/s (first batch to last) and the first batch's wait in seconds.
 
-    Worker start-up is excluded from the rate and reported as ``first_batch_s`` (medians over ``epochs``).
+    The steady rate leaves out worker start-up, which ``first_batch_s`` reports instead.
     """
-    rates, first = [], []
+    loader.batch_sampler.set_epoch(epoch)
+    start = time.perf_counter()
+    arrivals, sizes = [], []
+    for batch in loader:
+        arrivals.append(time.perf_counter())
+        sizes.append(int(batch[0].shape[0]))
+    if len(arrivals) < 2:
+        raise ConfigError(f"bench data: need at least 2 batches per epoch; lower batch_size={loader.batch_size} "
+                          "or add images")
+    return sum(sizes[1:]) / (arrivals[-1] - arrivals[0]), arrivals[0] - start
+
+
+def interleaved_rates(dataset: Any, loaders: Dict[int, Any], epochs: int) -> List[Dict[str, Any]]:
+    """Rows for the bare loop and each loader; every pass runs bare, w0, w1, ... so load drift hits all alike."""
+    bare: List[float] = []
+    timings: Dict[int, List[Tuple[float, float]]] = {w: [] for w in loaders}
     for epoch in range(epochs):
-        loader.batch_sampler.set_epoch(epoch)
-        start = time.perf_counter()
-        arrivals, sizes = [], []
-        for batch in loader:
-            arrivals.append(time.perf_counter())
-            sizes.append(int(batch[0].shape[0]))
-        if len(arrivals) < 2:
-            raise ConfigError(f"bench data: need at least 2 batches per epoch; lower batch_size={loader.batch_size}"
-                              " or add images")
-        first.append(arrivals[0] - start)
-        rates.append(sum(sizes[1:]) / (arrivals[-1] - arrivals[0]))
-    return {"images_per_s": statistics.median(rates), "first_batch_s": statistics.median(first)}
+        bare.append(bare_pass(dataset))
+        for workers, loader in loaders.items():
+            timings[workers].append(loader_pass(loader, epoch))
+    rows: List[Dict[str, Any]] = [{"pipeline": "bare decode+augment (1 core)", "num_workers": None,
+                                   "images_per_s": statistics.median(bare), "vs_bare": 1.0}]
+    for workers, passes in timings.items():
+        rates = [rate for rate, _ in passes]
+        rows.append({"pipeline": "build_loader", "num_workers": workers, "images_per_s": statistics.median(rates),
+                     "vs_bare": paired_ratio(rates, bare),
+                     "first_batch_s": statistics.median(first for _, first in passes)})
+    return rows
 
 
 def trainer_data_wait(cfg: DataBenchConfig, loader: Any, num_classes: int) -> Dict[str, float]:
@@ -124,18 +137,12 @@ def run_data(cfg: DataBenchConfig) -> Dict[str, Any]:
         else:
             synthetic = False
         dataset = _dataset(cfg)
-        bare = statistics.median(bare_rate(dataset, cfg.epochs))
-        rows: List[Dict[str, Any]] = [{"pipeline": "bare decode+augment (1 core)", "num_workers": None,
-                                       "images_per_s": bare, "vs_bare": 1.0}]
-        for workers in cfg.workers:
-            loader = build_loader(dataset, _data_config(cfg, workers), train=True, seed=0)
-            timing = loader_rate(loader, cfg.epochs)
-            row = {"pipeline": "build_loader", "num_workers": workers, **timing,
-                   "vs_bare": timing["images_per_s"] / bare}
-            if cfg.model:
-                row.update(trainer_data_wait(cfg, loader, len(dataset.classes)))
-            rows.append(row)
-            del loader  # stops its persistent workers before the next count starts its own
+        loaders = {w: build_loader(dataset, _data_config(cfg, w), train=True, seed=0) for w in cfg.workers}
+        rows = interleaved_rates(dataset, loaders, cfg.epochs)
+        if cfg.model:
+            for row in rows[1:]:
+                row.update(trainer_data_wait(cfg, loaders[row["num_workers"]], len(dataset.classes)))
+        del loaders  # stops persistent workers, if any, before the folder goes
     if synthetic:
         cfg.root = None
     workers0 = next((r for r in rows[1:] if r["num_workers"] == 0), None)
