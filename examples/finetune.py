@@ -30,7 +30,7 @@ def main() -> None:
                         help="a file, checkpoint dir, vision:<arch>, paddleclas:<Name> or hub:<module>")
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--freeze-epochs", type=int, default=2)
-    parser.add_argument("--lr", type=float, default=0.005)
+    parser.add_argument("--lr", type=float, default=5e-4, help="AdamW learning rate of the backbone")
     parser.add_argument("--out", default="outputs/finetune_example")
     args = parser.parse_args()
 
@@ -46,7 +46,8 @@ def main() -> None:
     overrides = [
         f"model={args.model}", f"model.pretrained={args.weights}", "data=imagefolder", f"data.root={args.root}",
         "data.image_size=null", "data.mean=null", "data.std=null", "data.interpolation=null", "data.batch_size=16",
-        f"optim.lr={args.lr}", "optim.head_lr_mult=4", "optim.weight_decay=1e-4", "sched.warmup_epochs=0",
+        "optim=adamw", f"optim.lr={args.lr}", "optim.head_lr_mult=10", "optim.weight_decay=0.01",
+        "sched.warmup_epochs=0",
         f"trainer.max_epochs={args.epochs}", f"trainer.finetune.freeze_backbone_epochs={args.freeze_epochs}",
         "trainer.finetune.freeze_bn=true",
     ]
