@@ -35,11 +35,12 @@ def evaluate(cfg: DictConfig, checkpoint: "Checkpoint") -> Dict[str, float]:
     """Rebuild the model from ``cfg`` (the checkpoint's config), load the checkpoint's weights and validate."""
     import paddle
 
-    from paddletrain.fit import build_data, build_model
+    from paddletrain.fit import build_data, build_model, resolve_preprocessing
     from paddletrain.runtime import seed_everything, setup_runtime
     from paddletrain.trainer import Trainer
 
     validate_config(cfg)
+    cfg = resolve_preprocessing(cfg)
     setup_runtime(cfg.trainer.device, cfg.trainer.cpu_threads)
     seed_everything(cfg.trainer.seed)
     data = build_data(cfg, seed=cfg.trainer.seed)

@@ -17,7 +17,7 @@ CONF = Path(__file__).resolve().parents[1] / "paddletrain" / "conf"
 def test_default_config_is_valid():
     cfg = compose_fit()
     validate_config(cfg)
-    assert cfg.model.name == "resnet20" and cfg.data.name == "shapes" and cfg.optim.name == "sgd"
+    assert cfg.model.name == "resnet20" and cfg.data.name == "shapes" and cfg.optim.name == "adamw"
 
 
 @pytest.mark.parametrize("group", ["model", "data", "optim", "sched", "trainer"])

@@ -56,3 +56,13 @@ def test_multirun_sweep(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     summaries = sorted((tmp_path / "sweep").glob("*/summary.json"))
     assert len(summaries) == 2
+
+
+def test_the_default_job_trains_a_real_model(tmp_path):
+    """The README's first command, unchanged: resnet20 on the embedded shapes data must reach 0.90 top-1."""
+    run_dir = tmp_path / "default"
+    result = run_module("paddletrain.fit", [f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["epochs"] == 5
+    assert summary["val/top1"] >= 0.90, summary

@@ -3,7 +3,7 @@
 >>> from paddletrain.models import create_model, list_models
 >>> model = create_model("resnet20", num_classes=10)
 """
-from . import resnet  # noqa: F401  (registers the ResNet builders)
+from . import resnet, vision  # noqa: F401  (register the ResNet builders and model="vision")
 from .pretrained import LoadReport, PretrainedLoadError, load_pretrained
 from .registry import (
     ModelOptionError,

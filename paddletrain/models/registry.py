@@ -107,12 +107,14 @@ def create_model(
         name: a name from :func:`list_models`.
         num_classes: classifier outputs; 0 gives a feature extractor whose head is an identity.
         in_chans: input image channels.
-        pretrained: a weight file (``.safetensors``; ``.pdparams`` with ``trust_pickle=True``) loaded with
+        pretrained: a weight source (a ``.safetensors``/``.pdparams`` file, a checkpoint dir, ``vision:<arch>``,
+            ``paddleclas:<Name>`` or ``hub:<module>``; see docs/finetuning.md) loaded with
             :func:`paddletrain.models.pretrained.load_pretrained`. A classifier head of another size is
             left freshly initialised.
         strict: with ``pretrained``, fail when any weight other than the classifier head is missing,
             unexpected or of another shape.
-        trust_pickle: allow unpickling ``.pdparams`` files (pickles can run code: trust the file first).
+        trust_pickle: allow unpickling ``.pdparams`` files that hold more than numpy arrays (pickles can run
+            code: trust the file first).
         **kwargs: builder options, e.g. ``drop_rate``, ``zero_init_residual``, ``data_format``.
 
     Raises:
