@@ -61,7 +61,6 @@ def build_model(cfg: DictConfig, classes: List[str], in_chans: int) -> paddle.nn
     ``model.arch`` is passed only when set (``model=vision``); builder options the weights need (e.g.
     PaddleClas' first-block projection shortcut) come from the weight source.
     """
-    import paddletrain.models.vision  # noqa: F401  (registers model=vision)
     from paddletrain.models import create_model
     from paddletrain.models.weights import describe
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Union
@@ -43,14 +44,32 @@ class BadSample:
     kind: str = "read"
 
 
+# Set while a whole batch is loaded in the main process: the RNGs are then saved and restored once per batch
+# instead of once per sample (~0.16 ms each).
+_batch_scope = threading.local()
+
+
+@contextmanager
+def _global_rngs_restored() -> Iterator[None]:
+    saved = (random.getstate(), np.random.get_state())
+    _batch_scope.active = True
+    try:
+        yield
+    finally:
+        _batch_scope.active = False
+        random.setstate(saved[0])
+        np.random.set_state(saved[1])
+
+
 @contextmanager
 def _global_rngs_seeded(py_seed: int, np_seed: int) -> Iterator[None]:
     """Seed python ``random`` and ``numpy.random`` for the block.
 
     In the main process the previous states are restored afterwards so the trainer's random stream is
-    unaffected. A worker process owns its RNGs, so it skips the restore (about 0.1 ms per sample).
+    unaffected (once per batch when the loader loads a whole batch). A worker process owns its RNGs, so it
+    skips the restore.
     """
-    restore = paddle.io.get_worker_info() is None
+    restore = paddle.io.get_worker_info() is None and not getattr(_batch_scope, "active", False)
     saved = (random.getstate(), np.random.get_state()) if restore else None
     random.seed(py_seed)
     np.random.seed(np_seed)
@@ -167,7 +186,9 @@ class CheckedDataLoader(paddle.io.DataLoader):
 
     def _load_in_this_thread(self) -> Iterator[list]:
         for keys in self.batch_sampler:
-            batch = collate_checked([self.dataset[key] for key in keys])
+            with _global_rngs_restored():
+                samples = [self.dataset[key] for key in keys]
+            batch = collate_checked(samples)
             yield [paddle.to_tensor(x) if isinstance(x, np.ndarray) else x for x in batch]
 
     def _handle_problems(self, problems: List[list]) -> None:
