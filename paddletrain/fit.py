@@ -50,6 +50,11 @@ def build_data(cfg: DictConfig, seed: int, rank: int = 0, world_size: int = 1) -
     if num_classes is not None and num_classes < len(splits.classes):
         raise UserError(f"model.num_classes={num_classes} is smaller than the {len(splits.classes)} classes "
                         f"of data.name={cfg.data.name}")
+    per_rank = -(-len(splits.train) // world_size)
+    if cfg.data.drop_last and per_rank < cfg.data.batch_size:
+        raise UserError(f"data.batch_size={cfg.data.batch_size} is larger than the {per_rank} training samples each "
+                        f"of the {world_size} process(es) gets from data.name={cfg.data.name}: with "
+                        "data.drop_last=true no training step would run. Lower data.batch_size.")
     train_loader = build_loader(splits.train, cfg.data, train=True, seed=seed, num_replicas=world_size, rank=rank)
     val_loader = build_loader(splits.val, cfg.data, train=False, seed=seed, num_replicas=world_size, rank=rank)
     return DataBundle(train_loader, val_loader, list(splits.classes), splits.in_chans)

@@ -162,8 +162,9 @@ class Trainer:
             ckpt_path: Optional[Any] = None) -> Dict[str, float]:
         """Train until ``max_epochs``/``max_steps`` or a callback stops; returns the final metrics.
 
-        ``ckpt_path`` (a checkpoint directory or loaded ``Checkpoint``) restores model, optimizer, scheduler, precision, callbacks, RNGs and the position
-        inside the epoch, so the run continues exactly where the checkpoint was written.
+        ``ckpt_path`` (a checkpoint directory or a loaded ``Checkpoint``) restores model, optimizer, scheduler,
+        precision, callbacks, RNGs and the position inside the epoch, so the run continues exactly where the
+        checkpoint was written.
         """
         self.setup()
         # Walking the layer tree every step costs ~0.2-0.5 ms (measured): list the parameters once.
@@ -273,7 +274,7 @@ class Trainer:
             stepped, finite = False, True
             if step_now:
                 stepped, finite = self._optimizer_step()
-            loss_value = float(loss)
+            loss_value = float(loss.item())  # the step's one host sync; .item() also accepts a [1]-shaped loss
             if math.isfinite(loss_value):
                 meter.update(loss, logits, labels, len(labels))
             t2 = time.perf_counter()

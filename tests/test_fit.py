@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from tests.conftest import TINY, run_module
 
@@ -66,3 +65,10 @@ def test_the_default_job_trains_a_real_model(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["epochs"] == 5
     assert summary["val/top1"] >= 0.90, summary
+
+
+def test_batch_larger_than_the_training_split_is_an_error(tmp_path):
+    result = run_module("paddletrain.fit", [*TINY, "data.batch_size=128", f"hydra.run.dir={tmp_path}"], cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and "data.batch_size=128" in output and "64 training samples" in output
+    assert "Traceback" not in output

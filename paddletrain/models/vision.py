@@ -14,7 +14,6 @@ from __future__ import annotations
 import inspect
 from typing import Any, Optional
 
-import paddle
 import paddle.nn as nn
 
 from ..errors import ConfigError
