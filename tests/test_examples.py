@@ -27,4 +27,4 @@ def test_downstream_hydra_app_composes_paddletrain_configs(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["epochs"] == 1
     config = (run_dir / ".hydra" / "config.yaml").read_text()
-    assert "name: tiny_resnet" in config and "downstream-tiny_resnet" in config
+    assert "name: tiny_resnet" in config and "name: downstream-${model.name}" in config  # its own primary config
