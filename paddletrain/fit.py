@@ -40,10 +40,10 @@ def build_data(cfg: DictConfig, seed: int, rank: int = 0, world_size: int = 1) -
     """Datasets, transforms and loaders from the ``data`` config."""
     from paddletrain.data import build_datasets, build_loader, build_transform
 
-    probe = build_datasets(cfg.data)  # validates paths and tells the channel count before transforms exist
-    train_tf = build_transform(cfg.data, train=True, in_chans=probe.in_chans)
-    eval_tf = build_transform(cfg.data, train=False, in_chans=probe.in_chans)
-    splits = build_datasets(cfg.data, train_transform=train_tf, eval_transform=eval_tf)
+    # Transforms need the channel count the dataset reports, so the loaders apply them (per seeded sample).
+    splits = build_datasets(cfg.data)
+    train_tf = build_transform(cfg.data, train=True, in_chans=splits.in_chans)
+    eval_tf = build_transform(cfg.data, train=False, in_chans=splits.in_chans)
     if len(splits.train) == 0:
         raise UserError(f"data.name={cfg.data.name}: the training split is empty")
     num_classes = cfg.model.num_classes
@@ -55,8 +55,10 @@ def build_data(cfg: DictConfig, seed: int, rank: int = 0, world_size: int = 1) -
         raise UserError(f"data.batch_size={cfg.data.batch_size} is larger than the {per_rank} training samples each "
                         f"of the {world_size} process(es) gets from data.name={cfg.data.name}: with "
                         "data.drop_last=true no training step would run. Lower data.batch_size.")
-    train_loader = build_loader(splits.train, cfg.data, train=True, seed=seed, num_replicas=world_size, rank=rank)
-    val_loader = build_loader(splits.val, cfg.data, train=False, seed=seed, num_replicas=world_size, rank=rank)
+    train_loader = build_loader(splits.train, cfg.data, train=True, seed=seed, num_replicas=world_size, rank=rank,
+                                transform=train_tf)
+    val_loader = build_loader(splits.val, cfg.data, train=False, seed=seed, num_replicas=world_size, rank=rank,
+                              transform=eval_tf)
     return DataBundle(train_loader, val_loader, list(splits.classes), splits.in_chans)
 
 
