@@ -191,7 +191,11 @@ def train(cfg: DictConfig, run_dir: Path) -> Dict[str, float]:
     model = distributed.wrap(model, find_unused_parameters=t.find_unused_parameters, sync_bn=cfg.model.sync_bn)
     run_info = {"model": cfg.model.name, "num_classes": len(data.classes), "batch_size": cfg.data.batch_size,
                 "world_size": world_size}
-    checkpoint = load_resume_checkpoint(t.resume, run_dir, run_info)
+    if t.resume and is_legacy_checkpoint(Path(t.resume)):
+        warm_start_from_legacy(Path(t.resume), distributed.unwrap(model), optimizer, t.checkpoint.trust_pickle)
+        checkpoint = None
+    else:
+        checkpoint = load_resume_checkpoint(t.resume, run_dir, run_info)
     trainer = Trainer(
         model, optimizer, scheduler=scheduler, rank=rank, world_size=world_size,
         loss_fn=paddle.nn.CrossEntropyLoss(label_smoothing=t.label_smoothing),
@@ -238,6 +242,39 @@ def load_resume_checkpoint(resume: Optional[str], run_dir: Path, run_info: Dict[
             log.warning("Resuming from %s with %s=%s; the checkpoint was written with %s=%s", path, key,
                         run_info[key], key, saved[key])
     return checkpoint
+
+
+def is_legacy_checkpoint(path: Path) -> bool:
+    """A pickled PaddleClas-style checkpoint (``.pdparams``/``.pdopt``) rather than a paddletrain one."""
+    from paddletrain.checkpoint.legacy import LEGACY_SUFFIXES
+
+    if path.is_file():
+        return path.suffix in LEGACY_SUFFIXES
+    return (path.is_dir() and not (path / "manifest.json").exists()
+            and any(p.suffix in LEGACY_SUFFIXES for p in path.iterdir()))
+
+
+def warm_start_from_legacy(path: Path, model: paddle.nn.Layer, optimizer: Any, trust_pickle: bool) -> None:
+    """Start from a legacy pickled checkpoint's weights (and optimizer state from a ``.pdopt``).
+
+    Unpickling runs code from the file, so this needs ``trainer.checkpoint.trust_pickle=true``. A legacy file
+    records no epoch, RNG or sampler state: training starts at epoch 0 with these weights.
+    """
+    from paddletrain.checkpoint import load_legacy
+    from paddletrain.trainer import check_state_matches
+
+    loaded = load_legacy(path, trust_pickle=trust_pickle)
+    files = loaded if path.is_dir() else {path.name: loaded}
+    weights = next((v for k, v in files.items() if k.endswith(".pdparams")), None)
+    if weights is None:
+        raise UserError(f"trainer.resume={path}: no .pdparams weights in the legacy checkpoint")
+    check_state_matches(model, weights)
+    model.set_state_dict(weights)
+    opt_state = next((v for k, v in files.items() if k.endswith(".pdopt")), None)
+    if opt_state is not None:
+        optimizer.set_state_dict(opt_state)
+    log.warning("Started from the legacy checkpoint %s (weights%s); it holds no epoch, RNG or data position, so "
+                "training starts at epoch 0", path, " and optimizer state" if opt_state is not None else "")
 
 
 def flat_hparams(cfg: DictConfig) -> Dict[str, Any]:

@@ -140,3 +140,22 @@ def test_resume_with_another_batch_size_warns(tmp_path):
     result = fit(run_dir, "data.batch_size=8", "trainer.max_epochs=2", "trainer.resume=auto")
     output = result.stdout + result.stderr
     assert "batch_size=8" in output and "batch_size=16" in output
+
+
+def test_legacy_pickled_checkpoint_needs_trust_and_then_warm_starts(tmp_path):
+    import paddle
+
+    from paddletrain.models import create_model
+
+    model = create_model("resnet20", num_classes=6)
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    paddle.save(model.state_dict(), str(legacy / "model.pdparams"))
+    args = [*TINY, f"trainer.resume={legacy}", f"hydra.run.dir={tmp_path / 'run'}"]
+    refused = run_module("paddletrain.fit", args, cwd=tmp_path)
+    output = refused.stdout + refused.stderr
+    assert refused.returncode == 2 and "trainer.checkpoint.trust_pickle=true" in output and "Traceback" not in output
+    trusted = run_module("paddletrain.fit", [*args, "trainer.checkpoint.trust_pickle=true"], cwd=tmp_path)
+    output = trusted.stdout + trusted.stderr
+    assert trusted.returncode == 0, output[-3000:]
+    assert "Started from the legacy checkpoint" in output
