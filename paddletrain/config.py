@@ -166,6 +166,7 @@ class TrainerConfig:
     devices: int = 1
     find_unused_parameters: bool = False
     seed: int = 42
+    # Deterministic cuDNN algorithms on GPUs (slower); CPU kernels are deterministic already.
     deterministic: bool = False
     accumulate_grad_batches: int = 1
     grad_clip_norm: Optional[float] = None
@@ -182,6 +183,7 @@ class TrainerConfig:
     resume: Optional[str] = None
     # Stop after this many consecutive non-finite steps.
     max_consecutive_nonfinite: int = 20
+    # Keep an exponential moving average of the weights (e.g. 0.999), validated with and checkpointed.
     ema_decay: Optional[float] = None
     # paddle.profiler over steps [wait, wait + warmup + active): summary + Chrome trace in <run dir>/profiler.
     profile: bool = False

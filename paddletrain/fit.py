@@ -132,7 +132,8 @@ def build_callbacks(cfg: DictConfig, run_dir: Path, mean: List[float], std: List
                     run_info: Dict[str, Any]) -> list:
     """Built-in callbacks selected by the ``trainer`` config; ``run_info`` is stored in every checkpoint."""
     from paddletrain.callbacks import (BackboneFreeze, EarlyStopping, FreezeBatchNorm, LearningRateMonitor,
-                                       ModelCheckpoint, ProfilerCallback, ProgressBar, VisualDLLogger)
+                                       ModelCheckpoint, ModelEMA, ProfilerCallback, ProgressBar,
+                                       VisualDLLogger)
 
     t = cfg.trainer
     callbacks: list = [ProgressBar(enabled=None if t.progress_bar else False), LearningRateMonitor()]
@@ -142,6 +143,8 @@ def build_callbacks(cfg: DictConfig, run_dir: Path, mean: List[float], std: List
     if t.early_stopping.enabled:
         es = t.early_stopping
         callbacks.append(EarlyStopping(monitor=es.monitor, mode=es.mode, patience=es.patience, min_delta=es.min_delta))
+    if t.ema_decay is not None:
+        callbacks.append(ModelEMA(t.ema_decay))
     if t.finetune.freeze_backbone_epochs:
         callbacks.append(BackboneFreeze(t.finetune.freeze_backbone_epochs))
     if t.finetune.freeze_bn:
@@ -169,7 +172,7 @@ def train(cfg: DictConfig, run_dir: Path) -> Dict[str, float]:
     cfg = resolve_preprocessing(cfg)
     t = cfg.trainer
     rank, world_size = distributed.rank(), distributed.world_size()
-    runtime = setup_runtime(t.device, t.cpu_threads)
+    runtime = setup_runtime(t.device, t.cpu_threads, deterministic=t.deterministic)
     seed_everything(t.seed + rank)  # dropout differs per rank; the data order comes from t.seed alone
     data = build_data(cfg, seed=t.seed, rank=rank, world_size=world_size)
     model = build_model(cfg, data.classes, data.in_chans)

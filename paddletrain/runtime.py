@@ -59,8 +59,13 @@ def set_cpu_threads(threads: Optional[int]) -> int:
     return threads
 
 
-def setup_runtime(device: str = "auto", cpu_threads: Optional[int] = None) -> RuntimeInfo:
-    """Select the device and CPU threads, and log them with the Paddle version once."""
+def setup_runtime(device: str = "auto", cpu_threads: Optional[int] = None, deterministic: bool = False) -> RuntimeInfo:
+    """Select the device and CPU threads, and log them with the Paddle version once.
+
+    ``deterministic`` asks cuDNN for deterministic algorithms (slower); CPU kernels are deterministic already.
+    """
+    if deterministic and paddle.device.is_compiled_with_cuda():  # the flag exists only in CUDA builds
+        paddle.set_flags({"FLAGS_cudnn_deterministic": True})
     resolved = select_device(device)
     paddle.set_device(resolved)
     threads = set_cpu_threads(cpu_threads)

@@ -20,7 +20,7 @@ from tests.conftest import TINY, run_module
 # 64 training images / batch 16 = 4 optimizer steps per epoch.
 STEPS_PER_EPOCH = 4
 RANDOM = [*TINY, "trainer.max_epochs=4", "model.drop_rate=0.3", "data.num_workers=2", "trainer.visualdl=true",
-          "trainer.checkpoint.keep_last=2"]
+          "trainer.checkpoint.keep_last=2", "trainer.ema_decay=0.9"]
 
 
 def fit(run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -54,6 +54,9 @@ def assert_same_training_state(a: dict, b: dict) -> None:
         assert left.keys() == right.keys(), part
         for key in left:
             np.testing.assert_array_equal(left[key], right[key], err_msg=f"{part}/{key}")
+    left, right = arrays(a["callbacks"]["ModelEMA"]), arrays(b["callbacks"]["ModelEMA"])
+    for key in left:
+        np.testing.assert_array_equal(left[key], right[key], err_msg=f"ModelEMA/{key}")
     # Metrics are equal too, except wall-clock ones.
     timing = ("train/throughput", "train/data_time_share")
     assert {k: v for k, v in a["metrics"].items() if k not in timing} == \

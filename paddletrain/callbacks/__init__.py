@@ -2,6 +2,7 @@
 from .base import Callback, StepOutput, metric_improved
 from .checkpoint import ModelCheckpoint
 from .early_stopping import EarlyStopping
+from .ema import ModelEMA
 from .finetune import BackboneFreeze, FreezeBatchNorm
 from .lr_monitor import LearningRateMonitor
 from .profiler import ProfilerCallback
@@ -17,6 +18,7 @@ __all__ = [
     "FreezeBatchNorm",
     "LearningRateMonitor",
     "ModelCheckpoint",
+    "ModelEMA",
     "ProfilerCallback",
     "ProgressBar",
     "VisualDLLogger",

@@ -1,0 +1,67 @@
+"""ModelEMA: an exponential moving average of the weights, validated with and saved in every checkpoint."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, Optional
+
+import paddle
+
+from paddletrain.callbacks.base import Callback, StepOutput
+
+if TYPE_CHECKING:  # pragma: no cover
+    from paddletrain.trainer import Trainer
+
+
+class ModelEMA(Callback):
+    """Keep ``ema = decay * ema + (1 - decay) * weights`` after every optimizer step (like timm's ModelEmaV2).
+
+    The average covers every floating-point entry of the state dict, BatchNorm statistics included. With
+    ``validate_with_ema`` the model is evaluated with the averaged weights (the training weights are put
+    back afterwards), so ``val/*`` metrics and the best checkpoint follow the EMA. Its state (the averaged
+    weights) is part of every checkpoint, so a resumed run continues the same average.
+    """
+
+    def __init__(self, decay: float = 0.9999, validate_with_ema: bool = True) -> None:
+        if not 0.0 < decay < 1.0:
+            raise ValueError(f"trainer.ema_decay must be in (0, 1), got {decay}")
+        self.decay = decay
+        self.validate_with_ema = validate_with_ema
+        self.shadow: Optional[Dict[str, paddle.Tensor]] = None
+        self._backup: Optional[Dict[str, paddle.Tensor]] = None
+
+    def _floating(self, model: paddle.nn.Layer) -> Dict[str, paddle.Tensor]:
+        return {k: v for k, v in model.state_dict().items() if v.dtype in (paddle.float32, paddle.float64,
+                                                                            paddle.float16, paddle.bfloat16)}
+
+    def on_fit_start(self, trainer: "Trainer") -> None:
+        if self.shadow is None:
+            self.shadow = {k: v.detach().astype("float32").clone() for k, v in self._floating(trainer.module).items()}
+
+    @paddle.no_grad()
+    def on_train_batch_end(self, trainer: "Trainer", output: StepOutput, batch: Any, batch_idx: int) -> None:
+        if not output.stepped or self.shadow is None:
+            return
+        for key, value in self._floating(trainer.module).items():
+            average = self.shadow[key]
+            average.set_value(average * self.decay + value.astype("float32") * (1.0 - self.decay))
+
+    def on_validation_start(self, trainer: "Trainer") -> None:
+        if self.validate_with_ema and self.shadow is not None:
+            self._backup = {k: v.clone() for k, v in self._floating(trainer.module).items()}
+            trainer.module.set_state_dict(self.shadow)
+
+    def on_validation_end(self, trainer: "Trainer", metrics: Dict[str, float]) -> None:
+        if self._backup is not None:
+            trainer.module.set_state_dict(self._backup)
+            self._backup = None
+
+    def on_exception(self, trainer: "Trainer", exception: BaseException) -> None:
+        self.on_validation_end(trainer, {})  # never leave the EMA weights in place of the trained ones
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"decay": self.decay, "shadow": self.shadow}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        shadow = state.get("shadow")
+        if shadow is not None:
+            self.shadow = {k: paddle.to_tensor(v.numpy() if hasattr(v, "numpy") else v, dtype="float32")
+                           for k, v in shadow.items()}
