@@ -103,7 +103,8 @@ def test_resume_from_periodic_step_checkpoint(straight, tmp_path):
     assert_same_training_state(straight, final_state(other))
 
 
-def test_sigterm_saves_then_resume_completes(straight, tmp_path):
+@pytest.mark.parametrize("signum, exit_code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_saves_then_resume_completes(tmp_path, signum, exit_code):
     run_dir = tmp_path / "run"
     # Slow each step down so the signal lands mid-run rather than after training finished.
     args = [*RANDOM, f"hydra.run.dir={run_dir}", "trainer.max_epochs=400"]
@@ -113,10 +114,10 @@ def test_sigterm_saves_then_resume_completes(straight, tmp_path):
     checkpoints = run_dir / "checkpoints"
     while time.time() < deadline and not (checkpoints.is_dir() and find_latest(checkpoints)):
         time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     output, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 143, output[-3000:]
-    assert "SIGTERM" in output
+    assert proc.returncode == exit_code, output[-3000:]
+    assert signal.Signals(signum).name in output
     interrupted = final_state(run_dir)
     assert interrupted["progress"]["global_step"] > 0
     # The interrupted checkpoint resumes into a run that finishes cleanly.
