@@ -72,3 +72,10 @@ def test_batch_larger_than_the_training_split_is_an_error(tmp_path):
     output = result.stdout + result.stderr
     assert result.returncode == 2 and "data.batch_size=128" in output and "64 training samples" in output
     assert "Traceback" not in output
+
+
+def test_fewer_classes_than_the_dataset_is_an_error(tmp_path):
+    result = run_module("paddletrain.fit", [*TINY, "model.num_classes=3", f"hydra.run.dir={tmp_path}"], cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and "model.num_classes=3" in output and "6 classes" in output
+    assert "Traceback" not in output
