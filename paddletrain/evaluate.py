@@ -37,7 +37,7 @@ def evaluate(cfg: DictConfig, checkpoint: "Checkpoint") -> Dict[str, float]:
 
     from paddletrain.fit import build_data, build_model, resolve_preprocessing
     from paddletrain.runtime import seed_everything, setup_runtime
-    from paddletrain.trainer import Trainer
+    from paddletrain.trainer import Trainer, check_state_matches
 
     validate_config(cfg)
     cfg = resolve_preprocessing(cfg)
@@ -46,6 +46,7 @@ def evaluate(cfg: DictConfig, checkpoint: "Checkpoint") -> Dict[str, float]:
     data = build_data(cfg, seed=cfg.trainer.seed)
     cfg.model.pretrained = None  # the checkpoint's weights replace any pretrained ones: don't fetch them
     model = build_model(cfg, data.classes, data.in_chans)
+    check_state_matches(model, checkpoint.state["model"])
     model.set_state_dict(checkpoint.state["model"])
     trainer = Trainer(model, paddle.optimizer.SGD(parameters=model.parameters()), num_classes=len(data.classes),
                       limit_val_batches=cfg.trainer.limit_val_batches)

@@ -13,7 +13,7 @@ import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import hydra
 import paddle
@@ -73,6 +73,10 @@ def build_model(cfg: DictConfig, classes: List[str], in_chans: int) -> paddle.nn
 
     m = cfg.model
     options: Dict[str, Any] = {"arch": m.arch} if m.arch else {}
+    # Only options the config changes reach the builder, so a user's builder need not accept them all.
+    for key, default in (("drop_rate", 0.0), ("zero_init_residual", False), ("data_format", "NCHW")):
+        if m[key] != default:
+            options[key] = m[key]
     if m.pretrained:
         options.update(describe(m.pretrained).model_options)
     return create_model(
@@ -80,9 +84,6 @@ def build_model(cfg: DictConfig, classes: List[str], in_chans: int) -> paddle.nn
         num_classes=m.num_classes if m.num_classes is not None else len(classes),
         in_chans=m.in_chans if m.in_chans is not None else in_chans,
         pretrained=m.pretrained,
-        drop_rate=m.drop_rate,
-        zero_init_residual=m.zero_init_residual,
-        data_format=m.data_format,
         strict=m.strict,
         trust_pickle=m.trust_pickle,
         **options,
@@ -161,8 +162,13 @@ def build_callbacks(cfg: DictConfig, run_dir: Path, mean: List[float], std: List
     return callbacks
 
 
-def train(cfg: DictConfig, run_dir: Path) -> Dict[str, float]:
-    """Build everything from ``cfg`` and train; returns the final metrics (also written to summary.json)."""
+def train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Any] = (),
+          trainer_cls: Optional[type] = None) -> Dict[str, float]:
+    """Build everything from ``cfg`` and train; returns the final metrics (also written to summary.json).
+
+    Downstream apps add their own ``callbacks`` (after the built-in ones) or a ``Trainer`` subclass
+    (``trainer_cls``) with their own ``training_step``.
+    """
     from paddletrain.optim import build_optimizer, build_scheduler, scaled_lr
     from paddletrain.precision import Precision
     from paddletrain.runtime import seed_everything, setup_runtime
@@ -199,11 +205,11 @@ def train(cfg: DictConfig, run_dir: Path) -> Dict[str, float]:
         checkpoint = None
     else:
         checkpoint = load_resume_checkpoint(t.resume, run_dir, run_info)
-    trainer = Trainer(
+    trainer = (trainer_cls or Trainer)(
         model, optimizer, scheduler=scheduler, rank=rank, world_size=world_size,
         loss_fn=paddle.nn.CrossEntropyLoss(label_smoothing=t.label_smoothing),
         precision=precision,
-        callbacks=build_callbacks(cfg, run_dir, list(cfg.data.mean), list(cfg.data.std), run_info),
+        callbacks=[*build_callbacks(cfg, run_dir, list(cfg.data.mean), list(cfg.data.std), run_info), *callbacks],
         max_epochs=t.max_epochs, max_steps=t.max_steps, accumulate_grad_batches=t.accumulate_grad_batches,
         grad_clip_norm=t.grad_clip_norm, limit_train_batches=t.limit_train_batches,
         limit_val_batches=t.limit_val_batches, val_every_n_epochs=t.val_every_n_epochs,
@@ -335,8 +341,9 @@ def main(cfg: DictConfig) -> Optional[float]:
         fail(exc, 2)
     except NonFiniteLossError as exc:
         fail(exc, 3)
-    except TrainingInterrupted as exc:
-        fail(f"{exc}; resume with trainer.resume=auto hydra.run.dir={run_dir}", exc.exit_code)
+    except TrainingInterrupted as exc:  # a requested stop, not a failure: no failure marker
+        log.error("%s; resume with trainer.resume=auto hydra.run.dir=%s", exc, run_dir)
+        sys.exit(exc.exit_code)
     except Exception as exc:
         if not distributed.is_launched():
             raise

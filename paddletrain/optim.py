@@ -17,6 +17,8 @@ import paddle
 from paddle import nn
 from paddle.optimizer.lr import LambdaDecay, LinearWarmup, LRScheduler, MultiStepDecay, OneCycleLR
 
+from paddletrain.errors import ConfigError
+
 if TYPE_CHECKING:  # pragma: no cover
     from paddletrain.config import OptimConfig, SchedConfig
 
@@ -82,7 +84,7 @@ def _lr_multipliers(
     children = OrderedDict(model.named_children())
     stages = _stage_names(model, children, head) if layer_decay is not None else []
     if layer_decay is not None and not stages:
-        raise ValueError(
+        raise ConfigError(
             "optim.layer_decay needs a model with stages: declare `stage_names` or use top-level "
             "nn.Sequential/nn.LayerList stages after the stem"
         )
@@ -128,15 +130,15 @@ def param_groups(
     Frozen parameters are kept, so unfreezing later trains them; Paddle's optimizers skip them meanwhile.
     """
     if weight_decay < 0:
-        raise ValueError(f"optim.weight_decay must be >= 0, got {weight_decay!r}")
+        raise ConfigError(f"optim.weight_decay must be >= 0, got {weight_decay!r}")
     if not head_lr_mult > 0:
-        raise ValueError(f"optim.head_lr_mult must be > 0, got {head_lr_mult!r}")
+        raise ConfigError(f"optim.head_lr_mult must be > 0, got {head_lr_mult!r}")
     if layer_decay is not None and not 0 < layer_decay <= 1:
-        raise ValueError(f"optim.layer_decay must be in (0, 1] or null, got {layer_decay!r}")
+        raise ConfigError(f"optim.layer_decay must be in (0, 1] or null, got {layer_decay!r}")
     model = _unwrap(model)
     head = _head_layer(model, head_name)
     if head is None and (head_lr_mult != 1.0 or layer_decay is not None):
-        raise ValueError(
+        raise ConfigError(
             f"optim.head_lr_mult/optim.layer_decay need the classifier head: {type(model).__name__} has no "
             f"child {head_name!r} and no get_classifier()"
         )
@@ -161,7 +163,7 @@ def build_optimizer(
     """``sgd`` -> Momentum (plain SGD when momentum == 0), ``adamw`` -> AdamW, over :func:`param_groups`."""
     name = str(cfg.name).lower()
     if name not in OPTIMIZERS:
-        raise ValueError(f"optim.name must be one of {list(OPTIMIZERS)}, got {cfg.name!r}")
+        raise ConfigError(f"optim.name must be one of {list(OPTIMIZERS)}, got {cfg.name!r}")
     groups = param_groups(
         model,
         weight_decay=cfg.weight_decay,
@@ -172,10 +174,10 @@ def build_optimizer(
     decay = float(cfg.weight_decay)
     if name == "sgd":
         if not 0 <= cfg.momentum < 1:
-            raise ValueError(f"optim.momentum must be in [0, 1), got {cfg.momentum!r}")
+            raise ConfigError(f"optim.momentum must be in [0, 1), got {cfg.momentum!r}")
         if cfg.momentum == 0:
             if cfg.nesterov:
-                raise ValueError("optim.nesterov needs optim.momentum > 0")
+                raise ConfigError("optim.nesterov needs optim.momentum > 0")
             return paddle.optimizer.SGD(learning_rate=scheduler_or_lr, parameters=groups, weight_decay=decay)
         return paddle.optimizer.Momentum(
             learning_rate=scheduler_or_lr,
@@ -186,9 +188,9 @@ def build_optimizer(
         )
     betas = list(cfg.betas)
     if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
-        raise ValueError(f"optim.betas must be two values in [0, 1), got {cfg.betas!r}")
+        raise ConfigError(f"optim.betas must be two values in [0, 1), got {cfg.betas!r}")
     if not cfg.eps > 0:
-        raise ValueError(f"optim.eps must be > 0, got {cfg.eps!r}")
+        raise ConfigError(f"optim.eps must be > 0, got {cfg.eps!r}")
     return paddle.optimizer.AdamW(
         learning_rate=scheduler_or_lr,
         beta1=betas[0],
@@ -202,9 +204,9 @@ def build_optimizer(
 def scaled_lr(lr: float, global_batch: int, base_batch_size: int) -> float:
     """Linear LR scaling (Goyal et al.): ``lr * global_batch / base_batch_size``."""
     if global_batch <= 0:
-        raise ValueError(f"the global batch size must be > 0, got {global_batch!r}")
+        raise ConfigError(f"the global batch size must be > 0, got {global_batch!r}")
     if base_batch_size <= 0:
-        raise ValueError(f"optim.base_batch_size must be > 0, got {base_batch_size!r}")
+        raise ConfigError(f"optim.base_batch_size must be > 0, got {base_batch_size!r}")
     return lr * global_batch / base_batch_size
 
 
@@ -220,24 +222,24 @@ def build_scheduler(cfg: "SchedConfig", base_lr: float, steps_per_epoch: int, ma
     """
     name = str(cfg.name).lower()
     if name not in SCHEDULERS:
-        raise ValueError(f"sched.name must be one of {list(SCHEDULERS)}, got {cfg.name!r}")
+        raise ConfigError(f"sched.name must be one of {list(SCHEDULERS)}, got {cfg.name!r}")
     if not base_lr > 0:
-        raise ValueError(f"the learning rate (optim.lr) must be > 0, got {base_lr!r}")
+        raise ConfigError(f"the learning rate (optim.lr) must be > 0, got {base_lr!r}")
     if steps_per_epoch <= 0 or max_epochs <= 0:
-        raise ValueError(f"need steps_per_epoch > 0 and max_epochs > 0, got {steps_per_epoch} and {max_epochs}")
+        raise ConfigError(f"need steps_per_epoch > 0 and max_epochs > 0, got {steps_per_epoch} and {max_epochs}")
     total = steps_per_epoch * max_epochs
     if cfg.warmup_epochs < 0:
-        raise ValueError(f"sched.warmup_epochs must be >= 0, got {cfg.warmup_epochs!r}")
+        raise ConfigError(f"sched.warmup_epochs must be >= 0, got {cfg.warmup_epochs!r}")
     warmup = int(round(cfg.warmup_epochs * steps_per_epoch))
     if warmup >= total:
-        raise ValueError(
+        raise ConfigError(
             f"sched.warmup_epochs={cfg.warmup_epochs} covers the whole run ({max_epochs} epochs): make it shorter"
         )
     main = _main_schedule(name, cfg, base_lr, steps_per_epoch, total, warmup)
     if warmup == 0:
         return main
     if not 0 <= cfg.warmup_start_factor < 1:
-        raise ValueError(f"sched.warmup_start_factor must be in [0, 1), got {cfg.warmup_start_factor!r}")
+        raise ConfigError(f"sched.warmup_start_factor must be in [0, 1), got {cfg.warmup_start_factor!r}")
     first_lr = main()
     return LinearWarmup(main, warmup_steps=warmup, start_lr=cfg.warmup_start_factor * first_lr, end_lr=first_lr)
 
@@ -250,7 +252,7 @@ def _main_schedule(
         return LambdaDecay(base_lr, lambda step: 1.0)
     if name == "cosine":
         if not 0 <= cfg.min_lr <= base_lr:
-            raise ValueError(f"sched.min_lr must be in [0, optim.lr={base_lr}], got {cfg.min_lr!r}")
+            raise ConfigError(f"sched.min_lr must be in [0, optim.lr={base_lr}], got {cfg.min_lr!r}")
         floor = cfg.min_lr / base_lr
         # Paddle's CosineAnnealingDecay is periodic (it climbs back after T_max); this one holds min_lr.
         return LambdaDecay(
@@ -258,12 +260,12 @@ def _main_schedule(
         )
     if name == "onecycle":
         if not 0 < cfg.pct_start < 1:
-            raise ValueError(f"sched.pct_start must be in (0, 1), got {cfg.pct_start!r}")
+            raise ConfigError(f"sched.pct_start must be in (0, 1), got {cfg.pct_start!r}")
         if not cfg.max_lr_factor > 0:
-            raise ValueError(f"sched.max_lr_factor must be > 0, got {cfg.max_lr_factor!r}")
+            raise ConfigError(f"sched.max_lr_factor must be > 0, got {cfg.max_lr_factor!r}")
         # Paddle divides by the length of the warm phase (pct_start * steps - 1): it must be at least one step.
         if cfg.pct_start * steps < 2 or (1 - cfg.pct_start) * steps < 2:
-            raise ValueError(
+            raise ConfigError(
                 f"sched.pct_start={cfg.pct_start} leaves a phase under 2 steps of the {steps}-step schedule"
             )
         return OneCycleLR(
@@ -274,12 +276,12 @@ def _main_schedule(
         )
     if name == "step":
         if cfg.step_size <= 0:
-            raise ValueError(f"sched.step_size must be > 0 epochs, got {cfg.step_size!r}")
+            raise ConfigError(f"sched.step_size must be > 0 epochs, got {cfg.step_size!r}")
         epochs = list(range(cfg.step_size, total // steps_per_epoch, cfg.step_size))
         return _drops_at_epochs(epochs, "sched.step_size", cfg.gamma, base_lr, steps_per_epoch, warmup)
     milestones = list(cfg.milestones)
     if not milestones or any(b <= a for a, b in zip(milestones, milestones[1:])) or milestones[0] <= 0:
-        raise ValueError(f"sched.milestones must be strictly increasing positive epochs, got {cfg.milestones!r}")
+        raise ConfigError(f"sched.milestones must be strictly increasing positive epochs, got {cfg.milestones!r}")
     return _drops_at_epochs(milestones, "sched.milestones", cfg.gamma, base_lr, steps_per_epoch, warmup)
 
 
@@ -287,11 +289,11 @@ def _drops_at_epochs(
     epochs: Sequence[int], key: str, gamma: float, base_lr: float, steps_per_epoch: int, warmup: int
 ) -> LRScheduler:
     if not 0 < gamma <= 1:
-        raise ValueError(f"sched.gamma must be in (0, 1], got {gamma!r}")
+        raise ConfigError(f"sched.gamma must be in (0, 1], got {gamma!r}")
     # The main schedule counts from the end of warmup, so shift the absolute epochs back by the warmup.
     steps = [e * steps_per_epoch - warmup for e in epochs]
     if steps and steps[0] <= 0:
-        raise ValueError(f"{key}: a drop at epoch {epochs[0]} falls inside the warmup; shorten sched.warmup_epochs")
+        raise ConfigError(f"{key}: a drop at epoch {epochs[0]} falls inside the warmup; shorten sched.warmup_epochs")
     if not steps:  # no drop within the run
         return LambdaDecay(base_lr, lambda step: 1.0)
     return MultiStepDecay(base_lr, milestones=steps, gamma=gamma)

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, ContextManager, Dict, Iterable, List, Opt
 import numpy as np
 import paddle
 
+from paddletrain.errors import ConfigError
+
 if TYPE_CHECKING:  # pragma: no cover
     from paddletrain.config import AmpConfig
 
@@ -120,9 +122,9 @@ class Precision:
         device: Optional[str] = None,
     ) -> None:
         if level not in LEVELS:
-            raise ValueError(f"trainer.amp.level must be one of {list(LEVELS)}, got {level!r}")
+            raise ConfigError(f"trainer.amp.level must be one of {list(LEVELS)}, got {level!r}")
         if dtype not in DTYPES:
-            raise ValueError(f"trainer.amp.dtype must be one of {list(DTYPES)}, got {dtype!r}")
+            raise ConfigError(f"trainer.amp.dtype must be one of {list(DTYPES)}, got {dtype!r}")
         self.enabled = bool(enabled)
         self.level = level
         self.dtype = dtype
@@ -173,15 +175,15 @@ class Precision:
         self, scaler: Union[ScalerLike, None, bool, str], on_cpu: bool, kwargs: Dict[str, Any]
     ) -> Optional[ScalerLike]:
         if isinstance(scaler, str) and scaler != "auto":
-            raise ValueError(f"scaler must be 'auto', True, False, None or a GradScaler-like object, got {scaler!r}")
+            raise ConfigError(f"scaler must be 'auto', True, False, None or a GradScaler-like object, got {scaler!r}")
         wants_scaler = scaler is True or not isinstance(scaler, (str, bool, type(None)))
         if not self.enabled:
             if wants_scaler and scaler is not True:
-                raise ValueError("a loss scaler was given but AMP is off: set trainer.amp.enabled=true")
+                raise ConfigError("a loss scaler was given but AMP is off: set trainer.amp.enabled=true")
             return None
         if self.dtype == "bfloat16":
             if wants_scaler:
-                raise ValueError(
+                raise ConfigError(
                     "bfloat16 has float32's exponent range and needs no loss scaling: "
                     "set trainer.amp.use_scaler to false or null"
                 )
@@ -248,7 +250,7 @@ class Precision:
         the weights and the optimizer state stay exactly as they were. One host synchronisation per call.
         """
         if clip_norm is not None and not clip_norm > 0:
-            raise ValueError(f"trainer.grad_clip_norm must be > 0 or null, got {clip_norm!r}")
+            raise ConfigError(f"trainer.grad_clip_norm must be > 0 or null, got {clip_norm!r}")
         scale_used = self.scaler._scale if self.scaler is not None else None
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
@@ -324,7 +326,7 @@ def _check_scaler_settings(
     ]
     for key, value, ok, rule in checks:
         if not ok:
-            raise ValueError(f"trainer.amp.{key} must be {rule}, got {value!r}")
+            raise ConfigError(f"trainer.amp.{key} must be {rule}, got {value!r}")
 
 
 def _squared_norm(grad: paddle.Tensor) -> paddle.Tensor:

@@ -79,3 +79,34 @@ def test_fewer_classes_than_the_dataset_is_an_error(tmp_path):
     output = result.stdout + result.stderr
     assert result.returncode == 2 and "model.num_classes=3" in output and "6 classes" in output
     assert "Traceback" not in output
+
+
+def test_train_accepts_a_user_builder_extra_callbacks_and_a_trainer_subclass(tmp_path):
+    import paddle
+
+    from paddletrain.callbacks import Callback
+    from paddletrain.fit import train
+    from paddletrain.models import register_model
+    from paddletrain.models.registry import list_models
+    from paddletrain.trainer import Trainer
+    from tests.conftest import compose_fit
+
+    if "user_mlp" not in list_models():
+        @register_model
+        def user_mlp(num_classes: int = 10, in_chans: int = 3) -> paddle.nn.Layer:  # takes no other option
+            return paddle.nn.Sequential(paddle.nn.Flatten(), paddle.nn.Linear(in_chans * 16 * 16, num_classes))
+
+    class Counting(Trainer):
+        def training_step(self, batch, batch_idx):
+            self.steps_seen = getattr(self, "steps_seen", 0) + 1
+            return super().training_step(batch, batch_idx)
+
+    class Ends(Callback):
+        def on_fit_end(self, trainer):
+            self.steps = trainer.steps_seen
+
+    ends = Ends()
+    cfg = compose_fit([*TINY, "model.name=user_mlp", "trainer.visualdl=false", "trainer.checkpoint.enabled=false",
+                       "data.num_workers=0"])
+    metrics = train(cfg, tmp_path, callbacks=[ends], trainer_cls=Counting)
+    assert ends.steps == 4 and "val/top1" in metrics
