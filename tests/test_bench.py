@@ -89,7 +89,9 @@ def test_overhead_runs_every_arm_and_reports_ratios():
     assert all(g["met"] == (g["measured"] >= float(g["goal"].split(">= ")[1])) for g in result["goals"])
     assert any(note.startswith("hand:") for note in result["notes"])
     parts = result["trainer_parts_us"]
-    assert any(k.startswith("module.parameters()") for k in parts) and all(v > 0 for v in parts.values())
+    # The Trainer caches the parameter list, so its walk is reported as a once-per-fit cost, not per step.
+    assert any(k.startswith("module.parameters()") and "once per fit" in k for k in parts)
+    assert all(v > 0 for v in parts.values())
     assert "Trainer step part" in to_markdown(result)
 
 
