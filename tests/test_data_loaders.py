@@ -9,7 +9,7 @@ import pytest
 
 from paddletrain.config import DataConfig
 from paddletrain.data.datasets import BadSampleError, DatasetError
-from paddletrain.data.loaders import SeededDataset, build_loader
+from paddletrain.data.loaders import BadSample, SeededDataset, build_loader, collate_checked, sample_seeds
 from paddletrain.data.transforms import build_transform
 from paddletrain.errors import ConfigError
 
@@ -240,3 +240,39 @@ def test_loader_is_a_paddle_dataloader_with_int64_labels_and_full_length():
     assert len(loader) == 2  # drop_last for training
     x, y = next(iter(loader))
     assert x.dtype == paddle.uint8 and y.dtype == paddle.int64
+
+
+def test_sample_seeds_are_deterministic_distinct_and_fit_both_rngs():
+    seeds = {sample_seeds(seed, epoch, index) for seed in range(3) for epoch in range(4) for index in range(200)}
+    assert len(seeds) == 3 * 4 * 200  # no two (seed, epoch, index) share their seeds
+    assert sample_seeds(7, 2, 11) == sample_seeds(7, 2, 11)
+    assert all(0 <= a < 2**32 and 0 <= b < 2**32 for a, b in seeds)  # numpy's legacy seed takes < 2**32
+
+
+def test_collate_reads_a_generator_once_and_keeps_bad_samples_out_of_the_arrays():
+    def items():
+        yield np.full((2, 2), 1, np.float32), 0, 10, 5
+        yield BadSample(11, 5, "img_011.png", "truncated")
+        yield np.full((2, 2), 3, np.float32), 2, 12, 5
+
+    images, labels, indices, batch, problems = collate_checked(items(), size=3)
+    assert images.shape == (2, 2, 2) and images[1, 0, 0] == 3
+    assert labels.tolist() == [0, 2] and labels.dtype == np.int64
+    assert indices.tolist() == [10, 11, 12] and batch == 5
+    assert problems == [[11, "img_011.png", "truncated", "read"]]
+    images, labels, indices, _, problems = collate_checked([BadSample(3, 0, "a", "x"), BadSample(4, 0, "b", "y")])
+    assert images is None and labels is None and indices.tolist() == [3, 4] and len(problems) == 2
+
+
+def test_batches_from_the_main_thread_do_not_share_memory():
+    # With 0 workers the image tensor wraps the freshly stacked array without copying; no later batch may
+    # write into an earlier one.
+    loader = build_loader(TinyDataset(n=12), _cfg(), train=False, seed=0)
+    kept = [x for x, _ in loader]
+    first = [x.numpy().copy() for x in kept]
+    for batch in loader:  # a second pass allocates again
+        pass
+    del batch
+    for x, expected in zip(kept, first):
+        np.testing.assert_array_equal(x.numpy(), expected)
+    assert [int(x[0, 0, 0, 0]) for x in kept] == [0, 4, 8]
