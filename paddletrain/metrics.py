@@ -10,7 +10,10 @@ def topk_correct(logits: paddle.Tensor, labels: paddle.Tensor, ks: Sequence[int]
     """Number of samples whose label is among the top-k logits, for each k in ``ks`` (a float32 tensor)."""
     maxk = max(ks)
     _, pred = paddle.topk(logits, k=maxk, axis=-1)
-    hits = pred == labels.reshape([-1, 1]).astype(pred.dtype)
+    labels = labels.reshape([-1, 1])
+    if labels.dtype != pred.dtype:  # a cast is a kernel launch: skip it when the dtypes already agree
+        labels = labels.astype(pred.dtype)
+    hits = pred == labels
     return paddle.stack([hits[:, :k].any(axis=-1).astype("float32").sum() for k in ks])
 
 
@@ -32,13 +35,18 @@ class ClassificationMeter:
     def update(self, loss: paddle.Tensor, logits: Optional[paddle.Tensor], labels: Optional[paddle.Tensor],
                batch_size: int) -> None:
         """Add a batch: ``loss`` is the batch mean; logits/labels may be None for custom tasks."""
-        loss_sum = loss.detach().astype("float32") * batch_size
+        loss = loss.detach()
+        if loss.dtype != paddle.float32:  # AMP losses may be half precision; summing needs float32
+            loss = loss.astype("float32")
+        loss_sum = loss * batch_size
         self._loss_sum = loss_sum if self._loss_sum is None else self._loss_sum + loss_sum
         if logits is not None and labels is not None:
-            ks = tuple(k for k in self.ks if k <= logits.shape[-1]) or (1,)
-            self.ks = ks
-            hits = topk_correct(logits.detach(), labels, ks)
-            self._hits = hits if self._hits is None else self._hits[: len(ks)] + hits
+            if any(k > logits.shape[-1] for k in self.ks):
+                self.ks = tuple(k for k in self.ks if k <= logits.shape[-1]) or (1,)
+                if self._hits is not None:
+                    self._hits = self._hits[: len(self.ks)]
+            hits = topk_correct(logits.detach(), labels, self.ks)
+            self._hits = hits if self._hits is None else self._hits + hits
         self.count += batch_size
 
     def state_dict(self) -> Dict[str, object]:
