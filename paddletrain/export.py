@@ -28,7 +28,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from paddletrain.errors import UserError
 from paddletrain.inference import (MODEL_PREFIX, PREPROCESS_FILE, PREPROCESS_FORMAT_VERSION, PRECISIONS, Predictor,
-                                   Preprocessing)
+                                   Preprocessing, check_precision_runs_on)
 
 log = logging.getLogger("paddletrain")
 
@@ -43,8 +43,10 @@ EXIT_PARITY_FAILED = 3
 # Parity tolerance on logits, relative to their scale (max(1, max |logit|)). oneDNN reorders fp32 sums
 # (blocked/Winograd convolutions, fused BN), which moves logits by ~1e-6 relative per layer; 1e-3 leaves
 # two orders of magnitude of headroom for deep nets, while the mistakes the check exists for (wrong weights,
-# train-mode BatchNorm, wrong input layout) change logits by O(1). fp16 keeps ~3 significant digits.
-TOLERANCE = {"fp32": 1e-3, "fp16": 2e-2}
+# train-mode BatchNorm, wrong input layout) change logits by O(1). fp16 keeps ~3 significant digits; bf16
+# ~2: measured on real ImageNet weights (shufflenet_v2_x0_25, 153 photos) bf16 moved logits by 4.8% of
+# their scale, so 0.1 still catches O(1) mistakes. Top-1 flips are judged with the same tolerance.
+TOLERANCE = {"fp32": 1e-3, "fp16": 2e-2, "bf16": 1e-1}
 
 
 @dataclass
@@ -124,7 +126,8 @@ def parse_batch(batch: Union[None, int, str]) -> Optional[int]:
     return value
 
 
-def _require_gpu_for_fp16(precision: str) -> None:
+def _require_runnable_precision(precision: str) -> None:
+    """The export's parity check runs the exported precision, so it must run on this machine."""
     _check_choice("precision", precision, PRECISIONS)
     if precision == "fp16" and not (paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count()):
         raise UserError(
@@ -132,6 +135,8 @@ def _require_gpu_for_fp16(precision: str) -> None:
             f"({paddle.__version__}) has none, so an fp16 model could be neither run nor verified here. Export "
             "precision=fp32 here and load it on the GPU machine with Predictor(..., precision='fp16'), or run "
             "this export there")
+    if precision == "bf16":
+        check_precision_runs_on("bf16", "cpu")
 
 
 def export_model(model: paddle.nn.Layer, out_dir: Union[str, Path], input_size: Tuple[int, int, int] = (3, 224, 224),
@@ -145,8 +150,9 @@ def export_model(model: paddle.nn.Layer, out_dir: Union[str, Path], input_size: 
             ``model.pdiparams`` and ``preprocess.json``.
         input_size: (channels, height, width) of one input.
         batch: ``None`` for a dynamic batch dimension, or a fixed batch size.
-        precision: ``fp32``; or ``fp16``, recorded so the Predictor runs the graph in half precision on a GPU
-            (the saved weights stay fp32). fp16 needs a GPU, where it can be run and verified.
+        precision: ``fp32``; ``fp16`` or ``bf16``, recorded so the Predictor runs the graph in that precision
+            by default (the saved weights stay fp32): fp16 on a GPU, bf16 on a CPU through oneDNN. Each needs
+            hardware that runs it, where it can be verified.
         preprocessing: eval preprocessing as from ``paddletrain.data.preprocessing_info``; without it the
             export holds the model only and ``paddletrain.predict`` cannot decode images for it.
         labels: class names in output order.
@@ -154,7 +160,7 @@ def export_model(model: paddle.nn.Layer, out_dir: Union[str, Path], input_size: 
     Returns:
         ``out_dir`` as a Path.
     """
-    _require_gpu_for_fp16(precision)
+    _require_runnable_precision(precision)
     if len(input_size) != 3 or any(int(v) < 1 for v in input_size):
         raise UserError(f"input_size={tuple(input_size)} must be (channels, height, width)")
     if preprocessing is not None and list(preprocessing.get("input_size", input_size)) != list(input_size):
@@ -356,7 +362,7 @@ def export_checkpoint(checkpoint_dir: Union[str, Path], out_dir: Union[str, Path
 
     _check_choice("format", format, FORMATS)
     fixed_batch = parse_batch(batch)
-    _require_gpu_for_fp16(precision)
+    _require_runnable_precision(precision)
     if format == "onnx":
         require_paddle2onnx()  # fail before the slow part
     if num_check_images < 1:
@@ -372,7 +378,9 @@ def export_checkpoint(checkpoint_dir: Union[str, Path], out_dir: Union[str, Path
     result = ExportResult(out_dir=out, format=format, files=files, labels=labels)
 
     if check:
-        predictor = Predictor(out, device=device, cpu_threads=cpu_threads, precision=precision)
+        # bf16 is a CPU precision: verify it there even on a machine with a GPU.
+        predictor = Predictor(out, device="cpu" if precision == "bf16" else device, cpu_threads=cpu_threads,
+                              precision=precision)
         inputs, prep_diff = _check_images(rebuilt.splits, rebuilt.eval_transform, predictor.preprocessing,
                                           num_check_images)
         result.parity = check_parity(predictor, rebuilt.model, inputs, TOLERANCE[precision])

@@ -10,6 +10,7 @@ PIR format, ``model.pdmodel`` with older ones), the weights ``model.pdiparams`` 
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
@@ -18,6 +19,8 @@ import numpy as np
 
 from paddletrain.errors import UserError
 
+log = logging.getLogger(__name__)
+
 MODEL_PREFIX = "model"
 PARAMS_FILE = f"{MODEL_PREFIX}.pdiparams"
 # Paddle >= 3 saves the PIR program as JSON; older versions save a protobuf ProgramDesc.
@@ -25,7 +28,8 @@ GRAPH_FILES = (f"{MODEL_PREFIX}.json", f"{MODEL_PREFIX}.pdmodel")
 PREPROCESS_FILE = "preprocess.json"
 PREPROCESS_FORMAT_VERSION = 1
 DEVICES = ("auto", "cpu", "gpu")
-PRECISIONS = ("fp32", "fp16")
+# fp16 runs on GPUs; bf16 on CPUs through oneDNN (fast with AVX512-BF16 or AMX, emulated and slow without).
+PRECISIONS = ("fp32", "fp16", "bf16")
 RESIZE_MODES = ("shorter_side", "exact")
 # oneDNN keeps one compiled kernel set per input shape; a bounded cache stops a varying last batch from
 # growing memory without limit.
@@ -99,6 +103,31 @@ class Preprocessing:
         return f"Preprocessing({', '.join(f'{k}={self.info.get(k)}' for k in keys)})"
 
 
+def cpu_bf16_support() -> str:
+    """``"fast"`` (the CPU has AVX512-BF16 or AMX), ``"emulated"`` (oneDNN converts, slower than fp32) or ``"none"``."""
+    from paddle.base import core
+
+    if core.supports_bfloat16_fast_performance():
+        return "fast"
+    return "emulated" if core.supports_bfloat16() else "none"
+
+
+def check_precision_runs_on(precision: str, device: str, use_mkldnn: bool = True) -> None:
+    """Raise a :class:`UserError` saying why ``precision`` cannot run on ``device`` (``cpu`` or ``gpu``)."""
+    if precision not in PRECISIONS:
+        raise UserError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}")
+    if precision == "fp16" and device == "cpu":
+        raise UserError("precision=fp16 needs a GPU (Paddle Inference runs fp16 only there); on a CPU use "
+                        "precision=fp32, or precision=bf16 on CPUs with AVX512-BF16/AMX")
+    if precision == "bf16" and device == "gpu":
+        raise UserError("precision=bf16 is the CPU (oneDNN) setting; on a GPU use precision=fp16")
+    if precision == "bf16" and not use_mkldnn:
+        raise UserError("precision=bf16 runs through oneDNN: it cannot be combined with use_mkldnn=false")
+    if precision == "bf16" and cpu_bf16_support() == "none":
+        raise UserError("precision=bf16: this CPU has no bfloat16 support in oneDNN (it needs AVX-512); use "
+                        "precision=fp32")
+
+
 def _resolve_device(device: str) -> str:
     import paddle
 
@@ -127,7 +156,9 @@ class Predictor:
         device: ``auto`` (GPU when Paddle has one, else CPU), ``cpu`` or ``gpu``.
         cpu_threads: threads of the CPU math library; ``None`` = every core this process may use.
         use_mkldnn: run on CPU through oneDNN (several times faster than plain kernels for convolutions).
-        precision: ``fp32`` or ``fp16`` (GPU only); ``None`` = what the export recorded.
+        precision: ``fp32``; ``fp16`` (GPU only); ``bf16`` (CPU with oneDNN: several times faster than fp32
+            on CPUs with AVX512-BF16 or AMX, at about 2-3 significant digits); ``None`` = what the export
+            recorded.
         tensorrt: build TensorRT subgraphs on the GPU (needs a Paddle built with TensorRT).
         gpu_id, gpu_memory_mb: the GPU and its initial memory pool.
         trt_max_batch: largest batch TensorRT's dynamic-shape engine is built for.
@@ -138,7 +169,7 @@ class Predictor:
                  gpu_id: int = 0, gpu_memory_mb: int = 512, trt_max_batch: int = 64) -> None:
         from paddle import inference
 
-        from paddletrain.runtime import default_cpu_threads
+        from paddletrain.runtime import usable_cores
 
         self.model_dir = Path(model_dir)
         graph = find_graph_file(self.model_dir)
@@ -157,11 +188,15 @@ class Predictor:
         if precision not in PRECISIONS:
             raise UserError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}")
         resolved = _resolve_device(device)
-        if resolved == "cpu" and (precision == "fp16" or tensorrt):
-            what = "precision=fp16" if precision == "fp16" else "tensorrt=true"
-            raise UserError(f"{what} needs a GPU (Paddle Inference runs fp16 and TensorRT only there); "
-                            f"this predictor runs on the CPU: use precision=fp32 and tensorrt=false")
-        threads = cpu_threads or default_cpu_threads()
+        if resolved == "cpu" and tensorrt:
+            raise UserError("tensorrt=true needs a GPU (Paddle Inference runs TensorRT only there); this "
+                            "predictor runs on the CPU: use tensorrt=false")
+        check_precision_runs_on(precision, resolved, use_mkldnn)
+        if precision == "bf16" and cpu_bf16_support() == "emulated":
+            log.warning("precision=bf16 on a CPU without AVX512-BF16/AMX: oneDNN emulates it, which is slower "
+                        "than fp32")
+        # Unlike training, nothing else in this process needs a core while the predictor runs.
+        threads = cpu_threads or usable_cores()
         if threads < 1:
             raise UserError(f"cpu_threads={cpu_threads} must be >= 1")
 
@@ -176,6 +211,8 @@ class Predictor:
             if use_mkldnn:
                 config.enable_mkldnn()
                 config.set_mkldnn_cache_capacity(MKLDNN_SHAPE_CACHE)
+                if precision == "bf16":
+                    config.enable_mkldnn_bfloat16()
             else:
                 config.disable_mkldnn()
         try:

@@ -60,6 +60,7 @@ class PredictConfig:
     output: Optional[str] = None
     topk: int = 5
     device: str = "auto"
+    # Predictor threads; None = the cores the decode workers leave free.
     cpu_threads: Optional[int] = None
     use_mkldnn: bool = True
     # None = what the export recorded.
@@ -180,9 +181,17 @@ def _decoded_batches(chunks: List[List[str]], preprocessing: Preprocessing, num_
 
 
 def default_num_workers() -> int:
-    from paddletrain.runtime import default_cpu_threads
+    """Half the usable cores decode (at least one); the predictor's threads get the rest."""
+    from paddletrain.runtime import usable_cores
 
-    return max(1, default_cpu_threads() // 2)
+    return max(1, usable_cores() // 2)
+
+
+def default_predictor_threads(num_workers: int) -> int:
+    """The cores the decode workers leave free (at least one)."""
+    from paddletrain.runtime import usable_cores
+
+    return max(1, usable_cores() - num_workers)
 
 
 def topk_lines(paths: Sequence[str], logits: np.ndarray, labels: Optional[List[str]], k: int) -> Iterator[str]:
@@ -258,10 +267,12 @@ def run(cfg: DictConfig) -> int:
             raise UserError(f"missing required value for {', '.join(missing)} "
                             f"(e.g. model_dir=<export dir> input=<folder|list file|glob>)")
         paths = resolve_inputs(cfg.input)
-        predictor = Predictor(cfg.model_dir, device=cfg.device, cpu_threads=cfg.cpu_threads,
+        workers = default_num_workers() if cfg.num_workers is None else cfg.num_workers
+        threads = cfg.cpu_threads or default_predictor_threads(workers)
+        predictor = Predictor(cfg.model_dir, device=cfg.device, cpu_threads=threads,
                               use_mkldnn=cfg.use_mkldnn, precision=cfg.precision, tensorrt=cfg.tensorrt)
         log.info("%d input files; %r", len(paths), predictor)
-        summary = predict_files(predictor, paths, batch_size=cfg.batch_size, num_workers=cfg.num_workers,
+        summary = predict_files(predictor, paths, batch_size=cfg.batch_size, num_workers=workers,
                                 topk=cfg.topk, output=cfg.output, progress=cfg.progress_bar)
     except UserError as exc:
         log.error("%s", exc)

@@ -22,6 +22,14 @@ class RuntimeInfo:
     paddle_version: str
 
 
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, which containers and taskset narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def default_cpu_threads() -> int:
     """Threads for Paddle's CPU math when the user sets none: one.
 

@@ -12,7 +12,8 @@ from paddletrain.bench.inference import InferenceBenchConfig, run_inference
 from paddletrain.bench.overhead import ARMS, OverheadBenchConfig, run_overhead
 from paddletrain.bench.report import table, to_markdown
 from paddletrain.bench.train import ThreadsBenchConfig, TrainBenchConfig, run_threads, run_train
-from paddletrain.errors import ConfigError
+from paddletrain.errors import ConfigError, UserError
+from paddletrain.inference import cpu_bf16_support
 
 from .conftest import run_module
 
@@ -123,18 +124,37 @@ def test_data_reports_bare_loader_and_trainer_wait():
 def test_inference_batch_table_and_pipeline():
     cfg = InferenceBenchConfig(model="tiny", image_size=16, num_classes=10, batch_sizes=[1, 4], images_per_window=4,
                                windows=2, predict_images=8, predict_batch_size=4, predict_workers=0,
-                               predict_windows=1, cpu_threads=1)
+                               predict_windows=1, cpu_threads=1, precisions=["fp32"])
     result = run_inference(cfg)
     assert [r["batch_size"] for r in result["rows"]] == [1, 4]
     for row in result["rows"]:
-        for arm in ("dygraph", "predictor"):
+        for arm in ("dygraph", "predictor_fp32"):
             assert row[f"{arm}_images_per_s"] == pytest.approx(row["batch_size"] / row[f"{arm}_latency_ms"] * 1e3)
-        assert row["predictor_vs_dygraph"] > 0
+        assert row["predictor_fp32_vs_dygraph"] > 0
+        assert row["predictor_fp32_max_rel_diff"] < 1e-3  # the same model
     pipeline = result["pipeline"]
     assert pipeline["images"] == 8
     assert pipeline["ratio"] == pytest.approx(pipeline["predict_files_images_per_s"]
                                               / pipeline["bare_predictor_images_per_s"])
-    assert len(result["goals"]) == 2
+    assert [g["goal"] for g in result["goals"]] == ["predictor (fp32) >= 4 x dygraph (fp32) at every batch size",
+                                                    "predict_files >= 0.8 x bare predictor"]
+
+
+@pytest.mark.skipif(cpu_bf16_support() != "fast", reason="bf16 is compared by default only where the CPU runs it")
+def test_inference_compares_a_bf16_predictor_by_default_where_the_cpu_runs_it():
+    cfg = InferenceBenchConfig(model="tiny", image_size=16, num_classes=10, batch_sizes=[2], images_per_window=2,
+                               windows=1, predict_images=0, cpu_threads=1)
+    result = run_inference(cfg)
+    row = result["rows"][0]
+    assert row["predictor_bf16_vs_dygraph"] > 0 and row["predictor_fp32_max_rel_diff"] < 1e-3
+    assert 0 < row["predictor_bf16_max_rel_diff"] < 0.1
+    assert len(result["goals"]) == 2  # one per precision, no pipeline
+
+
+def test_inference_refuses_a_precision_this_machine_cannot_run():
+    with pytest.raises(UserError, match="use_mkldnn=false"):
+        run_inference(InferenceBenchConfig(model="tiny", image_size=16, num_classes=10, precisions=["bf16"],
+                                           use_mkldnn=False, predict_images=0))
 
 
 def test_markdown_table_skips_per_window_lists():

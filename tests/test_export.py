@@ -14,7 +14,7 @@ from paddletrain.errors import UserError
 from paddletrain.export import (TOLERANCE, ExportConfig, check_parity, compare_logits, export_checkpoint, parse_batch,
                                 run)
 from paddletrain.fit import train
-from paddletrain.inference import Predictor
+from paddletrain.inference import Predictor, cpu_bf16_support
 from paddletrain.models import create_model
 from tests.conftest import TINY, compose_fit, run_module
 
@@ -53,6 +53,15 @@ def test_an_nhwc_checkpoint_exports_its_nchw_twin_and_is_verified_against_the_or
     nhwc_checkpoint = save_checkpoint(tmp_path / "nhwc", state)
     result = export_checkpoint(nhwc_checkpoint, tmp_path / "out", num_check_images=4)
     assert result.passed and result.parity.top1_agreement == 1.0
+
+
+@pytest.mark.skipif(cpu_bf16_support() == "none", reason="this CPU has no oneDNN bfloat16")
+def test_a_bf16_export_is_verified_in_bf16_with_its_own_tolerance(checkpoint, tmp_path):
+    result = export_checkpoint(checkpoint, tmp_path, precision="bf16", num_check_images=8)
+    assert result.passed and result.parity.top1_flips == 0
+    assert result.parity.tolerance >= TOLERANCE["bf16"]  # relative to the logit scale, which is >= 1
+    assert 0 < result.parity.max_abs_diff <= result.parity.tolerance
+    assert json.loads((tmp_path / "preprocess.json").read_text())["precision"] == "bf16"
 
 
 def test_parity_check_catches_a_model_that_differs(checkpoint, data_cfg, tmp_path):

@@ -11,12 +11,13 @@ from paddletrain.config import DataConfig
 from paddletrain.data import build_transform, preprocessing_info
 from paddletrain.errors import UserError
 from paddletrain.export import TOLERANCE, export_model
-from paddletrain.inference import Predictor, Preprocessing, find_graph_file
+from paddletrain.inference import Predictor, Preprocessing, check_precision_runs_on, cpu_bf16_support, find_graph_file
 from paddletrain.models import create_model
 
 LABELS = ["cat", "dog", "fox", "owl"]
 SIZE = 16
 HAS_GPU = paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
+needs_cpu_bf16 = pytest.mark.skipif(cpu_bf16_support() == "none", reason="this CPU has no oneDNN bfloat16")
 
 
 def data_config(**overrides):
@@ -126,6 +127,40 @@ def test_fp16_without_gpu_is_refused_not_faked(model, exported, tmp_path):
         Predictor(exported, device="cpu", precision="fp16")
     with pytest.raises(UserError, match="precision=fp32"):
         export_model(model, tmp_path, input_size=(3, SIZE, SIZE), precision="fp16")
+    assert not list(tmp_path.iterdir())
+
+
+@needs_cpu_bf16
+def test_bf16_runs_in_bfloat16_within_its_tolerance(model, exported):
+    batch = np.random.default_rng(11).standard_normal((4, 3, SIZE, SIZE)).astype("float32")
+    expected = reference(model, batch)
+    predictor = Predictor(exported, device="cpu", precision="bf16")
+    assert predictor.runtime.precision == "bf16" and predictor.runtime.mkldnn
+    logits = predictor.predict(batch)
+    scale = max(1.0, float(np.abs(expected).max()))
+    diff = np.abs(logits - expected).max()
+    # Really bfloat16 (fp32 oneDNN stays within ~1e-6 of dygraph), and still the same model.
+    assert 1e-4 * scale < diff <= TOLERANCE["bf16"] * scale
+
+
+@needs_cpu_bf16
+def test_a_bf16_export_records_its_precision_for_the_predictor(model, tmp_path):
+    out = export_model(model, tmp_path, input_size=(3, SIZE, SIZE), precision="bf16")
+    assert json.loads((out / "preprocess.json").read_text())["precision"] == "bf16"
+    assert Predictor(out, device="cpu").runtime.precision == "bf16"
+    assert Predictor(out, device="cpu", precision="fp32").runtime.precision == "fp32"
+
+
+def test_bf16_is_refused_where_it_cannot_run(exported, tmp_path, monkeypatch):
+    with pytest.raises(UserError, match="use_mkldnn=false"):
+        Predictor(exported, device="cpu", precision="bf16", use_mkldnn=False)
+    with pytest.raises(UserError, match="on a GPU use precision=fp16"):
+        check_precision_runs_on("bf16", "gpu")
+    monkeypatch.setattr("paddletrain.inference.cpu_bf16_support", lambda: "none")
+    with pytest.raises(UserError, match="no bfloat16 support"):
+        Predictor(exported, device="cpu", precision="bf16")
+    with pytest.raises(UserError, match="precision=fp32"):
+        export_model(create_model("resnet20", num_classes=2), tmp_path, input_size=(3, SIZE, SIZE), precision="bf16")
     assert not list(tmp_path.iterdir())
 
 

@@ -14,7 +14,8 @@ from paddletrain.errors import UserError
 from paddletrain.export import export_model
 from paddletrain.inference import Predictor, softmax
 from paddletrain.models import create_model
-from paddletrain.predict import PredictConfig, predict_files, resolve_inputs, run
+from paddletrain.predict import (PredictConfig, default_num_workers, default_predictor_threads, predict_files,
+                                 resolve_inputs, run)
 from tests.conftest import run_module
 
 LABELS = ["a", "b", "c"]
@@ -140,3 +141,11 @@ def test_exit_status_says_whether_files_failed(export_dir, images, tmp_path):
     assert run(cfg(str(root))) == 3 and len(out.read_text().splitlines()) == len(paths)
     assert run(cfg(paths[0])) == 0 and len(out.read_text().splitlines()) == 1
     assert run(cfg(str(tmp_path / "none"))) == 2
+
+
+@pytest.mark.parametrize("cores,workers,threads", [(1, 1, 1), (2, 1, 1), (8, 4, 4), (16, 8, 8)])
+def test_decode_workers_and_predictor_threads_share_the_cores(monkeypatch, cores, workers, threads):
+    monkeypatch.setattr("paddletrain.runtime.usable_cores", lambda: cores)
+    assert default_num_workers() == workers
+    assert default_predictor_threads(workers) == threads
+    assert default_predictor_threads(0) == cores  # decoding in the main process leaves every core

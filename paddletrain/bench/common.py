@@ -159,10 +159,9 @@ def paired_ratio(numerator: Sequence[float], denominator: Sequence[float]) -> fl
 
 def environment(cpu_threads: Optional[int] = None) -> Dict[str, Any]:
     """Where and under which load the numbers were measured; call before measuring, then :func:`finished`."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        cores = os.cpu_count()
+    from paddletrain.runtime import usable_cores
+
+    cores = usable_cores()
     return {
         "paddle": paddle.__version__,
         "python": platform.python_version(),

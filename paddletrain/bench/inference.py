@@ -1,9 +1,11 @@
 """Inference throughput and latency vs batch size: dygraph eval vs the exported Paddle Inference predictor.
 
 - ``dygraph``: ``model.eval()`` under ``paddle.no_grad()``, logits fetched to NumPy (as a predictor returns).
-- ``predictor``: the model exported by ``paddletrain.export.export_model`` and run by
-  ``paddletrain.inference.Predictor`` (oneDNN on CPU unless ``use_mkldnn=false``) on the same arrays.
-Both arms run on the same pinned threads, windows interleaved per batch size; latency is the median time of
+- ``predictor_<precision>``: the model exported by ``paddletrain.export.export_model`` and run by
+  ``paddletrain.inference.Predictor`` (oneDNN on CPU unless ``use_mkldnn=false``) on the same arrays, once
+  per precision: fp32, and bf16 where the CPU runs it natively (AVX512-BF16/AMX). ``<arm>_max_rel_diff`` is
+  its largest logit difference from dygraph on that batch, relative to the logit scale: the price of bf16.
+All arms run on the same pinned threads, windows interleaved per batch size; latency is the median time of
 one batch, throughput images/s. ``predict``: ``paddletrain.predict.predict_files`` end to end (decode,
 preprocess in workers, predict) on synthetic JPEGs vs the bare predictor on ready arrays of the same count.
 """
@@ -35,6 +37,8 @@ class InferenceBenchConfig:
     windows: int = 3
     warmup: int = 1
     use_mkldnn: bool = True
+    # Predictor precisions to compare with dygraph fp32; None = fp32, plus bf16 on CPUs that run it natively.
+    precisions: Optional[List[str]] = None
     # Files for the predict_files end-to-end comparison; 0 skips it.
     predict_images: int = 256
     predict_batch_size: int = 32
@@ -78,20 +82,42 @@ def _preprocessing(cfg: InferenceBenchConfig) -> Dict[str, Any]:
     return preprocessing_info(data)
 
 
-def batch_table(cfg: InferenceBenchConfig, model: paddle.nn.Layer, predictor: Any) -> List[Dict[str, Any]]:
+def _precisions(cfg: InferenceBenchConfig, device: str) -> List[str]:
+    from paddletrain.inference import check_precision_runs_on, cpu_bf16_support
+
+    if cfg.precisions is None:
+        native_bf16 = device == "cpu" and cfg.use_mkldnn and cpu_bf16_support() == "fast"
+        return ["fp32", "bf16"] if native_bf16 else ["fp32"]
+    if not cfg.precisions:
+        raise ConfigError("bench inference: precisions=[] names no predictor; e.g. precisions=[fp32,bf16]")
+    for precision in cfg.precisions:
+        check_precision_runs_on(precision, device, cfg.use_mkldnn)
+    return list(cfg.precisions)
+
+
+def batch_table(cfg: InferenceBenchConfig, model: paddle.nn.Layer,
+                predictors: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """One row per batch size: dygraph and each predictor's latency, images/s, speed-up and logit error."""
     rng = np.random.default_rng(0)
     rows = []
     for batch_size in cfg.batch_sizes:
         batch = rng.standard_normal((batch_size, 3, cfg.image_size, cfg.image_size), dtype=np.float32)
         steps = max(1, math.ceil(cfg.images_per_window / batch_size))
-        per_batch = interleave({"dygraph": _dygraph_arm(model, batch), "predictor": _predictor_arm(predictor, batch)},
-                               cfg.windows, steps, cfg.warmup)
+        arms = {"dygraph": _dygraph_arm(model, batch)}
+        arms.update({f"predictor_{p}": _predictor_arm(predictor, batch) for p, predictor in predictors.items()})
+        per_batch = interleave(arms, cfg.windows, steps, cfg.warmup)
         row: Dict[str, Any] = {"batch_size": batch_size}
         for arm, seconds in per_batch.items():
             median = statistics.median(seconds)
             row[f"{arm}_latency_ms"] = median * 1e3
             row[f"{arm}_images_per_s"] = batch_size / median
-        row["predictor_vs_dygraph"] = paired_ratio(per_batch["dygraph"], per_batch["predictor"])
+        with paddle.no_grad():
+            reference = model(paddle.to_tensor(batch)).numpy()
+        scale = max(1.0, float(np.abs(reference).max()))
+        for precision, predictor in predictors.items():
+            arm = f"predictor_{precision}"
+            row[f"{arm}_vs_dygraph"] = paired_ratio(per_batch["dygraph"], per_batch[arm])
+            row[f"{arm}_max_rel_diff"] = float(np.abs(predictor.predict(batch) - reference).max()) / scale
         rows.append(row)
     return rows
 
@@ -136,19 +162,25 @@ def run_inference(cfg: InferenceBenchConfig) -> Dict[str, Any]:
     env = environment(runtime.cpu_threads)
     model = build_model(cfg.model, cfg.num_classes)
     model.eval()
+    precisions = _precisions(cfg, runtime.device)
     with tempfile.TemporaryDirectory(prefix="paddletrain-bench-") as tmp:
         model_dir = export_model(model, Path(tmp) / "export", input_size=(3, cfg.image_size, cfg.image_size),
                                  preprocessing=_preprocessing(cfg))
-        predictor = Predictor(model_dir, device=cfg.device, cpu_threads=runtime.cpu_threads,
-                              use_mkldnn=cfg.use_mkldnn)
-        rows = batch_table(cfg, model, predictor)
-        pipeline = predict_pipeline(cfg, predictor, Path(tmp)) if cfg.predict_images else None
-    worst = min(r["predictor_vs_dygraph"] for r in rows)
-    goals = [{"goal": "predictor >= 4 x dygraph at every batch size", "measured": worst, "met": worst >= 4.0}]
+        predictors = {p: Predictor(model_dir, device=cfg.device, cpu_threads=runtime.cpu_threads,
+                                   use_mkldnn=cfg.use_mkldnn, precision=p) for p in precisions}
+        rows = batch_table(cfg, model, predictors)
+        first = predictors[precisions[0]]
+        pipeline = predict_pipeline(cfg, first, Path(tmp)) if cfg.predict_images else None
+    goals = []
+    for precision in precisions:
+        worst = min(r[f"predictor_{precision}_vs_dygraph"] for r in rows)
+        goals.append({"goal": f"predictor ({precision}) >= 4 x dygraph (fp32) at every batch size",
+                      "measured": worst, "met": worst >= 4.0})
     if pipeline:
         goals.append({"goal": "predict_files >= 0.8 x bare predictor", "measured": pipeline["ratio"],
                       "met": pipeline["ratio"] >= 0.8})
     return {"benchmark": "inference", "config": vars(cfg), "environment": finished(env),
             "rows": rows, "pipeline": pipeline, "goals": goals,
             "notes": [f"{cfg.model} at {cfg.image_size}px, {cfg.num_classes} classes, oneDNN "
-                      f"{'on' if cfg.use_mkldnn else 'off'} in the predictor"]}
+                      f"{'on' if cfg.use_mkldnn else 'off'} in the predictor; predictor precisions "
+                      f"{', '.join(precisions)}; predict_files runs the {precisions[0]} predictor"]}
