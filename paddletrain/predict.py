@@ -20,8 +20,6 @@ import logging
 import os
 import sys
 import time
-from collections import deque
-from concurrent.futures import ProcessPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,17 +30,15 @@ import numpy as np
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from paddletrain.decoding import decoded_batches
 from paddletrain.errors import UserError
-from paddletrain.inference import Predictor, Preprocessing, label_names, softmax
+from paddletrain.inference import Predictor, label_names, softmax
 
 log = logging.getLogger("paddletrain")
 
 EXIT_USER_ERROR = 2
 EXIT_SOME_FAILED = 3
 GLOB_CHARS = "*?["
-# Batches decoded ahead per worker: enough to hide decode jitter, bounded so memory does not grow when the
-# predictor is the slower side.
-PREFETCH_PER_WORKER = 2
 
 
 @dataclass
@@ -132,54 +128,6 @@ def _read_list(path: Path) -> List[str]:
     return [entry if os.path.isabs(entry) else str(path.parent / entry) for entry in entries]
 
 
-_worker_preprocessing: Optional[Preprocessing] = None
-
-
-def _init_worker(preprocessing: Preprocessing) -> None:
-    global _worker_preprocessing
-    _worker_preprocessing = preprocessing
-
-
-def load_batch(paths: Sequence[str], preprocessing: Optional[Preprocessing] = None
-               ) -> Tuple[List[str], Optional[np.ndarray], List[Tuple[str, str]]]:
-    """Decode and preprocess ``paths``: (the paths that worked, their stacked inputs, (path, reason) failures)."""
-    from PIL import Image
-
-    preprocessing = preprocessing or _worker_preprocessing
-    ok, arrays, failures = [], [], []
-    for path in paths:
-        try:
-            with Image.open(path) as image:
-                image.load()
-                arrays.append(preprocessing(image))
-            ok.append(path)
-        except Exception as exc:  # any decode/preprocess failure is about this file, not the run
-            failures.append((path, f"{type(exc).__name__}: {exc}"))
-    return ok, (np.stack(arrays) if arrays else None), failures
-
-
-def _decoded_batches(chunks: List[List[str]], preprocessing: Preprocessing, num_workers: int
-                     ) -> Iterator[Tuple[List[str], Optional[np.ndarray], List[Tuple[str, str]]]]:
-    """Batches in input order; with workers, up to ``PREFETCH_PER_WORKER * num_workers`` decode ahead."""
-    if num_workers == 0:
-        for chunk in chunks:
-            yield load_batch(chunk, preprocessing)
-        return
-    with ProcessPoolExecutor(num_workers, initializer=_init_worker, initargs=(preprocessing,)) as pool:
-        pending: deque = deque()
-        queued = iter(chunks)
-        for chunk in queued:
-            pending.append(pool.submit(load_batch, chunk))
-            if len(pending) >= PREFETCH_PER_WORKER * num_workers:
-                break
-        while pending:
-            batch = pending.popleft().result()
-            next_chunk = next(queued, None)
-            if next_chunk is not None:
-                pending.append(pool.submit(load_batch, next_chunk))
-            yield batch
-
-
 def default_num_workers() -> int:
     """Half the usable cores decode (at least one); the predictor's threads get the rest."""
     from paddletrain.runtime import usable_cores
@@ -243,7 +191,7 @@ def predict_files(predictor: Predictor, paths: Sequence[str], batch_size: int = 
         else:
             sink = output
         bar = stack.enter_context(tqdm(total=len(paths), unit="img", disable=not progress, file=sys.stderr))
-        for ok, inputs, failed in _decoded_batches(chunks, predictor.preprocessing, workers):
+        for ok, inputs, failed in decoded_batches(chunks, predictor.preprocessing, workers, predictor.input_size):
             for path, reason in failed:
                 log.warning("Skipped %s: %s", path, reason)
             failures.extend(failed)

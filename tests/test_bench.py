@@ -132,12 +132,12 @@ def test_inference_batch_table_and_pipeline():
             assert row[f"{arm}_images_per_s"] == pytest.approx(row["batch_size"] / row[f"{arm}_latency_ms"] * 1e3)
         assert row["predictor_fp32_vs_dygraph"] > 0
         assert row["predictor_fp32_max_rel_diff"] < 1e-3  # the same model
-    pipeline = result["pipeline"]
-    assert pipeline["images"] == 8
+    [pipeline] = result["pipeline"]
+    assert pipeline["images"] == 8 and pipeline["precision"] == "fp32" and pipeline["num_workers"] == 0
     assert pipeline["ratio"] == pytest.approx(pipeline["predict_files_images_per_s"]
                                               / pipeline["bare_predictor_images_per_s"])
     assert [g["goal"] for g in result["goals"]] == ["predictor (fp32) >= 4 x dygraph (fp32) at every batch size",
-                                                    "predict_files >= 0.8 x bare predictor"]
+                                                    "predict_files >= 0.8 x bare predictor (fp32)"]
 
 
 @pytest.mark.skipif(cpu_bf16_support() != "fast", reason="bf16 is compared by default only where the CPU runs it")

@@ -36,7 +36,7 @@ def to_markdown(result: Dict[str, Any]) -> str:
              f"load average {env['load_average_1m']} at start and {env.get('load_average_1m_end', '?')} at the end "
              f"(1 min), {env['time']}, {env.get('seconds', '?')} s", "", table(result["rows"])]
     if result.get("pipeline"):
-        parts += ["", table([result["pipeline"]])]
+        parts += ["", table(result["pipeline"])]
     if result.get("summary"):
         parts += ["", table([result["summary"]])]
     if result.get("trainer_parts_us"):

@@ -1,0 +1,96 @@
+"""decoded_batches: worker processes decode into shared memory, in input order, and clean up after themselves."""
+import logging
+import os
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+from PIL import Image
+
+from paddletrain import decoding
+from paddletrain.config import DataConfig
+from paddletrain.data import preprocessing_info
+from paddletrain.decoding import decoded_batches, load_batch
+from paddletrain.inference import Preprocessing
+
+SIZE = 16
+INPUT = (3, SIZE, SIZE)
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def preprocessing():
+    return Preprocessing(preprocessing_info(OmegaConf.structured(DataConfig(image_size=SIZE))))
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """Eleven small JPEGs of different colours and sizes; the fifth is not an image."""
+    root = tmp_path_factory.mktemp("images")
+    rng = np.random.default_rng(0)
+    paths = []
+    for i in range(11):
+        path = root / f"img_{i:02d}.jpg"
+        if i == 4:
+            path.write_bytes(b"not a jpeg")
+        else:
+            size = (20 + i, 24)
+            Image.fromarray(rng.integers(0, 256, (*size[::-1], 3), dtype=np.uint8)).save(path)
+        paths.append(str(path))
+    return paths
+
+
+def _shared_blocks():
+    return {name for name in os.listdir(decoding.SHM_DIR) if name.startswith("psm_")}
+
+
+def _collect(chunks, preprocessing, workers):
+    """(paths, a copy of the inputs, failures) per batch: arrays from workers are only valid until the next."""
+    return [(ok, None if x is None else x.copy(), failed)
+            for ok, x, failed in decoded_batches(chunks, preprocessing, workers, INPUT)]
+
+
+def test_load_batch_skips_unreadable_files_and_names_them(files, preprocessing):
+    ok, inputs, failures = load_batch(files[3:6], preprocessing)
+    assert ok == [files[3], files[5]] and inputs.shape == (2, *INPUT) and inputs.dtype == np.float32
+    [(path, reason)] = failures
+    assert path == files[4] and "UnidentifiedImageError" in reason
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_workers_give_the_same_batches_in_order_as_decoding_here(files, preprocessing, workers):
+    chunks = [files[i:i + 4] for i in range(0, len(files), 4)]  # 4 + 4 + 3: the last batch is short
+    before = _shared_blocks()
+    expected = _collect(chunks, preprocessing, 0)
+    got = _collect(chunks, preprocessing, workers)
+    assert [ok for ok, _, _ in got] == [ok for ok, _, _ in expected]
+    assert [len(ok) for ok, _, _ in got] == [4, 3, 3]  # files[4] is not an image
+    for (_, x, failed), (_, y, expected_failed) in zip(got, expected):
+        np.testing.assert_array_equal(x, y)
+        assert failed == expected_failed
+    assert _shared_blocks() == before  # every block unlinked
+
+
+def test_abandoning_the_batches_early_still_unlinks_the_shared_blocks(files, preprocessing):
+    before = _shared_blocks()
+    batches = decoded_batches([files[i:i + 2] for i in range(0, 10, 2)], preprocessing, 2, INPUT)
+    next(batches)
+    assert len(_shared_blocks() - before) == 2 * decoding.PREFETCH_PER_WORKER + 1
+    batches.close()
+    assert _shared_blocks() == before
+
+
+def test_a_chunk_of_only_bad_files_gives_no_array(files, preprocessing):
+    [(ok, inputs, failures)] = _collect([[files[4]]], preprocessing, 1)
+    assert ok == [] and inputs is None and failures[0][0] == files[4]
+
+
+def test_without_room_in_dev_shm_batches_are_pickled_and_the_log_says_so(files, preprocessing, monkeypatch, caplog):
+    monkeypatch.setattr(decoding, "_shm_fits", lambda nbytes: False)
+    chunks = [files[:4], files[4:8]]
+    with caplog.at_level(logging.INFO, logger="paddletrain"):
+        got = _collect(chunks, preprocessing, 1)
+    assert "--shm-size" in caplog.text
+    for (_, x, _), (_, y, _) in zip(got, _collect(chunks, preprocessing, 0)):
+        np.testing.assert_array_equal(x, y)
