@@ -61,7 +61,8 @@ class ClassificationMeter:
     def sums(self) -> paddle.Tensor:
         """[count, loss_sum, hits@k...] as one float64 tensor: what distributed evaluation all-reduces."""
         parts = [paddle.to_tensor([float(self.count)], dtype="float64")]
-        parts.append((self._loss_sum if self._loss_sum is not None else paddle.zeros([])).astype("float64").reshape([1]))
+        loss_sum = self._loss_sum if self._loss_sum is not None else paddle.zeros([])
+        parts.append(loss_sum.astype("float64").reshape([1]))
         if self._hits is not None:
             parts.append(self._hits.astype("float64"))
         return paddle.concat(parts)

@@ -243,7 +243,8 @@ class Precision:
         else:
             loss.backward()
 
-    def step(self, optimizer: Any, parameters: Iterable[paddle.Tensor], clip_norm: Optional[float] = None) -> StepResult:
+    def step(self, optimizer: Any, parameters: Iterable[paddle.Tensor],
+             clip_norm: Optional[float] = None) -> StepResult:
         """Unscale, check, clip, step (or skip), update the scale and clear the gradients.
 
         A step is skipped when any gradient is non-finite (or the global gradient norm overflows float32), so

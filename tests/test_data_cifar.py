@@ -37,9 +37,11 @@ def make_archive(root: Path, kind: str, members: dict | None = None, extracted: 
         names = [f"class{i}".encode() for i in range(n_classes)]
         if kind == "cifar10":
             members = {f"data_batch_{i}": _batch(rng, 3, layout.labels_key, n_classes) for i in (2, 1)}
-            members.update({"test_batch": _batch(rng, 2, layout.labels_key, n_classes), "batches.meta": {b"label_names": names}})
+            members.update({"test_batch": _batch(rng, 2, layout.labels_key, n_classes),
+                            "batches.meta": {b"label_names": names}})
         else:
-            members = {"train": _batch(rng, 4, layout.labels_key, n_classes), "test": _batch(rng, 2, layout.labels_key, n_classes),
+            members = {"train": _batch(rng, 4, layout.labels_key, n_classes),
+                       "test": _batch(rng, 2, layout.labels_key, n_classes),
                        "meta": {b"fine_label_names": names, b"coarse_label_names": [b"c"] * 20}}  # fmt: skip
     root.mkdir(parents=True, exist_ok=True)
     if extracted:

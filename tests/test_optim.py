@@ -93,7 +93,8 @@ def test_no_decay_norm_bias_false_decays_everything():
 
 def test_head_lr_mult_is_applied_in_an_optimizer_step():
     net, lr, mult = make_net(), 0.1, 10.0
-    optimizer = build_optimizer(net, OptimConfig(name="sgd", lr=lr, momentum=0.0, weight_decay=0.0, head_lr_mult=mult), lr)
+    config = OptimConfig(name="sgd", lr=lr, momentum=0.0, weight_decay=0.0, head_lr_mult=mult)
+    optimizer = build_optimizer(net, config, lr)
     assert type(optimizer) is paddle.optimizer.SGD
     before = trainable(net)
     net(images()).square().mean().backward()

@@ -184,7 +184,8 @@ def trainer_step_parts(cfg: OverheadBenchConfig, batches: List[Any]) -> Dict[str
         sums[1] = loss_sum if sums[1] is None else sums[1] + loss_sum
 
     return {
-        "module.parameters() (once per fit: the Trainer caches the list)": per_call_us(lambda: trainer.module.parameters()),
+        "module.parameters() (once per fit: the Trainer caches the list)":
+            per_call_us(lambda: trainer.module.parameters()),
         "callback hooks (3 per step x 2 callbacks)": per_call_us(hooks),
         "ClassificationMeter.update": per_call_us(lambda: meter.update(loss, logits, labels, len(labels))),
         "inline top-k + loss sum, accumulated (hand loop)": per_call_us(inline_metric),

@@ -107,8 +107,9 @@ class VisualDLLogger(Callback):
     every other ``train/*`` number in ``trainer.metrics`` (e.g. ``train/lr_group{i}``),
     ``amp/loss_scale`` (when a loss scaler is active) and ``amp/nonfinite_steps``; after each
     validation every ``val/*`` metric. ``train/*`` metrics that first appear at an epoch end (epoch
-    aggregates such as ``train/top1``) are written once per epoch instead of repeating stale values. Hyper-parameters (``trainer.hparams``) and the image grid are
-    written at the first training batch, once the log file is known (a resumed run appends).
+    aggregates such as ``train/top1``) are written once per epoch instead of repeating stale values.
+    Hyper-parameters (``trainer.hparams``) and the image grid are written at the first training batch,
+    once the log file is known (a resumed run appends).
 
     Args:
         logdir: Log directory; ``None`` uses ``<trainer.run_dir>/visualdl``.

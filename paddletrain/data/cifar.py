@@ -181,7 +181,8 @@ class CifarDataset(ImageDataset):
                 meta = safe_load(data, source)
         where = str(self.root)
         if not batches:
-            raise DatasetError(f"{self.kind}: no {self.split} batches in {where!r}; is it the {layout.archive} archive?")
+            raise DatasetError(f"{self.kind}: no {self.split} batches in {where!r}; "
+                               f"is it the {layout.archive} archive?")
         if meta is None or layout.names_key not in meta:
             raise DatasetError(f"{self.kind}: {layout.meta!r} with {layout.names_key!r} missing from {where!r}")
         self.classes = [n.decode() if isinstance(n, bytes) else str(n) for n in meta[layout.names_key]]

@@ -35,7 +35,8 @@ def _split_dir(root: Path, split: str) -> Path:
     split_dir = root / split
     if not split_dir.is_dir():
         raise DatasetError(
-            f"imagefolder split directory {str(split_dir)!r} is missing; expected {str(root)}/{{train,val}}/<class>/<image>"
+            f"imagefolder split directory {str(split_dir)!r} is missing; "
+            f"expected {str(root)}/{{train,val}}/<class>/<image>"
         )
     return split_dir
 
@@ -54,7 +55,8 @@ def read_class_names(path: Union[str, Path], expected: int) -> List[str]:
         raise DatasetError(f"class names file {str(path)!r} has blank line(s) {blank}; give one name per line")
     if len(names) != expected:
         raise DatasetError(
-            f"class names file {str(path)!r} has {len(names)} names but the train split has {expected} class directories"
+            f"class names file {str(path)!r} has {len(names)} names but the train split has {expected} "
+            "class directories"
         )
     return names
 

@@ -87,7 +87,8 @@ class SeededDataset(paddle.io.Dataset):
     ``dataset[SampleKey(index, epoch, batch)]`` seeds python ``random`` and ``numpy.random`` from
     ``(seed, epoch, index)``, loads the sample and applies ``transform``, so the result does not depend on
     worker count, prefetching or resume position. In the main process both global RNG states are restored
-    afterwards, leaving the caller's random stream untouched. Returns ``(image, label, index, batch)``, or a :class:`BadSample` on any failure.
+    afterwards, leaving the caller's random stream untouched. Returns ``(image, label, index, batch)``, or a
+    :class:`BadSample` on any failure.
     """
 
     def __init__(self, dataset: Any, transform: Optional[Callable[[Any], Any]] = None, seed: int = 0,

@@ -41,7 +41,8 @@ def _star(points: int = 5, inner: float = 0.45) -> np.ndarray:
 
 def _cross(arm: float = 0.33) -> np.ndarray:
     a = arm
-    return np.array([(-a, -1), (a, -1), (a, -a), (1, -a), (1, a), (a, a), (a, 1), (-a, 1), (-a, a), (-1, a), (-1, -a), (-a, -a)])
+    return np.array([(-a, -1), (a, -1), (a, -a), (1, -a), (1, a), (a, a),
+                     (a, 1), (-a, 1), (-a, a), (-1, a), (-1, -a), (-a, -a)])
 
 
 # Polygon outlines (circumradius 1, centred on 0); circle and ring are drawn as ellipses.
@@ -54,7 +55,8 @@ _OUTLINES: Dict[str, np.ndarray] = {
 CLASSES: List[str] = ["circle", "ring", "square", "triangle", "star", "cross"]
 
 
-def _draw_mask(name: str, canvas: int, centre: np.ndarray, radius: float, angle: float, ring_width: float) -> Image.Image:
+def _draw_mask(name: str, canvas: int, centre: np.ndarray, radius: float, angle: float,
+               ring_width: float) -> Image.Image:
     mask = Image.new("L", (canvas, canvas), 0)
     draw = ImageDraw.Draw(mask)
     cx, cy = centre
