@@ -9,7 +9,9 @@ import pytest
 
 from paddletrain.config import DataConfig
 from paddletrain.data.datasets import BadSampleError, DatasetError
-from paddletrain.data.loaders import BadSample, SeededDataset, build_loader, collate_checked, sample_seeds
+from paddletrain.data.loaders import (BadSample, SeededDataset, _global_rngs_restored, batch_seeds, build_loader,
+                                      collate_checked)
+from paddletrain.data.sampler import SampleKey
 from paddletrain.data.transforms import build_transform
 from paddletrain.errors import ConfigError
 
@@ -130,14 +132,23 @@ def test_iterating_with_0_workers_leaves_the_callers_random_streams_alone():
     assert draws(loader) == expected
 
 
-def test_seeded_dataset_depends_on_seed_epoch_and_index_only():
+def test_a_batch_depends_on_seed_epoch_rank_and_batch_number_only():
     cfg = _cfg()
+
+    def batch(data, epoch=1, number=0, rank=0, indices=(3, 7, 1)):
+        """Loaded as a loader loads a batch: whole, in order, with the caller's RNGs put back afterwards."""
+        with _global_rngs_restored():
+            return np.stack([data[SampleKey(i, epoch, number, rank, p)][0] for p, i in enumerate(indices)])
+
     data = SeededDataset(_augmented(cfg), seed=4)
-    key = lambda index, epoch: data[(index, epoch, 0)][0]  # noqa: E731
-    np.testing.assert_array_equal(key(3, 1), key(3, 1))
-    assert not all(np.array_equal(key(3, 1), key(3, e)) for e in range(2, 6))
-    other = SeededDataset(_augmented(cfg), seed=5)
-    assert not all(np.array_equal(key(i, 1), other[(i, 1, 0)][0]) for i in range(4))
+    np.testing.assert_array_equal(batch(data), batch(data))
+    assert not np.array_equal(batch(data), batch(data, epoch=2))
+    assert not np.array_equal(batch(data), batch(data, rank=1))  # ranks do not share augmentation streams
+    assert not np.array_equal(batch(data), batch(data, number=5))
+    assert not np.array_equal(batch(data), batch(SeededDataset(_augmented(cfg), seed=5)))
+    # Within a batch the samples draw from one stream, so equal images are augmented differently.
+    same = batch(data, indices=(3, 3, 3, 3))
+    assert not all(np.array_equal(same[0], other) for other in same[1:])
 
 
 def test_eval_loader_covers_every_sample_once_in_order():
@@ -242,10 +253,11 @@ def test_loader_is_a_paddle_dataloader_with_int64_labels_and_full_length():
     assert x.dtype == paddle.uint8 and y.dtype == paddle.int64
 
 
-def test_sample_seeds_are_deterministic_distinct_and_fit_both_rngs():
-    seeds = {sample_seeds(seed, epoch, index) for seed in range(3) for epoch in range(4) for index in range(200)}
-    assert len(seeds) == 3 * 4 * 200  # no two (seed, epoch, index) share their seeds
-    assert sample_seeds(7, 2, 11) == sample_seeds(7, 2, 11)
+def test_batch_seeds_are_deterministic_distinct_and_fit_both_rngs():
+    seeds = {batch_seeds(seed, epoch, rank, batch)
+             for seed in range(3) for epoch in range(4) for rank in range(4) for batch in range(50)}
+    assert len(seeds) == 3 * 4 * 4 * 50  # no two (seed, epoch, rank, batch) share their seeds
+    assert batch_seeds(7, 2, 1, 11) == batch_seeds(7, 2, 1, 11)
     assert all(0 <= a < 2**32 and 0 <= b < 2**32 for a, b in seeds)  # numpy's legacy seed takes < 2**32
 
 

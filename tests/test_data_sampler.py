@@ -47,12 +47,13 @@ def test_drop_last_drops_only_the_incomplete_batch():
     assert all(len(b) == 4 for b in batches)
 
 
-def test_keys_carry_epoch_and_batch_number():
-    sampler = _sampler(n=8, batch_size=4)
+def test_keys_carry_epoch_batch_rank_and_position():
+    sampler = _sampler(n=16, batch_size=4, num_replicas=2, rank=1)
     sampler.set_epoch(2)
     batches = list(sampler)
     assert all(isinstance(k, SampleKey) for b in batches for k in b)
-    assert [{(k.epoch, k.batch) for k in b} for b in batches] == [{(2, 0)}, {(2, 1)}]
+    assert [{(k.epoch, k.batch, k.rank) for k in b} for b in batches] == [{(2, 0, 1)}, {(2, 1, 1)}]
+    assert [[k.position for k in b] for b in batches] == [[0, 1, 2, 3]] * 2
 
 
 @pytest.mark.parametrize("n", [10, 11, 3])

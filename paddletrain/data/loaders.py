@@ -54,13 +54,12 @@ def _splitmix64(value: int) -> int:
     return value ^ (value >> 31)
 
 
-def sample_seeds(seed: int, epoch: int, index: int) -> tuple:
-    """Two well-mixed 32-bit seeds (python ``random``, ``numpy.random``) for one sample of one epoch.
+def batch_seeds(seed: int, epoch: int, rank: int, batch: int) -> tuple:
+    """Two well-mixed 32-bit seeds (python ``random``, ``numpy.random``) for one batch of one rank and epoch.
 
-    SplitMix64 chained over the three numbers: ~1 us in pure Python, where ``np.random.SeedSequence``
-    costs 13-20 us per sample inside the loader (a tenth of a small image's decode + augment).
+    SplitMix64 chained over the four numbers: ~1 us in pure Python (``np.random.SeedSequence`` costs 13-20 us).
     """
-    mixed = _splitmix64(_splitmix64(_splitmix64(seed) ^ epoch) ^ index)
+    mixed = _splitmix64(_splitmix64(_splitmix64(_splitmix64(seed) ^ epoch) ^ rank) ^ batch)
     return mixed & 0xFFFFFFFF, mixed >> 32
 
 
@@ -82,13 +81,16 @@ def _global_rngs_restored() -> Iterator[None]:
 
 
 class SeededDataset(paddle.io.Dataset):
-    """Wrap a dataset so each sample's randomness is a pure function of (seed, epoch, index).
+    """Wrap a dataset so each batch's randomness is a pure function of (seed, epoch, rank, batch).
 
-    ``dataset[SampleKey(index, epoch, batch)]`` seeds python ``random`` and ``numpy.random`` from
-    ``(seed, epoch, index)``, loads the sample and applies ``transform``, so the result does not depend on
-    worker count, prefetching or resume position. In the main process both global RNG states are restored
-    afterwards, leaving the caller's random stream untouched. Returns ``(image, label, index, batch)``, or a
-    :class:`BadSample` on any failure.
+    ``dataset[SampleKey(index, epoch, batch, rank, position)]`` loads the sample and applies ``transform``.
+    The first sample of a batch (``position == 0``) seeds python ``random`` and ``numpy.random`` from
+    ``(seed, epoch, rank, batch)``; the batch's other samples continue those streams. A batch is always
+    loaded whole and in order, by one worker or by the loader's own thread, so every sample's augmentation
+    depends only on the sampler's (seed, epoch, rank, batch, position): not on the worker count, prefetching
+    or resume position. Seeding once per batch rather than per sample saves ~7% of a small image's load time.
+    In the main process both global RNG states are restored afterwards, leaving the caller's random stream
+    untouched. Returns ``(image, label, index, batch)``, or a :class:`BadSample` on any failure.
     """
 
     def __init__(self, dataset: Any, transform: Optional[Callable[[Any], Any]] = None, seed: int = 0,
@@ -118,9 +120,10 @@ class SeededDataset(paddle.io.Dataset):
         # as a context manager: this runs once per sample.
         restore = paddle.io.get_worker_info() is None and not getattr(_batch_scope, "active", False)
         saved = (random.getstate(), np.random.get_state()) if restore else None
-        py_seed, np_seed = sample_seeds(self.seed, key.epoch, key.index)
-        random.seed(py_seed)
-        np.random.seed(np_seed)
+        if key.position == 0 or saved is not None:  # a lone sample outside a batch seeds itself
+            py_seed, np_seed = batch_seeds(self.seed, key.epoch, key.rank, key.batch)
+            random.seed(py_seed)
+            np.random.seed(np_seed)
         try:
             image, label = self.dataset[key.index]
             if self.transform is not None:

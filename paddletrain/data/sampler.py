@@ -1,9 +1,10 @@
 """A batch sampler whose order is a pure function of (seed, epoch), and that can resume mid-epoch.
 
-Each yielded batch is a list of :class:`SampleKey` ``(index, epoch, batch)``. Carrying the epoch to the
-dataset lets :class:`paddletrain.data.loaders.SeededDataset` seed augmentation per sample in any worker
-process (persistent or not); carrying the batch number lets the loader record exactly how many batches the
-consumer has received, which the sampler itself cannot know while workers prefetch ahead of it.
+Each yielded batch is a list of :class:`SampleKey` ``(index, epoch, batch, rank, position)``. Carrying the
+epoch, rank and batch number to the dataset lets :class:`paddletrain.data.loaders.SeededDataset` seed
+augmentation per batch in any worker process (persistent or not); the batch number also lets the loader
+record exactly how many batches the consumer has received, which the sampler itself cannot know while
+workers prefetch ahead of it.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ class SampleKey(NamedTuple):
     index: int
     epoch: int
     batch: int
+    rank: int = 0
+    position: int = 0  # within the batch; 0 marks the sample that seeds the batch's augmentation
 
 
 class ResumableBatchSampler(DistributedBatchSampler):
@@ -89,10 +92,10 @@ class ResumableBatchSampler(DistributedBatchSampler):
     def __iter__(self) -> Iterator[List[SampleKey]]:
         indices = self.epoch_indices()
         start, self._skip = self._skip, 0
-        epoch, size = self.epoch, self.batch_size
+        epoch, size, rank = self.epoch, self.batch_size, self.local_rank
         for batch in range(start, len(self)):
             chunk = indices[batch * size:(batch + 1) * size]
-            yield [SampleKey(int(i), epoch, batch) for i in chunk]
+            yield [SampleKey(int(i), epoch, batch, rank, position) for position, i in enumerate(chunk)]
 
     def state_dict(self) -> Dict[str, Any]:
         """Everything needed to continue this epoch's order where the consumer stopped."""
