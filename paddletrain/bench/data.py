@@ -30,14 +30,15 @@ from paddletrain.errors import ConfigError
 class DataBenchConfig:
     # An image folder (root/train/<class>/<image>); None: synthesise num_images JPEGs of source_size px.
     root: Optional[str] = None
-    num_images: int = 1024
+    num_images: int = 2048
     source_size: int = 64
     image_size: int = 32
     transform: str = "small"  # a data.train_transform preset: small | imagenet | none
     batch_size: int = 64
     workers: List[int] = field(default_factory=lambda: [0, 1, 2])
-    # Timed passes over the images (bare and per worker count); the median is reported.
-    epochs: int = 3
+    # Timed passes over the images (bare and per worker count); the median is reported. This machine's speed
+    # drifts by up to 15% between sub-second passes: fewer or shorter passes make the ratio noisy.
+    epochs: int = 5
     # Model for the Trainer's data-wait share; null skips that part.
     model: Optional[str] = "resnet20"
     train_batches: int = 16
