@@ -155,7 +155,8 @@ class Predictor:
         model_dir: an export directory (graph, weights and ``preprocess.json``).
         device: ``auto`` (GPU when Paddle has one, else CPU), ``cpu`` or ``gpu``.
         cpu_threads: threads of the CPU math library; ``None`` = every core this process may use.
-        use_mkldnn: run on CPU through oneDNN (several times faster than plain kernels for convolutions).
+        use_mkldnn: run on CPU through oneDNN (about twice as fast as Paddle's plain CPU kernels in fp32 here;
+            required for bf16).
         precision: ``fp32``; ``fp16`` (GPU only); ``bf16`` (CPU with oneDNN: several times faster than fp32
             on CPUs with AVX512-BF16 or AMX, at about 2-3 significant digits); ``None`` = what the export
             recorded.
