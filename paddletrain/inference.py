@@ -153,7 +153,7 @@ class Predictor:
 
     Args:
         model_dir: an export directory (graph, weights and ``preprocess.json``).
-        device: ``auto`` (GPU when Paddle has one, else CPU), ``cpu`` or ``gpu``.
+        device: ``auto`` (GPU when Paddle has one, else CPU; always the CPU for bf16), ``cpu`` or ``gpu``.
         cpu_threads: threads of the CPU math library; ``None`` = every core this process may use.
         use_mkldnn: run on CPU through oneDNN (about twice as fast as Paddle's plain CPU kernels in fp32 here;
             required for bf16).
@@ -188,7 +188,8 @@ class Predictor:
         precision = precision or self.metadata.get("precision", "fp32")
         if precision not in PRECISIONS:
             raise UserError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}")
-        resolved = _resolve_device(device)
+        # bf16 is the CPU precision, so device=auto runs a bf16 export on the CPU even where there is a GPU.
+        resolved = "cpu" if device == "auto" and precision == "bf16" else _resolve_device(device)
         if resolved == "cpu" and tensorrt:
             raise UserError("tensorrt=true needs a GPU (Paddle Inference runs TensorRT only there); this "
                             "predictor runs on the CPU: use tensorrt=false")

@@ -151,6 +151,14 @@ def test_a_bf16_export_records_its_precision_for_the_predictor(model, tmp_path):
     assert Predictor(out, device="cpu", precision="fp32").runtime.precision == "fp32"
 
 
+@needs_cpu_bf16
+def test_device_auto_runs_bf16_on_the_cpu_even_where_there_is_a_gpu(exported, monkeypatch):
+    monkeypatch.setattr("paddletrain.inference._resolve_device", lambda device: "gpu")
+    assert Predictor(exported, precision="bf16").runtime.device == "cpu"
+    with pytest.raises(UserError, match="on a GPU use precision=fp16"):
+        Predictor(exported, device="gpu", precision="bf16")
+
+
 def test_bf16_is_refused_where_it_cannot_run(exported, tmp_path, monkeypatch):
     with pytest.raises(UserError, match="use_mkldnn=false"):
         Predictor(exported, device="cpu", precision="bf16", use_mkldnn=False)
