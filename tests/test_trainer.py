@@ -270,3 +270,55 @@ def test_checkpoint_never_saves_nan_weights(tmp_path):
     model.weight.set_value(paddle.full(model.weight.shape, float("nan")))
     assert ckpt.save(trainer, metric=None) is None
     assert find_latest(tmp_path) == good
+
+
+SLOW_STEP_SCRIPT = """
+import time, paddle
+from paddletrain.trainer import Trainer
+
+class SlowModel(paddle.nn.Layer):
+    def __init__(self):
+        super().__init__()
+        self.fc = paddle.nn.Linear(4, 2)
+
+    def forward(self, x):
+        print("STEP", flush=True)
+        time.sleep(60)  # a step that would take a minute to finish
+        return self.fc(x)
+
+model = SlowModel()
+batches = [(paddle.randn([2, 4]), paddle.to_tensor([0, 1]))] * 3
+Trainer(model, paddle.optimizer.SGD(0.1, parameters=model.parameters()), max_epochs=1, num_classes=2).fit(batches)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_second_signal_exits_at_once_without_finishing_the_step(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    log_file = tmp_path / "out.log"
+
+    def wait_for(text: str, timeout: float = 60.0) -> None:
+        deadline = time.time() + timeout
+        while text not in log_file.read_text() and time.time() < deadline:
+            time.sleep(0.05)
+        assert text in log_file.read_text(), log_file.read_text()[-2000:]
+
+    with open(log_file, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-c", SLOW_STEP_SCRIPT], stdout=out, stderr=subprocess.STDOUT)
+        try:
+            wait_for("STEP")  # inside fit, so the handlers are installed
+            proc.send_signal(signal.SIGTERM)
+            wait_for("send it again")  # the first signal only asks for a stop after the step
+            assert proc.poll() is None
+            sent = time.time()
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+        finally:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert time.time() - sent < 10  # not after the 60 s step
+    assert "Second SIGTERM: exiting immediately" in log_file.read_text()
