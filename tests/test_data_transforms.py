@@ -6,7 +6,7 @@ import pytest
 from PIL import Image
 
 from paddletrain.config import DataConfig
-from paddletrain.data.transforms import PRESETS, build_transform, preprocessing_info
+from paddletrain.data.transforms import PRESETS, ToNormalizedArray, build_transform, preprocessing_info
 from paddletrain.errors import ConfigError
 
 
@@ -134,3 +134,15 @@ def test_bad_config_names_key_and_valid_values(key, kwargs, names):
 def test_bad_eval_preset_is_reported_by_preprocessing_info():
     with pytest.raises(ConfigError, match="data.eval_transform='big'"):
         preprocessing_info(DataConfig(eval_transform="big"))
+
+
+@pytest.mark.parametrize("shape", [(7, 5, 3), (7, 5), (7, 5, 1)])
+def test_normalization_is_bit_identical_to_the_plain_formula_and_contiguous(shape):
+    image = np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8)
+    channels = 1 if len(shape) == 2 else shape[2]
+    mean, std = [0.485, 0.456, 0.406][:channels], [0.229, 0.224, 0.225][:channels]
+    out = ToNormalizedArray(mean, std)(image)
+    chw = image[None] if image.ndim == 2 else image.transpose(2, 0, 1)
+    expected = (chw.astype(np.float32) / 255.0 - np.float32(mean).reshape(-1, 1, 1)) / np.float32(std).reshape(-1, 1, 1)
+    assert out.dtype == np.float32 and out.flags.c_contiguous and out.shape == (channels, 7, 5)
+    np.testing.assert_array_equal(out, expected)
