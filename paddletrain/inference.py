@@ -186,8 +186,6 @@ class Predictor:
         self.preprocessing: Optional[Preprocessing] = Preprocessing(self.metadata) if has_preprocessing else None
 
         precision = precision or self.metadata.get("precision", "fp32")
-        if precision not in PRECISIONS:
-            raise UserError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}")
         # bf16 is the CPU precision, so device=auto runs a bf16 export on the CPU even where there is a GPU.
         resolved = "cpu" if device == "auto" and precision == "bf16" else _resolve_device(device)
         if resolved == "cpu" and tensorrt:

@@ -94,3 +94,9 @@ def test_without_room_in_dev_shm_batches_are_pickled_and_the_log_says_so(files, 
     assert "--shm-size" in caplog.text
     for (_, x, _), (_, y, _) in zip(got, _collect(chunks, preprocessing, 0)):
         np.testing.assert_array_equal(x, y)
+
+
+def test_decode_workers_are_pinned_to_the_last_cores_when_a_core_is_left(monkeypatch):
+    monkeypatch.setattr(decoding.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert decoding._worker_cores(1) == [3] and decoding._worker_cores(2) == [2, 3]
+    assert decoding._worker_cores(4) is None  # no core would be left for the predictor

@@ -185,3 +185,8 @@ def test_an_nhwc_graph_under_onednn_fails_with_the_workaround_named(tmp_path):
     with pytest.raises(UserError, match="use_mkldnn=False"):
         Predictor(out, device="cpu").predict(batch)
     assert_close(Predictor(out, device="cpu", use_mkldnn=False).predict(batch), reference(nhwc, batch))
+
+
+def test_an_unknown_precision_names_the_choices(exported):
+    with pytest.raises(UserError, match="precision='int4' is not one of fp32, fp16, bf16"):
+        Predictor(exported, device="cpu", precision="int4")
