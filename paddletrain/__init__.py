@@ -2,18 +2,46 @@
 
 >>> import paddletrain
 >>> model = paddletrain.create_model("resnet20", num_classes=10)
+
+The public names load on first use (PEP 562), so ``python -m paddletrain.fit`` can own SIGTERM/SIGINT before
+Paddle is imported (about 1.5 s): a signal in that window would otherwise kill the process half-started.
 """
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-from paddletrain.callbacks import Callback, StepOutput  # noqa: E402
-from paddletrain.errors import ConfigError, NonFiniteLossError, TrainingInterrupted, UserError  # noqa: E402
-from paddletrain.inference import Predictor  # noqa: E402
-from paddletrain.models import create_model, list_models, register_model  # noqa: E402
-from paddletrain.models.pretrained import load_pretrained  # noqa: E402
-from paddletrain.precision import Precision  # noqa: E402
-from paddletrain.trainer import Trainer  # noqa: E402
+# public name -> module that defines it
+_PUBLIC = {
+    "Callback": "paddletrain.callbacks",
+    "StepOutput": "paddletrain.callbacks",
+    "ConfigError": "paddletrain.errors",
+    "ExitCode": "paddletrain.errors",
+    "NonFiniteLossError": "paddletrain.errors",
+    "TrainingInterrupted": "paddletrain.errors",
+    "UserError": "paddletrain.errors",
+    "Predictor": "paddletrain.inference",
+    "create_model": "paddletrain.models",
+    "list_models": "paddletrain.models",
+    "register_model": "paddletrain.models",
+    "load_pretrained": "paddletrain.models.pretrained",
+    "Precision": "paddletrain.precision",
+    "Trainer": "paddletrain.trainer",
+}
 
-__all__ = ["Callback", "ConfigError", "NonFiniteLossError", "Precision", "Predictor", "StepOutput", "Trainer",
-           "TrainingInterrupted", "UserError", "__version__", "create_model", "list_models", "load_pretrained",
-           "register_model"]
+__all__ = sorted([*_PUBLIC, "__version__"])
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'paddletrain' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_PUBLIC])

@@ -164,6 +164,11 @@ class TrainerConfig:
     # None: the measured default for this machine (see docs/performance.md).
     cpu_threads: Optional[int] = None
     devices: int = 1
+    # Several machines: this one is node `node_rank` of `num_nodes`, all meeting at `master` ("host:port" of
+    # node 0, a free port). Each node runs `trainer.devices` processes (docs/distributed.md).
+    num_nodes: int = 1
+    node_rank: int = 0
+    master: Optional[str] = None
     find_unused_parameters: bool = False
     seed: int = 42
     # Deterministic cuDNN algorithms on GPUs (slower); CPU kernels are deterministic already.
@@ -255,7 +260,20 @@ DATASETS_NEEDING_ROOT = ("imagefolder",)
 POSITIVE: tuple = ("data.batch_size", "trainer.max_epochs", "trainer.accumulate_grad_batches",
                    "trainer.max_consecutive_nonfinite", "data.image_size", "trainer.checkpoint.keep_last",
                    "trainer.checkpoint.every_n_epochs", "trainer.checkpoint.every_n_steps",
-                   "trainer.profile_active")
+                   "trainer.profile_active", "trainer.num_nodes")
+
+
+def _check_nodes(trainer: Any) -> None:
+    from paddletrain.errors import ConfigError
+
+    if not 0 <= trainer.node_rank < trainer.num_nodes:
+        raise ConfigError(f"trainer.node_rank={trainer.node_rank} must be between 0 and trainer.num_nodes - 1 "
+                          f"(trainer.num_nodes={trainer.num_nodes})")
+    if trainer.num_nodes > 1:
+        host, _, port = str(trainer.master or "").rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(f"trainer.master={trainer.master} must be host:port of node 0 (a free port there) "
+                              f"when trainer.num_nodes={trainer.num_nodes}, e.g. trainer.master=10.0.0.1:29500")
 
 
 def unknown_keys(node: Any, schema: type, prefix: str = "") -> List[str]:
@@ -305,5 +323,6 @@ def validate_config(cfg: Any) -> None:
         value = OmegaConf.select(cfg, key)
         if value is not None and value < 0:
             raise ConfigError(f"{key}={value} must be >= 0")
+    _check_nodes(cfg.trainer)
     if cfg.data.mean is not None and cfg.data.std is not None and len(cfg.data.mean) != len(cfg.data.std):
         raise ConfigError(f"data.mean has {len(cfg.data.mean)} values but data.std has {len(cfg.data.std)}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import shared_memory
@@ -18,6 +19,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from paddletrain.inference import Preprocessing
+from paddletrain.processes import die_with_parent, ignore_stop_signals
 
 log = logging.getLogger("paddletrain")
 
@@ -77,8 +79,12 @@ def _load_into_block(paths: Sequence[str], block_name: str, shape: Tuple[int, ..
     return ok, len(ok), failures
 
 
-def _init_worker(preprocessing: Preprocessing, cores: Optional[List[int]]) -> None:
+def _init_worker(preprocessing: Preprocessing, cores: Optional[List[int]], parent_pid: int) -> None:
     global _worker_preprocessing
+    # The predictor's process decides when decoding stops; a `kill -9` of it must not leave workers (and,
+    # through their inherited pipe, multiprocessing's resource tracker) behind.
+    ignore_stop_signals()
+    die_with_parent(signal.SIGKILL, parent_pid)
     _worker_preprocessing = preprocessing
     if cores:
         os.sched_setaffinity(0, cores)
@@ -147,7 +153,7 @@ def decoded_batches(chunks: List[List[str]], preprocessing: Preprocessing, num_w
                  "x".join(map(str, shape)))
     try:
         with ProcessPoolExecutor(num_workers, initializer=_init_worker,
-                                 initargs=(preprocessing, _worker_cores(num_workers))) as pool:
+                                 initargs=(preprocessing, _worker_cores(num_workers), os.getpid())) as pool:
             pending: deque = deque()
             queued = iter(chunks)
 

@@ -1,27 +1,37 @@
-"""Data parallelism on ``paddle.distributed``: process info, collectives, DataParallel wrapping and launching.
+"""Data parallelism on ``paddle.distributed``: process info, collectives, DataParallel wrapping, rank outcomes.
 
 Processes are started by ``paddle.distributed.launch`` (NCCL on GPUs, gloo on CPUs); nothing here is a
-launcher or a collective of its own. :func:`launch` runs Paddle's launcher for ``trainer.devices=N`` and
-turns its outcome into one clear report.
+launcher or a collective of its own (:mod:`paddletrain.launcher` supervises Paddle's launcher). Each rank of a
+job leaves a :class:`RankOutcome` in the launch log directory when it ends, so the launcher can say in one line
+which rank failed, how, and exit with the same code a single process would.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
-import signal
-import subprocess
-import sys
-from dataclasses import dataclass
+import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
 import paddle
 
+from paddletrain.errors import RankLostError
+from paddletrain.processes import LAUNCHER_ENV
+
 log = logging.getLogger("paddletrain")
 
-# Marker that every rank's fatal error line carries, so the parent can name the rank that failed first.
-FAILURE_MARKER = "paddletrain rank failure"
+# Every rank's final line (failure or stop) carries this marker: it is in the rank's own log for whoever reads
+# it, and paddletrain's launcher leaves it out of the console, where it prints one verdict for the whole job.
+OUTCOME_MARKER = "paddletrain rank outcome"
+# A failure of gloo's transport means a peer is gone (or the network between us is). Gloo names the peer's rank
+# in some messages ("TIMEOUT self_rank = 0 pair_rank = 1 ...") and only its address in others ("Read error
+# [10.0.0.2]:7552: Connection reset by peer").
+_GLOO_TRANSPORT = re.compile(r"gloo/transport/[^\]]*\]\s*(?P<what>.*)")
+_GLOO_PAIR_RANK = re.compile(r"pair_rank = (\d+)")
+_GLOO_PEER_HOST = re.compile(r"\[([^\]]+)\]:\d+")
 
 
 def world_size() -> int:
@@ -37,6 +47,16 @@ def rank() -> int:
 def is_launched() -> bool:
     """Whether this process is one worker of a multi-process job."""
     return world_size() > 1
+
+
+def local_rank() -> int:
+    """This process's rank among the processes of its machine (0 when not launched)."""
+    return int(os.environ.get("PADDLE_LOCAL_RANK", "0"))
+
+
+def under_paddletrain_launcher() -> bool:
+    """Whether ``python -m paddletrain.fit`` started this rank (rather than ``paddle.distributed.launch`` by hand)."""
+    return LAUNCHER_ENV in os.environ
 
 
 def init() -> None:
@@ -66,6 +86,54 @@ def all_gather_object(obj: Any) -> List[Any]:
     gathered: List[Any] = []
     paddle.distributed.all_gather_object(gathered, obj)
     return gathered
+
+
+def agree_on_stop(signum: Optional[int]) -> Optional[tuple]:
+    """The stop request every rank acts on: ``(signal, rank that received it)`` or None (one small all-reduce).
+
+    Every rank calls this at the same point (after each optimizer step); the lowest rank holding the highest
+    signal number wins, so all ranks stop on the same step and can say why.
+    """
+    if not is_launched():
+        return (signum, rank()) if signum else None
+    # signal in the high bits, (2^20 - 1 - rank) in the low ones: MAX picks the signal, then the lowest rank.
+    code = (int(signum) << 20) + ((1 << 20) - 1 - rank()) if signum else 0
+    value = paddle.to_tensor([code], dtype="int64")
+    paddle.distributed.all_reduce(value, op=paddle.distributed.ReduceOp.MAX)
+    agreed = int(value.item())
+    if agreed == 0:
+        return None
+    return agreed >> 20, (1 << 20) - 1 - (agreed & ((1 << 20) - 1))
+
+
+def lost_peers(text: str, endpoints: Optional[List[str]] = None, self_rank: Optional[int] = None) -> Optional[List[int]]:
+    """The ranks a gloo transport failure in ``text`` (an error message or a log) points at, or None if none.
+
+    Exactly the rank gloo names when it does; otherwise the ranks at the peer's address according to
+    ``endpoints`` (``PADDLE_TRAINER_ENDPOINTS``, one ``host:port`` per rank), leaving out ``self_rank``. On one
+    machine every rank has the same address: then all the others.
+    """
+    failure = _GLOO_TRANSPORT.search(text)
+    if failure is None:
+        return None
+    named = _GLOO_PAIR_RANK.search(text)
+    if named:
+        return [int(named.group(1))]
+    if endpoints is None:
+        endpoints = [e for e in os.environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",") if e]
+        self_rank = rank() if self_rank is None else self_rank
+    host = _GLOO_PEER_HOST.search(failure.group("what"))
+    candidates = [i for i, endpoint in enumerate(endpoints)
+                  if i != self_rank and (host is None or endpoint.rpartition(":")[0] == host.group(1))]
+    return candidates or [i for i in range(len(endpoints)) if i != self_rank]
+
+
+def as_rank_lost(exc: BaseException) -> Optional[RankLostError]:
+    """A :class:`RankLostError` when ``exc`` is a collective failing because a peer rank is gone, else None."""
+    if isinstance(exc, RankLostError):
+        return exc
+    peers = lost_peers(str(exc)) if isinstance(exc, RuntimeError) else None
+    return RankLostError(peers, str(exc).strip().splitlines()[0][:200]) if peers is not None else None
 
 
 def any_rank(flag: bool) -> bool:
@@ -130,64 +198,52 @@ def setup_rank_logging(rank_id: int) -> None:
 
 
 @dataclass
-class LaunchResult:
-    returncode: int
-    log_dir: Path
-    failures: List[str]
-    # The signal forwarded to the workers, if one stopped the job.
-    signum: Optional[int] = None
+class RankOutcome:
+    """How one rank ended: its exit code and the one line that says why (``lost_ranks`` when a peer was lost)."""
 
+    rank: int
+    code: int
+    message: str
+    time: float
+    lost_ranks: Optional[List[int]] = None
 
-def launch(nproc: int, module_args: Sequence[str], log_dir: Path, devices: Optional[str] = None) -> LaunchResult:
-    """Run ``python -m paddle.distributed.launch --nproc_per_node nproc`` on paddletrain.fit with ``module_args``.
+    @staticmethod
+    def path(log_dir: Path, rank_id: int) -> Path:
+        return Path(log_dir) / f"outcome.{rank_id}.json"
 
-    SIGTERM/SIGINT received here are passed to every worker (each finishes its step, rank 0 checkpoints,
-    all exit), and when a worker fails the ranks' own error lines are collected from the worker logs.
-    """
-    script = Path(__file__).with_name("fit.py")
-    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc),
-           "--log_dir", str(log_dir)]
-    if devices:
-        cmd += ["--devices", devices]
-    cmd += [str(script), *module_args]
-    log.info("Launching %d processes: %s", nproc, " ".join(cmd))
-    proc = subprocess.Popen(cmd, start_new_session=True)
-    received: List[int] = []
-
-    def forward(signum: int, frame: Any) -> None:
-        received.append(signum)
-        log.warning("%s received: asking the %d workers to checkpoint and stop", signal.Signals(signum).name, nproc)
-        for pid in _worker_pids(proc.pid):
+    @classmethod
+    def read_all(cls, log_dir: Path) -> Dict[int, "RankOutcome"]:
+        """Every outcome in ``log_dir`` by rank; files that are not ours are ignored."""
+        outcomes = {}
+        for path in sorted(Path(log_dir).glob("outcome.*.json")):
             try:
-                os.kill(pid, signum)
-            except ProcessLookupError:
-                pass
+                data = json.loads(path.read_text())
+                lost = data.get("lost_ranks")
+                outcome = cls(int(data["rank"]), int(data["code"]), str(data["message"]), float(data["time"]),
+                              None if lost is None else [int(r) for r in lost])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            outcomes[outcome.rank] = outcome
+        return outcomes
 
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+def report_outcome(code: int, message: str, lost_ranks: Optional[List[int]] = None) -> None:
+    """Leave this rank's outcome where its launcher reads it (Paddle's ``PADDLE_LOG_DIR``); no-op when not launched.
+
+    Also logs it with :data:`OUTCOME_MARKER`, for whoever reads this rank's log.
+    """
+    if not is_launched():
+        return
+    outcome = RankOutcome(rank(), int(code), str(message), time.time(), lost_ranks)
+    level = logging.INFO if code == 0 else logging.WARNING if code >= 128 else logging.ERROR
+    log.log(level, "%s (exit %d): %s", OUTCOME_MARKER, code, message)
+    log_dir = os.environ.get("PADDLE_LOG_DIR")
+    if not log_dir:
+        return
+    path = RankOutcome.path(Path(log_dir), outcome.rank)
+    tmp = path.with_suffix(".tmp")
     try:
-        returncode = proc.wait()
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-    return LaunchResult(returncode, log_dir, collect_failures(log_dir) if returncode else [],
-                        received[0] if received else None)
-
-
-def _worker_pids(launcher_pid: int) -> List[int]:
-    """The worker processes started by Paddle's launcher (its python children, not their loader workers)."""
-    import psutil
-
-    try:
-        return [child.pid for child in psutil.Process(launcher_pid).children(recursive=False)]
-    except psutil.NoSuchProcess:
-        return []
-
-
-def collect_failures(log_dir: Path) -> List[str]:
-    """The failure lines each rank wrote (``FAILURE_MARKER``), ordered by time, from ``workerlog.N`` files."""
-    lines = []
-    for path in sorted(Path(log_dir).glob("workerlog.*")):
-        for line in path.read_text(errors="replace").splitlines():
-            if FAILURE_MARKER in line:
-                lines.append(line.strip())
-    return sorted(lines, key=lambda line: re.findall(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[,.]\d+", line)[:1] or [""])
+        tmp.write_text(json.dumps(asdict(outcome)))
+        os.replace(tmp, path)
+    except OSError as exc:  # the outcome still is in the log and the exit code
+        log.warning("could not write %s: %s", path, exc)

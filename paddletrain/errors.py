@@ -1,4 +1,50 @@
-"""Exceptions for mistakes a user can fix: entry points print their message as one clear line, no traceback."""
+"""Exceptions for mistakes a user can fix, and the exit codes of paddletrain's command lines.
+
+Entry points print an exception's message as one clear line, no traceback, and exit with its :class:`ExitCode`.
+"""
+from __future__ import annotations
+
+import enum
+import signal
+
+
+class ExitCode(enum.IntEnum):
+    """What a command line's exit status means; the same for one process and for every rank of a job.
+
+    docs/reliability.md ("Processes, signals and exit codes") documents this table.
+    """
+
+    OK = 0
+    # A bug or an environment failure nobody anticipated: the traceback is in the log.
+    UNEXPECTED = 1
+    # Bad input (config value, data, weights, checkpoint, run directory): one line names the key, file or value.
+    USER_ERROR = 2
+    # It ran, but the result is not good: training diverged (non-finite loss), an export failed its parity
+    # check, some prediction inputs could not be read.
+    BAD_RESULT = 3
+    # A process of a distributed job was lost (killed, crashed, its machine gone): the line names the rank.
+    RANK_LOST = 4
+    # Stopped on request, after saving when checkpointing is enabled: 128 + the signal, the shell's convention.
+    INTERRUPTED_SIGINT = 128 + signal.SIGINT  # 130
+    INTERRUPTED_SIGTERM = 128 + signal.SIGTERM  # 143
+
+    @classmethod
+    def interrupted(cls, signum: int) -> int:
+        """The status of a run stopped by ``signum`` (128 + the signal number)."""
+        return 128 + int(signum)
+
+    @classmethod
+    def describe(cls, code: int) -> str:
+        """A short name for ``code``, e.g. ``USER_ERROR`` or ``killed by SIGKILL`` for a negative status."""
+        if code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        try:
+            return cls(code).name
+        except ValueError:
+            return f"exit status {code}"
 
 
 class UserError(ValueError):
@@ -10,15 +56,39 @@ class ConfigError(UserError):
 
 
 class TrainingInterrupted(Exception):
-    """SIGTERM/SIGINT stopped training after the current optimizer step; a checkpoint was written if enabled."""
+    """SIGTERM/SIGINT stopped the run: at once during start-up, after the current optimizer step during training.
 
-    def __init__(self, signum: int) -> None:
-        import signal
+    ``step`` is the global step training stopped after (None when it stopped during start-up); ``rank`` the
+    rank that received the signal (None in a single process); ``checkpoint`` what was saved on the way out.
+    """
 
-        self.signum = signum
-        self.exit_code = 128 + signum  # the shell convention: 143 for SIGTERM, 130 for SIGINT
+    def __init__(self, signum: int, step: int | None = None, rank: int | None = None) -> None:
+        self.signum = int(signum)
+        self.step = step
+        self.rank = rank
+        self.checkpoint: str | None = None
+        self.exit_code = ExitCode.interrupted(signum)
         super().__init__(f"training interrupted by {signal.Signals(signum).name}")
 
 
 class NonFiniteLossError(RuntimeError):
     """Raised after too many consecutive optimizer steps with a non-finite loss or gradient."""
+
+
+class RankLostError(RuntimeError):
+    """A collective failed because another rank of the job is gone (killed, crashed, or its machine is down).
+
+    ``lost_ranks`` holds the rank, or the ranks it can only be one of (gloo sometimes names just an address).
+    """
+
+    def __init__(self, lost_ranks: list[int], detail: str) -> None:
+        self.lost_ranks = list(lost_ranks)
+        super().__init__(f"lost contact with {describe_ranks(self.lost_ranks)} (killed, crashed or its machine is "
+                         f"unreachable): {detail}")
+
+
+def describe_ranks(ranks: list[int]) -> str:
+    """``rank 1``, or ``one of ranks 2, 3`` when it cannot be told which."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return "one of ranks " + ", ".join(str(r) for r in sorted(ranks))

@@ -8,21 +8,33 @@ Examples::
 """
 from __future__ import annotations
 
-import json
-import logging
-import sys
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+if __name__ == "__main__":
+    # Hold SIGTERM/SIGINT while Paddle and Hydra load (~2 s in which a signal would kill the process half-started
+    # with a Paddle crash report); they are handled right after the imports.
+    from paddletrain.processes import hold_stop_signals_during_imports
 
-import hydra
-import paddle
-from omegaconf import DictConfig, OmegaConf
+    hold_stop_signals_during_imports()
 
-from paddletrain import distributed
-from paddletrain.config import register_configs, validate_config
-from paddletrain.errors import NonFiniteLossError, TrainingInterrupted, UserError
-from paddletrain.resume import is_legacy_checkpoint, load_resume_checkpoint, warm_start_from_legacy
+import json  # noqa: E402
+import logging  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any, Dict, List, NoReturn, Optional, Sequence  # noqa: E402
+
+import hydra  # noqa: E402
+import paddle  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+
+from paddletrain import distributed  # noqa: E402
+from paddletrain.config import register_configs, validate_config  # noqa: E402
+from paddletrain.errors import ExitCode, NonFiniteLossError, TrainingInterrupted, UserError  # noqa: E402
+from paddletrain.processes import own_stop_signals, stop_request  # noqa: E402
+from paddletrain.resume import is_legacy_checkpoint, load_resume_checkpoint, warm_start_from_legacy  # noqa: E402
+
+if __name__ == "__main__":
+    own_stop_signals()
 
 log = logging.getLogger("paddletrain")
 
@@ -217,7 +229,12 @@ def train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Any] = (),
         max_consecutive_nonfinite=t.max_consecutive_nonfinite, num_classes=len(data.classes),
         run_dir=str(run_dir), hparams=flat_hparams(cfg),
     )
-    metrics = trainer.fit(data.train_loader, data.val_loader, ckpt_path=checkpoint)
+    try:
+        metrics = trainer.fit(data.train_loader, data.val_loader, ckpt_path=checkpoint)
+    except TrainingInterrupted as exc:  # say which checkpoint the stop wrote, not whichever is newest on disk
+        saved = [cb.last_path for cb in trainer.callbacks if getattr(cb, "saves_on_interrupt", False)]
+        exc.checkpoint = str(saved[0]) if saved and saved[0] else None
+        raise
     if trainer.is_main:
         write_summary(run_dir, metrics, trainer)
     distributed.barrier()
@@ -255,66 +272,141 @@ def run_dir_from_hydra() -> Path:
 
 
 register_configs()
+# Whether Hydra got as far as calling main(): an exit status 1 before that is Hydra rejecting the command line.
+_main_ran = False
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="fit")
 def main(cfg: DictConfig) -> Optional[float]:
     """Hydra entry point; returns the monitored metric so sweepers can optimise it.
 
-    With ``trainer.devices=N`` (N > 1) this process only launches N workers through
-    ``paddle.distributed.launch`` into the same run directory; each worker runs this function again.
+    With ``trainer.devices=N`` (N > 1) or ``trainer.num_nodes`` > 1 this process only launches the ranks
+    through ``paddle.distributed.launch`` into the same run directory; each rank runs this function again.
+    Every way of ending maps to one :class:`~paddletrain.errors.ExitCode`, the same in a rank as in a single
+    process.
     """
+    global _main_ran
+    _main_ran = True
     run_dir = run_dir_from_hydra()
-    if cfg.trainer.devices > 1 and not distributed.is_launched():
-        launch_workers(cfg, run_dir)
-        return None
-    if distributed.is_launched():
-        distributed.init()
-        distributed.setup_rank_logging(distributed.rank())
-        # Direct `paddle.distributed.launch` runs get one run directory too: rank 0's.
-        run_dir = Path(distributed.broadcast_object(str(run_dir)))
+    t = cfg.trainer
+    if (t.devices > 1 or t.num_nodes > 1) and not distributed.is_launched():
+        with stop_request.interruptible():
+            try:
+                launch_workers(cfg, run_dir)
+            except TrainingInterrupted as exc:  # before the launcher took over the signals
+                finish(exc.exit_code, stop_message(exc, cfg, run_dir))
     try:
-        metrics = train(cfg, run_dir)
-    except UserError as exc:
-        fail(exc, 2)
-    except NonFiniteLossError as exc:
-        fail(exc, 3)
-    except TrainingInterrupted as exc:  # a requested stop, not a failure: no failure marker
-        log.error("%s; resume with trainer.resume=auto hydra.run.dir=%s", exc, run_dir)
-        sys.exit(exc.exit_code)
-    except Exception as exc:
-        if not distributed.is_launched():
-            raise
-        log.exception("%s: %s: %s", distributed.FAILURE_MARKER, type(exc).__name__, exc)
-        sys.exit(1)
+        if distributed.is_launched():
+            # The ranks meet inside Paddle, where no Python handler runs; a stop request waits until they have
+            # met, so that every rank stops at the same point below.
+            with stop_request.deferred("stopping once the ranks have met (nothing to save yet)"):
+                distributed.init()
+                distributed.setup_rank_logging(distributed.rank())
+        # Start-up (data, model, restore) has nothing to save: a stop request interrupts it at once.
+        with stop_request.interruptible():
+            if distributed.is_launched():
+                # Direct `paddle.distributed.launch` runs get one run directory too: rank 0's.
+                run_dir = Path(distributed.broadcast_object(str(run_dir)))
+            metrics = train(cfg, run_dir)
+    except (Exception, KeyboardInterrupt) as exc:  # KeyboardInterrupt: a SIGINT before our handler existed
+        end_with(exc, cfg, run_dir)
+    distributed.report_outcome(ExitCode.OK, "finished")
     return metrics.get(cfg.trainer.checkpoint.monitor)
 
 
-def fail(message: Any, exit_code: int) -> None:
-    """Log one clear line (marked for the launcher when this is one rank of a job) and exit."""
+def end_with(exc: BaseException, cfg: DictConfig, run_dir: Path) -> NoReturn:
+    """Log how ``exc`` ended the run in one line (no traceback unless it is unexpected) and exit with its code."""
+    lost = distributed.as_rank_lost(exc)
+    if isinstance(exc, KeyboardInterrupt):
+        exc = TrainingInterrupted(signal.SIGINT)
+    if lost is not None:  # before the stop case: a lost peer is the cause even if a signal also arrived
+        finish(ExitCode.RANK_LOST, f"rank {distributed.rank()} {lost}", lost_ranks=lost.lost_ranks)
+    if isinstance(exc, TrainingInterrupted):
+        finish(exc.exit_code, stop_message(exc, cfg, run_dir))
+    if isinstance(exc, UserError):
+        finish(ExitCode.USER_ERROR, str(exc))
+    if isinstance(exc, NonFiniteLossError):
+        finish(ExitCode.BAD_RESULT, str(exc))
+    if stop_request.requested:
+        # A rank that stopped during start-up can break a peer's collective: that is part of the same stop.
+        log.debug("error while stopping", exc_info=exc)
+        finish(ExitCode.interrupted(stop_request.signum), stop_message(TrainingInterrupted(stop_request.signum),
+                                                                        cfg, run_dir))
+    log.error("Unexpected error", exc_info=exc)
+    finish(ExitCode.UNEXPECTED, f"unexpected {type(exc).__name__}: {exc} (traceback above and in the log)")
+
+
+def stop_message(exc: TrainingInterrupted, cfg: DictConfig, run_dir: Path) -> str:
+    """What a stop left behind and how to continue, in one line."""
+    name = signal.Signals(exc.signum).name
+    if exc.step is None:
+        return f"Stopped by {name} during start-up; nothing to save"
+    by = f" (received by rank {exc.rank})" if exc.rank is not None and distributed.is_launched() else ""
+    if not cfg.trainer.checkpoint.enabled:
+        return f"Stopped by {name}{by} after step {exc.step}; nothing saved (trainer.checkpoint.enabled=false)"
+    resume = f"Continue with the same command plus trainer.resume=auto hydra.run.dir={run_dir}"
+    if distributed.rank() != 0:
+        return f"Stopped by {name}{by} after step {exc.step}; rank 0 saves the checkpoint. {resume}"
+    if exc.checkpoint is None:
+        return f"Stopped by {name}{by} after step {exc.step}; no checkpoint could be saved (see the log above)"
+    return f"Stopped by {name}{by} after step {exc.step}; saved {exc.checkpoint}. {resume}"
+
+
+def finish(code: int, message: str, lost_ranks: Optional[List[int]] = None) -> NoReturn:
+    """Say how the run ended in one line and exit with ``code``.
+
+    A rank reports it to its launcher (:func:`paddletrain.distributed.report_outcome`); a single process logs it.
+    """
     if distributed.is_launched():
-        log.error("%s: %s", distributed.FAILURE_MARKER, message)
+        distributed.report_outcome(code, message, lost_ranks)
+    elif code >= 128:
+        log.warning("%s", message)
     else:
         log.error("%s", message)
-    sys.exit(exit_code)
+    sys.exit(code)
 
 
-def launch_workers(cfg: DictConfig, run_dir: Path) -> None:
-    """Start ``trainer.devices`` processes on this machine with this run's overrides and run directory."""
+def launch_workers(cfg: DictConfig, run_dir: Path) -> NoReturn:
+    """Start this node's ``trainer.devices`` ranks with this run's overrides and run directory; exit as the job did."""
+    import logging as _logging
+
     from hydra.core.hydra_config import HydraConfig
 
+    from paddletrain.launcher import Launcher, NodeSpec
+
+    try:
+        validate_config(cfg)  # one line from here rather than the same error from every rank
+    except UserError as exc:
+        finish(ExitCode.USER_ERROR, str(exc))
+    t = cfg.trainer
     overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("hydra.run.dir=")]
-    # The workers share this run directory; this process already wrote its .hydra/ config there.
+    # The ranks share this run directory; this process already wrote its .hydra/ config there.
     args = [*overrides, f"hydra.run.dir={run_dir}", "hydra.output_subdir=null"]
-    result = distributed.launch(cfg.trainer.devices, args, run_dir / "launch")
-    if result.returncode == 0:
-        return
-    for line in result.failures:
-        log.error("%s", line)
-    if not result.failures:
-        log.error("A worker failed; its log is in %s", result.log_dir)
-    sys.exit(128 + result.signum if result.signum else result.returncode)
+    log_dir = run_dir / "launch" if t.num_nodes == 1 else run_dir / "launch" / f"node{t.node_rank}"
+    if t.node_rank > 0:  # the run's fit.log belongs to rank 0's node
+        root = _logging.getLogger()
+        for handler in [h for h in root.handlers if isinstance(h, _logging.FileHandler)]:
+            root.removeHandler(handler)
+    plan = ("the ranks finish their current step, save a checkpoint and stop" if t.checkpoint.enabled else
+            "the ranks finish their current step and stop (no checkpoint will be saved: checkpointing is off)")
+    outcome = Launcher(NodeSpec(t.devices, t.num_nodes, t.node_rank, t.master), log_dir, plan).run(
+        Path(__file__), args)
+    if outcome.code == ExitCode.OK:
+        sys.exit(0)
+    (log.warning if outcome.code >= 128 else log.error)("%s", outcome.message)
+    sys.exit(outcome.code)
+
+
+def run_from_command_line() -> None:
+    """``main()``, with Hydra's own rejection of a command line (exit 1) mapped to :attr:`ExitCode.USER_ERROR`."""
+    try:
+        main()
+    except SystemExit as exc:
+        # Hydra exits 1 after printing why it rejected an override; everything main() ends with has its own code.
+        if exc.code == 1 and not _main_ran:
+            sys.exit(ExitCode.USER_ERROR)
+        raise
 
 
 if __name__ == "__main__":
-    main()
+    run_from_command_line()

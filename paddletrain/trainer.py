@@ -8,8 +8,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
-import signal
 import threading
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -22,6 +20,7 @@ from paddletrain.callbacks.base import Callback, StepOutput
 from paddletrain.errors import NonFiniteLossError, TrainingInterrupted, UserError
 from paddletrain.metrics import ClassificationMeter
 from paddletrain.precision import Precision
+from paddletrain.processes import stop_request
 
 log = logging.getLogger("paddletrain")
 
@@ -47,7 +46,8 @@ class Trainer:
         hparams: a flat dict of hyper-parameters for loggers.
         rank / world_size: this process's place in data-parallel training.
         handle_signals: on SIGTERM/SIGINT finish the current optimizer step, let callbacks save (see
-            :class:`~paddletrain.errors.TrainingInterrupted`) and stop; a second signal exits at once.
+            :class:`~paddletrain.errors.TrainingInterrupted`) and stop; a second signal, at least a second
+            after the first, exits at once.
     """
 
     def __init__(
@@ -111,7 +111,6 @@ class Trainer:
         self.train_loader: Optional[Iterable] = None
         self.handle_signals = handle_signals
         self.resumed_from: Optional[str] = None
-        self._pending_signal: Optional[int] = None
         self._train_meter: Optional[ClassificationMeter] = None
         self._restored_meter: Optional[Dict[str, Any]] = None
 
@@ -173,46 +172,40 @@ class Trainer:
         self.num_train_batches = self._num_batches(train_loader, self.limit_train_batches)
         if ckpt_path is not None:
             self.restore(ckpt_path)
-        with self._signal_handlers():
+        with self._stop_handling():
             try:
                 self._call("on_fit_start")
                 while not self._done():
                     self._run_epoch(train_loader, val_loader)
-                    if self._signal_agreed():  # arrived during validation or the epoch-end hooks
-                        raise TrainingInterrupted(self._pending_signal or signal.SIGTERM)
+                    self._check_stop()  # a signal that arrived during validation or the epoch-end hooks
                 self._call("on_fit_end")
             except BaseException as exc:
                 self._call("on_exception", exc)
                 raise
         return dict(self.metrics)
 
-    @contextlib.contextmanager
-    def _signal_handlers(self):
-        """Turn SIGTERM/SIGINT into a stop at the next optimizer-step boundary; a second signal exits at once."""
+    def _stop_handling(self):
+        """SIGTERM/SIGINT become a stop after the current optimizer step (:data:`paddletrain.processes.stop_request`).
+
+        A second signal, at least a second later, exits at once. Handlers can only be installed from the main
+        thread; elsewhere the trainer still honours a request recorded by handlers its program installed.
+        """
         if not self.handle_signals or threading.current_thread() is not threading.main_thread():
-            yield
-            return
+            return contextlib.nullcontext()
+        saves = any(getattr(cb, "saves_on_interrupt", False) for cb in self.callbacks)
+        plan = ("finishing the current step, then saving a checkpoint and stopping" if saves else
+                "finishing the current step, then stopping (no checkpoint will be saved: checkpointing is off)")
+        return stop_request.handling(plan)
 
-        def handler(signum, frame):
-            if self._pending_signal is not None:
-                log.error("Second %s: exiting immediately", signal.Signals(signum).name)
-                os._exit(128 + signum)
-            self._pending_signal = signum
-            log.warning("%s received: finishing the current step, then saving and stopping "
-                        "(send it again to exit immediately)", signal.Signals(signum).name)
-
-        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            yield
-        finally:
-            for sig, old in previous.items():
-                signal.signal(sig, old)
-
-    def _signal_agreed(self) -> bool:
-        """Whether any rank received SIGTERM/SIGINT (one tiny all-reduce per step under data parallelism)."""
+    def _check_stop(self) -> None:
+        """Raise :class:`TrainingInterrupted` when any rank received a stop signal (all ranks agree on the step)."""
+        signum = stop_request.signum if self.handle_signals else None
         if self.world_size > 1:
-            return distributed.any_rank(self._pending_signal is not None)
-        return self._pending_signal is not None
+            agreed = distributed.agree_on_stop(signum)  # every rank, every step: one tiny all-reduce
+        else:
+            agreed = (signum, self.rank) if signum else None
+        if agreed is not None:
+            raise TrainingInterrupted(agreed[0], step=self.global_step, rank=agreed[1] if self.world_size > 1 else None)
 
     def _done(self) -> bool:
         if self.should_stop or self.epoch >= self.max_epochs:
@@ -289,8 +282,8 @@ class Trainer:
             batch_idx += 1
             # Stop only on an optimizer-step boundary (accumulated gradients are not part of a checkpoint), and
             # on the same step on every rank, or the others would wait forever in the next all-reduce.
-            if step_now and self._signal_agreed():
-                raise TrainingInterrupted(self._pending_signal or signal.SIGTERM)
+            if step_now:
+                self._check_stop()
             if self.should_stop or (self.max_steps is not None and self.global_step >= self.max_steps):
                 exhausted = limit is not None and batch_idx >= limit
                 break

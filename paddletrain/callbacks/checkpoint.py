@@ -38,6 +38,8 @@ class ModelCheckpoint(Callback):
     # Every rank takes part (the trainer's state gathers all ranks' RNG streams); only rank 0 writes.
     main_process_only = False
     run_last = True
+    # Writes a checkpoint when a signal stops training (on_exception): the trainer's stop message says so.
+    saves_on_interrupt = True
 
     def __init__(self, dirpath: str | Path, monitor: Optional[str] = "val/top1", mode: str = "max",
                  keep_last: int = 1, keep_best: int = 1, every_n_steps: Optional[int] = None,

@@ -10,10 +10,16 @@ sample (policy "skip"), aborting once an epoch's skipped samples exceed ``max_ba
 With ``num_workers=0`` batches are loaded in the calling thread: paddle's loader thread would run the
 transforms concurrently with the training step, and the per-sample reseeding of the global RNGs would then
 leak into the trainer's random stream.
+
+Worker processes ignore SIGTERM/SIGINT (the main process decides when they stop), die with the process that
+started them (``kill -9`` of the trainer leaves no worker behind), and are shut down as soon as an iteration
+ends, also when the trainer stops reading before the loader is exhausted (paddle would keep those workers alive
+until the process exits: one set per epoch).
 """
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 from contextlib import contextmanager
@@ -26,6 +32,7 @@ import paddle
 from paddletrain.data.datasets import BadSampleError, DatasetError
 from paddletrain.data.sampler import ResumableBatchSampler, SampleKey
 from paddletrain.errors import ConfigError
+from paddletrain.processes import call_with_worker_setup, stop_signals_held
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +205,7 @@ class CheckedDataLoader(paddle.io.DataLoader):
 
     def __init__(self, dataset: SeededDataset, batch_sampler: ResumableBatchSampler, *, num_workers: int = 0,
                  bad_sample_policy: str = "fail", max_bad_fraction: float = 0.0, **kwargs: Any) -> None:
+        self.user_worker_init_fn = kwargs.pop("worker_init_fn", None)
         super().__init__(dataset, batch_sampler=batch_sampler, num_workers=num_workers,
                          collate_fn=collate_checked, **kwargs)
         self.bad_sample_policy = bad_sample_policy
@@ -212,13 +220,23 @@ class CheckedDataLoader(paddle.io.DataLoader):
 
     def __iter__(self) -> Iterator[List[paddle.Tensor]]:
         self.bad_samples = 0
-        raw = self._load_in_this_thread() if self.num_workers == 0 else super().__iter__()
-        for images, labels, _indices, batch, problems in raw:
-            self.batch_sampler.position = int(batch) + 1
-            if problems:
-                self._handle_problems(problems)
-            if images is not None:
-                yield [images, labels]
+        raw = self._load_in_this_thread() if self.num_workers == 0 else self._start_workers()
+        try:
+            for images, labels, _indices, batch, problems in raw:
+                self.batch_sampler.position = int(batch) + 1
+                if problems:
+                    self._handle_problems(problems)
+                if images is not None:
+                    yield [images, labels]
+        finally:
+            if self.num_workers and not self._persistent_workers:
+                _shut_down_workers(raw)
+
+    def _start_workers(self) -> Iterator[list]:
+        # Paddle reads worker_init_fn when it starts the workers; the parent to die with is this process.
+        self.worker_init_fn = call_with_worker_setup(self.user_worker_init_fn, os.getpid())
+        with stop_signals_held():
+            return super().__iter__()
 
     def _load_in_this_thread(self) -> Iterator[list]:
         # On the CPU a tensor can share the freshly stacked array's memory instead of copying it again.
@@ -254,6 +272,23 @@ class CheckedDataLoader(paddle.io.DataLoader):
                     f"{self.bad_samples} unreadable samples in this epoch of {self.batch_sampler.num_samples}, "
                     f"more than data.max_bad_fraction={self.max_bad_fraction} allows ({budget}); the last was "
                     f"sample {index} ({description}): {error}", index, description)
+
+
+# Seconds to wait for workers to take their stop message before leaving them to die with this process.
+WORKER_SHUTDOWN_TIMEOUT = 5.0
+
+
+def _shut_down_workers(iterator: Any) -> None:
+    """Stop a paddle multi-process iterator's workers now.
+
+    Paddle shuts them down only when the iterator is exhausted or collected, and its prefetch thread keeps a
+    reference to the iterator, so a trainer that stops after ``len(loader)`` batches (or a ``break``) would
+    otherwise leave a set of workers behind every epoch. Paddle has no public close; this is what its own
+    exhaustion path calls.
+    """
+    shutdown = getattr(iterator, "_try_shutdown_all", None)
+    if shutdown is not None:
+        shutdown(WORKER_SHUTDOWN_TIMEOUT)
 
 
 def _as_tensor(array: np.ndarray, on_cpu: bool) -> paddle.Tensor:

@@ -1,0 +1,245 @@
+"""How paddletrain's processes stop: one owner of SIGTERM/SIGINT per process, and children that die with their parent.
+
+:data:`stop_request` turns SIGTERM/SIGINT into a stop request. What a request does depends on where the process
+is: before any work (the process is still importing) it exits at once; during start-up (building data, the model,
+restoring a checkpoint) there is nothing to save, so the work is interrupted at once (``TrainingInterrupted``);
+inside ``Trainer.fit`` the request is only recorded and the trainer stops after the current optimizer step
+(saving a checkpoint when a checkpointing callback is present). A second signal, at least
+:data:`REPEAT_WINDOW` seconds after the first, ends the process at once.
+
+:func:`die_with_parent` asks Linux to signal a process when its parent dies (``PR_SET_PDEATHSIG``), so neither a
+data-loader worker nor a rank outlives a ``kill -9`` of the process that started it.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+log = logging.getLogger("paddletrain")
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# Set by paddletrain's launcher for the processes it starts: it announces signals and outcomes itself.
+LAUNCHER_ENV = "PADDLETRAIN_LAUNCHER_PID"
+# The same signal again within this many seconds is the same request delivered twice (e.g. `pkill` reaching a
+# rank directly and through its launcher), not a user insisting.
+REPEAT_WINDOW = 1.0
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(signum: int = signal.SIGKILL, parent_pid: int | None = None) -> bool:
+    """Have this process receive ``signum`` when its parent dies (Linux ``prctl(PR_SET_PDEATHSIG)``).
+
+    ``parent_pid`` is the parent the caller expects; if the process has already been re-parented (the parent
+    died before this call), ``signum`` is sent now. Without a ``parent_pid``, a parent of pid 1 means the same.
+    Returns False where the call is not available (not Linux).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0) != 0:
+        return False
+    # The parent may have died between fork and the prctl call: then no signal will ever come.
+    parent = os.getppid()
+    if (parent_pid is not None and parent != parent_pid) or (parent_pid is None and parent == 1):
+        os.kill(os.getpid(), signum)
+    return True
+
+
+def block_stop_signals() -> None:
+    """Hold SIGTERM/SIGINT pending in this thread (and in processes it starts) until :meth:`StopRequest.install`.
+
+    A launcher starts its children this way so a signal forwarded during their start-up waits for their handler
+    instead of killing them half-started.
+    """
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+
+@contextlib.contextmanager
+def stop_signals_held() -> Iterator[None]:
+    """Hold SIGTERM/SIGINT pending while the block starts worker processes; they arrive after it.
+
+    A forked worker starts with its parent's Python handlers; holding the signals until the worker has replaced
+    them (:func:`ignore_stop_signals`) keeps a Ctrl-C in that window from running the parent's handler in it.
+    """
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def ignore_stop_signals() -> None:
+    """For helper processes (data-loader and decode workers): their parent decides when they stop.
+
+    A Ctrl-C in a terminal reaches the whole foreground process group and ``pkill``/``timeout`` reach every
+    process; a worker reacting on its own would print its own message or die under the parent mid-step.
+    """
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+class StopRequest:
+    """The process's SIGTERM/SIGINT handler and the stop request it records (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.received_at = 0.0
+        self.installed = False
+        # Log the "received" line. A rank started by paddletrain's launcher stays quiet: the launcher says it once.
+        self.announce = True
+        # What a request does now: "exit" (before any work: leave at once), "interrupt" (start-up work: raise
+        # TrainingInterrupted) or "defer" (training: only record it; the trainer stops after the step).
+        self._mode = "exit"
+        self._plan = "stopping now (nothing to save yet)"
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def install(self, announce: bool = True) -> None:
+        """Own SIGTERM/SIGINT from now on (main thread only); a signal held pending since start-up arrives now."""
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("signal handlers can only be installed from the main thread")
+        self.announce = announce
+        # Always (re)register: importing Paddle replaces the C-level SIGTERM handler with its crash reporter
+        # while Python still lists ours.
+        previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
+        if not self.installed:
+            self._previous = previous
+            self.installed = True
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+    def uninstall(self) -> None:
+        """Give SIGTERM/SIGINT back to the handlers that were there before :meth:`install`."""
+        if self.installed:
+            for sig, previous in self._previous.items():
+                signal.signal(sig, previous)
+            self.installed = False
+
+    def reset(self) -> None:
+        self.signum = None
+        self.received_at = 0.0
+
+    @contextlib.contextmanager
+    def interruptible(self) -> Iterator[None]:
+        """Start-up work: a stop request (earlier or during the block) raises ``TrainingInterrupted`` at once."""
+        with self._switch("interrupt", "stopping now (nothing to save yet)"):
+            self.raise_if_requested()
+            yield
+
+    @contextlib.contextmanager
+    def deferred(self, plan: str) -> Iterator[None]:
+        """Work that stops at a safe point: a request is only recorded; ``plan`` says what happens next."""
+        with self._switch("defer", plan):
+            yield
+
+    @contextlib.contextmanager
+    def handling(self, plan: str) -> Iterator[None]:
+        """:meth:`deferred`, installing the handlers for the block when nobody has (the Python-API ``Trainer``)."""
+        owner = not self.installed
+        if owner:
+            self.reset()
+            self.install()
+        try:
+            with self.deferred(plan):
+                yield
+        finally:
+            if owner:
+                self.uninstall()
+
+    def raise_if_requested(self) -> None:
+        if self.signum is not None:
+            from paddletrain.errors import TrainingInterrupted
+
+            raise TrainingInterrupted(self.signum)
+
+    @contextlib.contextmanager
+    def _switch(self, mode: str, plan: str) -> Iterator[None]:
+        saved = self._mode, self._plan
+        self._mode, self._plan = mode, plan
+        try:
+            yield
+        finally:
+            self._mode, self._plan = saved
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        now = time.monotonic()
+        if self.signum is not None:
+            if now - self.received_at < REPEAT_WINDOW:
+                return  # the same request, delivered twice
+            log.error("Second %s: exiting immediately", name)
+            exit_now(128 + signum)
+        self.signum, self.received_at = signum, now
+        if self._mode == "interrupt":
+            self.raise_if_requested()  # whoever catches it says how the run ended, in one line
+        if self._mode == "exit":
+            # Nothing has started yet (Hydra is composing the config): leave now. An exception raised inside
+            # Hydra or OmegaConf would surface as a config error with their traceback.
+            if self.announce:
+                log.warning("%s received during start-up: exiting (nothing to save yet)", name)
+            exit_now(128 + signum)
+        (log.warning if self.announce else log.debug)("%s received: %s (send it again to stop at once)", name,
+                                                      self._plan)
+
+
+stop_request = StopRequest()
+
+
+def exit_now(code: int) -> None:
+    """Leave without unwinding (no cleanup handlers run) after writing out what was logged."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a closed pipe must not keep the process alive
+            pass
+    os._exit(code)
+
+
+def hold_stop_signals_during_imports() -> None:
+    """The first thing a command line's process does (standard library only, before Paddle loads).
+
+    SIGTERM/SIGINT wait while Paddle and Hydra load (Paddle's import installs a crash reporter on SIGTERM that
+    would kill the process half-started); :func:`own_stop_signals` then acts on them. A process started by
+    ``paddle.distributed.launch`` (a rank) also stops, saving, when that launcher dies.
+    """
+    block_stop_signals()
+    if "PADDLE_TRAINER_ID" in os.environ:
+        die_with_parent(signal.SIGTERM)
+
+
+def own_stop_signals() -> None:
+    """After the imports: :data:`stop_request` handles SIGTERM/SIGINT; one that arrived meanwhile is handled now."""
+    stop_request.install(announce=LAUNCHER_ENV not in os.environ)
+
+
+def call_with_worker_setup(init_fn: Callable[..., Any] | None, parent_pid: int) -> Callable[..., Any]:
+    """A worker initialiser that ignores stop signals and dies with ``parent_pid``, then runs ``init_fn``."""
+    return _WorkerSetup(init_fn, parent_pid)
+
+
+class _WorkerSetup:
+    """Picklable initialiser for worker processes (see :func:`call_with_worker_setup`)."""
+
+    def __init__(self, init_fn: Callable[..., Any] | None, parent_pid: int) -> None:
+        self.init_fn = init_fn
+        self.parent_pid = parent_pid
+
+    def __call__(self, *args: Any) -> None:
+        ignore_stop_signals()
+        # SIGKILL: a worker holds nothing worth saving, and paddle's own parent watch misses a parent killed
+        # while the worker blocks reading its queue (measured: workers alive minutes after `kill -9`).
+        die_with_parent(signal.SIGKILL, self.parent_pid)
+        if self.init_fn is not None:
+            self.init_fn(*args)
