@@ -106,7 +106,8 @@ def agree_on_stop(signum: Optional[int]) -> Optional[tuple]:
     return agreed >> 20, (1 << 20) - 1 - (agreed & ((1 << 20) - 1))
 
 
-def lost_peers(text: str, endpoints: Optional[List[str]] = None, self_rank: Optional[int] = None) -> Optional[List[int]]:
+def lost_peers(text: str, endpoints: Optional[List[str]] = None,
+               self_rank: Optional[int] = None) -> Optional[List[int]]:
     """The ranks a gloo transport failure in ``text`` (an error message or a log) points at, or None if none.
 
     Exactly the rank gloo names when it does; otherwise the ranks at the peer's address according to

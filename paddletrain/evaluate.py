@@ -14,7 +14,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from paddletrain.config import register_configs, validate_config
-from paddletrain.errors import UserError
+from paddletrain.errors import ExitCode, UserError
 
 if TYPE_CHECKING:  # pragma: no cover
     from paddletrain.checkpoint import Checkpoint
@@ -74,7 +74,7 @@ def main(cfg: DictConfig) -> None:
         evaluate(checkpoint_config(cfg, checkpoint.state.get("config", {}), overrides), checkpoint)
     except UserError as exc:
         log.error("%s", exc)
-        sys.exit(2)
+        sys.exit(ExitCode.USER_ERROR)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import paddle
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from paddletrain.errors import UserError
+from paddletrain.errors import ExitCode, UserError
 from paddletrain.inference import (MODEL_PREFIX, PREPROCESS_FILE, PREPROCESS_FORMAT_VERSION, PRECISIONS, Predictor,
                                    Preprocessing, check_precision_runs_on)
 
@@ -38,8 +38,8 @@ ONNX_FILE = f"{MODEL_PREFIX}.onnx"
 ONNX_OPSET = 13
 # 1 is Hydra's own exit status for a command line it rejects; 3 means "ran, but the result is not good",
 # as in paddletrain.predict.
-EXIT_USER_ERROR = 2
-EXIT_PARITY_FAILED = 3
+EXIT_USER_ERROR = ExitCode.USER_ERROR
+EXIT_PARITY_FAILED = ExitCode.BAD_RESULT
 # Parity tolerance on logits, relative to their scale (max(1, max |logit|)). oneDNN reorders fp32 sums
 # (blocked/Winograd convolutions, fused BN), which moves logits by ~1e-6 relative per layer; 1e-3 leaves
 # two orders of magnitude of headroom for deep nets, while the mistakes the check exists for (wrong weights,

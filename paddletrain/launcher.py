@@ -72,9 +72,10 @@ def decide(spec: NodeSpec, outcomes: Dict[int, RankOutcome], ended_without_outco
            endpoints: Optional[List[str]] = None) -> JobOutcome:
     """The job's outcome as seen from this node.
 
-    ``outcomes``: what ranks reported; ``ended_without_outcome``: this node's ranks that left none, with the
-    tail of their log (a rank killed, or aborted inside a collective); ``endpoints`` every rank's address. A real failure (bad input, diverged,
-    unexpected) wins; then a stop this launcher forwarded; then a lost rank; then a stop that came from elsewhere.
+    ``outcomes``: what ranks reported; ``ended_without_outcome``: this node's ranks that left none, with their
+    log since the start (a rank killed, or aborted inside a collective); ``endpoints``: every rank's address.
+    A real failure (bad input, diverged, unexpected) wins; then a stop this launcher forwarded; then a lost rank;
+    then a stop that came from elsewhere (another node's rank received the signal).
     """
     failures = sorted((o for o in outcomes.values() if o.code in FAILURE_CODES), key=lambda o: o.time)
     if failures:
@@ -83,7 +84,8 @@ def decide(spec: NodeSpec, outcomes: Dict[int, RankOutcome], ended_without_outco
     interrupted = sorted((o for o in outcomes.values() if o.code >= 128), key=lambda o: o.rank)
     if stop_signum is not None:
         name = signal.Signals(stop_signum).name
-        detail = interrupted[0].message if interrupted else f"stopped by {name} before training started"
+        detail = (interrupted[0].message if interrupted else
+                  f"Stopped by {name} before training started; nothing to save")
         return JobOutcome(ExitCode.interrupted(stop_signum), detail)
     lost = _lost_rank_line(outcomes, ended_without_outcome, endpoints)
     if lost is not None:
@@ -191,7 +193,8 @@ class Launcher:
         """Start the ranks, supervise them until they end, and return the job's outcome."""
         if stop_request.requested:  # a signal arrived before anything was started
             return JobOutcome(ExitCode.interrupted(stop_request.signum),
-                              f"stopped by {signal.Signals(stop_request.signum).name} before the ranks started")
+                              f"Stopped by {signal.Signals(stop_request.signum).name} before the ranks started; "
+                              "nothing to save")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for old in self.log_dir.glob("outcome.*.json"):
             old.unlink()

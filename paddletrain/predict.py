@@ -31,13 +31,13 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from paddletrain.decoding import decoded_batches
-from paddletrain.errors import UserError
+from paddletrain.errors import ExitCode, UserError
 from paddletrain.inference import Predictor, label_names, softmax
 
 log = logging.getLogger("paddletrain")
 
-EXIT_USER_ERROR = 2
-EXIT_SOME_FAILED = 3
+EXIT_USER_ERROR = ExitCode.USER_ERROR
+EXIT_SOME_FAILED = ExitCode.BAD_RESULT
 GLOB_CHARS = "*?["
 
 

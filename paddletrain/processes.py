@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 import signal
@@ -41,16 +42,22 @@ def die_with_parent(signum: int = signal.SIGKILL, parent_pid: int | None = None)
     died before this call), ``signum`` is sent now. Without a ``parent_pid``, a parent of pid 1 means the same.
     Returns False where the call is not available (not Linux).
     """
-    if not sys.platform.startswith("linux"):
-        return False
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0) != 0:
+    prctl = _prctl()
+    if prctl is None or prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0) != 0:
         return False
     # The parent may have died between fork and the prctl call: then no signal will ever come.
     parent = os.getppid()
     if (parent_pid is not None and parent != parent_pid) or (parent_pid is None and parent == 1):
         os.kill(os.getpid(), signum)
     return True
+
+
+@functools.lru_cache(maxsize=None)
+def _prctl() -> Callable[..., int] | None:
+    """libc's ``prctl`` (looked up once, in the parent: a forked worker inherits it), None outside Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
 
 
 def block_stop_signals() -> None:
@@ -187,7 +194,7 @@ class StopRequest:
             # Nothing has started yet (Hydra is composing the config): leave now. An exception raised inside
             # Hydra or OmegaConf would surface as a config error with their traceback.
             if self.announce:
-                log.warning("%s received during start-up: exiting (nothing to save yet)", name)
+                log.warning("%s received during start-up: exiting; nothing to save", name)
             exit_now(128 + signum)
         (log.warning if self.announce else log.debug)("%s received: %s (send it again to stop at once)", name,
                                                       self._plan)
@@ -226,6 +233,7 @@ def own_stop_signals() -> None:
 
 def call_with_worker_setup(init_fn: Callable[..., Any] | None, parent_pid: int) -> Callable[..., Any]:
     """A worker initialiser that ignores stop signals and dies with ``parent_pid``, then runs ``init_fn``."""
+    _prctl()
     return _WorkerSetup(init_fn, parent_pid)
 
 

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from paddletrain.errors import UserError
+from paddletrain.errors import ExitCode, UserError
 
 
 def _benchmarks() -> Dict[str, Tuple[type, Callable[[Any], Dict[str, Any]]]]:
@@ -65,7 +65,7 @@ def main() -> None:
         run(sys.argv[1:])
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(ExitCode.USER_ERROR)
 
 
 if __name__ == "__main__":
