@@ -270,29 +270,32 @@ class Launcher:
         return alive
 
     def _forward(self) -> None:
+        import psutil
+
         for pid, process in self._ranks.items():
             if pid in self._signalled:
                 continue
             try:
                 process.send_signal(self.stop_signum)
-            except Exception:  # gone already
+            except psutil.Error:  # gone already
                 pass
             self._signalled.add(pid)
 
     def _reap(self, tail: _LogTail) -> None:
         """Wait for ranks that outlived Paddle's launcher (it was killed), then kill what is left."""
-        import psutil
-
-        alive = [p for p in self._ranks.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        alive = [p for p in self._ranks.values() if _running(p)]
         deadline = time.monotonic() + REAP_SECONDS
         while alive and time.monotonic() < deadline:
             tail.pump()
             time.sleep(POLL_SECONDS)
-            alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+            alive = [p for p in alive if _running(p)]
         for process in alive:
             log.error("rank %d (pid %d) did not stop within %.0f s: killing it", self._rank_ids[process.pid],
                       process.pid, REAP_SECONDS)
-            process.kill()
+            try:
+                process.kill()
+            except Exception:  # it stopped meanwhile
+                pass
 
     # ------------------------------------------------------------------ signals
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -316,3 +319,13 @@ class Launcher:
         if self.stop_signum is None:
             self.stop_signum = signum
             self._stop_at = time.monotonic()
+
+
+def _running(process: Any) -> bool:
+    """Whether a psutil process still runs (a zombie waiting for its parent does not)."""
+    import psutil
+
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
