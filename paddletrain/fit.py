@@ -295,6 +295,7 @@ def main(cfg: DictConfig) -> Optional[float]:
                 launch_workers(cfg, run_dir)
             except TrainingInterrupted as exc:  # before the launcher took over the signals
                 finish(exc.exit_code, stop_message(exc, cfg, run_dir))
+        return None
     try:
         if distributed.is_launched():
             # The ranks meet inside Paddle, where no Python handler runs; a stop request waits until they have
@@ -308,7 +309,7 @@ def main(cfg: DictConfig) -> Optional[float]:
                 # Direct `paddle.distributed.launch` runs get one run directory too: rank 0's.
                 run_dir = Path(distributed.broadcast_object(str(run_dir)))
             metrics = train(cfg, run_dir)
-    except (Exception, KeyboardInterrupt) as exc:  # KeyboardInterrupt: a SIGINT before our handler existed
+    except (Exception, KeyboardInterrupt) as exc:  # KeyboardInterrupt: SIGINT while someone else's handler ruled
         end_with(exc, cfg, run_dir)
     distributed.report_outcome(ExitCode.OK, "finished")
     return metrics.get(cfg.trainer.checkpoint.monitor)
@@ -366,10 +367,11 @@ def finish(code: int, message: str, lost_ranks: Optional[List[int]] = None) -> N
     sys.exit(code)
 
 
-def launch_workers(cfg: DictConfig, run_dir: Path) -> NoReturn:
-    """Start this node's ``trainer.devices`` ranks with this run's overrides and run directory; exit as the job did."""
-    import logging as _logging
+def launch_workers(cfg: DictConfig, run_dir: Path) -> None:
+    """Start this node's ``trainer.devices`` ranks with this run's overrides and run directory.
 
+    Returns when the job finished; otherwise logs its verdict and exits with its code.
+    """
     from hydra.core.hydra_config import HydraConfig
 
     from paddletrain.launcher import Launcher, NodeSpec
@@ -384,15 +386,15 @@ def launch_workers(cfg: DictConfig, run_dir: Path) -> NoReturn:
     args = [*overrides, f"hydra.run.dir={run_dir}", "hydra.output_subdir=null"]
     log_dir = run_dir / "launch" if t.num_nodes == 1 else run_dir / "launch" / f"node{t.node_rank}"
     if t.node_rank > 0:  # the run's fit.log belongs to rank 0's node
-        root = _logging.getLogger()
-        for handler in [h for h in root.handlers if isinstance(h, _logging.FileHandler)]:
+        root = logging.getLogger()
+        for handler in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
             root.removeHandler(handler)
     plan = ("the ranks finish their current step, save a checkpoint and stop" if t.checkpoint.enabled else
             "the ranks finish their current step and stop (no checkpoint will be saved: checkpointing is off)")
     outcome = Launcher(NodeSpec(t.devices, t.num_nodes, t.node_rank, t.master), log_dir, plan).run(
         Path(__file__), args)
     if outcome.code == ExitCode.OK:
-        sys.exit(0)
+        return
     (log.warning if outcome.code >= 128 else log.error)("%s", outcome.message)
     sys.exit(outcome.code)
 
