@@ -173,7 +173,7 @@ def train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Any] = (),
     from paddletrain.optim import build_optimizer, build_scheduler, scaled_lr
     from paddletrain.precision import Precision
     from paddletrain.runtime import seed_everything, setup_runtime
-    from paddletrain.trainer import Trainer
+    from paddletrain.trainer import Trainer, count_batches, optimizer_steps_per_epoch
 
     validate_config(cfg)
     cfg = resolve_preprocessing(cfg)
@@ -183,10 +183,8 @@ def train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Any] = (),
     seed_everything(t.seed + rank)  # dropout differs per rank; the data order comes from t.seed alone
     data = build_data(cfg, seed=t.seed, rank=rank, world_size=world_size)
     model = build_model(cfg, data.classes, data.in_chans)
-    steps_per_epoch = len(data.train_loader)
-    if t.limit_train_batches:
-        steps_per_epoch = min(steps_per_epoch, t.limit_train_batches)
-    steps_per_epoch = max(1, steps_per_epoch // t.accumulate_grad_batches)
+    steps_per_epoch = optimizer_steps_per_epoch(count_batches(data.train_loader, t.limit_train_batches),
+                                                t.accumulate_grad_batches)
     global_batch = cfg.data.batch_size * world_size * t.accumulate_grad_batches
     lr = scaled_lr(cfg.optim.lr, global_batch, cfg.optim.base_batch_size) if cfg.optim.scale_lr else cfg.optim.lr
     log.info("Global batch %d (%d per process x %d process(es) x %d accumulation), learning rate %g%s", global_batch,

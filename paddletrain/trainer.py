@@ -12,7 +12,7 @@ import os
 import signal
 import threading
 import time
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import paddle
@@ -170,7 +170,7 @@ class Trainer:
         # Walking the layer tree every step costs ~0.2-0.5 ms (measured): list the parameters once.
         self._parameters = list(self.module.parameters())
         self.train_loader = train_loader
-        self.num_train_batches = self._num_batches(train_loader, self.limit_train_batches)
+        self.num_train_batches = count_batches(train_loader, self.limit_train_batches)
         if ckpt_path is not None:
             self.restore(ckpt_path)
         with self._signal_handlers():
@@ -255,18 +255,17 @@ class Trainer:
         images_seen, time_data, time_compute = 0, 0.0, 0.0
         epoch_start = time.perf_counter()
         batch_idx = self.batch_in_epoch
-        iterator = iter(loader)
+        batches = _flag_last(iter(loader), limit, batch_idx)
         exhausted = True
-        while limit is None or batch_idx < limit:
+        while True:
             t0 = time.perf_counter()
-            try:
-                batch = next(iterator)
-            except StopIteration:
+            item = next(batches, None)
+            if item is None:
                 break
+            batch, is_last = item
             t1 = time.perf_counter()
             lr = self.current_lr  # the rate this batch trains with, before the scheduler advances
             self._call("on_train_batch_start", batch, batch_idx)
-            is_last = limit is not None and batch_idx + 1 >= limit
             step_now = (batch_idx + 1) % accumulate == 0 or is_last
             with self._no_sync(not step_now):
                 loss, logits, labels = self.training_step(batch, batch_idx)
@@ -292,7 +291,7 @@ class Trainer:
             if step_now and self._signal_agreed():
                 raise TrainingInterrupted(self._pending_signal or signal.SIGTERM)
             if self.should_stop or (self.max_steps is not None and self.global_step >= self.max_steps):
-                exhausted = limit is not None and batch_idx >= limit
+                exhausted = is_last
                 break
         elapsed = time.perf_counter() - epoch_start
         sums = meter.sums()
@@ -351,7 +350,7 @@ class Trainer:
         if self.world_size > 1:
             distributed.broadcast_buffers(self.module)
         meter = ClassificationMeter(self.num_classes)
-        limit = self._num_batches(loader, self.limit_val_batches)
+        limit = count_batches(loader, self.limit_val_batches)
         # A distributed sampler pads each rank's shard at its end; those repeated samples are not counted.
         real = getattr(loader, "num_real_samples", None)
         seen = 0
@@ -469,15 +468,49 @@ class Trainer:
         log.info("Resumed from %s at epoch %d, batch %d, global step %d", ckpt_path, self.epoch,
                  self.batch_in_epoch, self.global_step)
 
-    @staticmethod
-    def _num_batches(loader: Iterable, limit: Optional[int]) -> Optional[int]:
-        try:
-            n: Optional[int] = len(loader)  # type: ignore[arg-type]
-        except TypeError:
-            n = None
-        if limit is not None:
-            n = limit if n is None else min(n, limit)
-        return n
+
+def count_batches(loader: Iterable, limit: Optional[int]) -> Optional[int]:
+    """Batches an epoch of ``loader`` runs: its length capped by ``limit`` (None when neither is known)."""
+    try:
+        n: Optional[int] = len(loader)  # type: ignore[arg-type]
+    except TypeError:
+        n = None
+    if limit is not None:
+        n = limit if n is None else min(n, limit)
+    return n
+
+
+def optimizer_steps_per_epoch(num_batches: int, accumulate_grad_batches: int) -> int:
+    """Optimizer steps in an epoch of ``num_batches``: one per ``accumulate_grad_batches``, and one on the last
+    batch even when its group is short (its gradients must not leak into the next epoch).
+
+    The one definition the training loop follows and the LR schedule's length is computed from.
+    """
+    return -(-num_batches // accumulate_grad_batches)
+
+
+def _flag_last(batches: Iterator[Any], limit: Optional[int], start: int) -> Iterator[Tuple[Any, bool]]:
+    """``(batch, is_last)`` for batches ``start, start + 1, ...`` up to ``limit``.
+
+    Without a known length the following batch is fetched first, so the last one is still known as last.
+    """
+    if limit is not None:
+        for index in range(start, limit):
+            batch = next(batches, _END)
+            if batch is _END:
+                return
+            yield batch, index + 1 >= limit
+        return
+    current = next(batches, _END)
+    if current is _END:
+        return
+    for following in batches:
+        yield current, False
+        current = following
+    yield current, True
+
+
+_END = object()
 
 
 def check_state_matches(model: paddle.nn.Layer, saved: Dict[str, Any]) -> None:
