@@ -16,6 +16,7 @@ import numpy as np
 from PIL import Image, ImageEnhance, ImageOps
 from paddle.vision import transforms as T
 
+from paddletrain.data.images import to_mode
 from paddletrain.errors import ConfigError
 
 PRESETS = ("imagenet", "small", "none")
@@ -26,7 +27,10 @@ SMALL_IMAGE_PADDING = 4
 
 
 class ToPILImage:
-    """Convert a uint8 HWC/HW array or any PIL image to a PIL image with ``in_chans`` channels."""
+    """Convert a uint8 HWC/HW array or any PIL image to a PIL image with ``in_chans`` channels.
+
+    16-bit images (and uint16 arrays) are scaled to 8 bits by :func:`paddletrain.data.images.to_mode`.
+    """
 
     def __init__(self, in_chans: int) -> None:
         self.mode = "L" if in_chans == 1 else "RGB"
@@ -38,7 +42,7 @@ class ToPILImage:
             image = Image.fromarray(image)
         if not isinstance(image, Image.Image):
             raise TypeError(f"expected a uint8 HWC numpy array or a PIL image, got {type(image).__name__}")
-        return image if image.mode == self.mode else image.convert(self.mode)
+        return to_mode(image, self.mode)
 
 
 class ResizeIfNeeded:
