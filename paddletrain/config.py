@@ -9,6 +9,7 @@ The command lines' own schemas (export, predict, bench) declare their keys the s
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional
@@ -27,7 +28,7 @@ class Allowed:
     """The values a config key accepts: a numeric range or a set of choices (for a list: each element).
 
     Bounds are inclusive (``ge``/``le``) or strict (``gt``/``lt``); a declaration without bounds or choices
-    says on purpose that any number is fine. ``None`` is allowed exactly when the key's type is Optional.
+    says on purpose that any finite number is fine. ``None`` is allowed exactly when the key's type is Optional.
     """
 
     ge: Optional[float] = None
@@ -39,18 +40,18 @@ class Allowed:
     def admits(self, value: Any) -> bool:
         if self.choices:
             return value in self.choices
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return False
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return False  # nan and inf are never a meaningful setting
         return ((self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
                 and (self.le is None or value <= self.le) and (self.lt is None or value < self.lt))
 
     def describe(self) -> str:
-        """``>= 0 and < 1``, ``one of: a, b`` or ``any number``."""
+        """``>= 0 and < 1``, ``one of: a, b`` or ``any finite number`` (nan and inf are never allowed)."""
         if self.choices:
             return "one of: " + ", ".join(map(str, self.choices))
         bounds = [f"{op} {_number(bound)}" for op, bound in ((">=", self.ge), (">", self.gt), ("<=", self.le),
                                                               ("<", self.lt)) if bound is not None]
-        return " and ".join(bounds) or "any number"
+        return " and ".join(bounds) or "any finite number"
 
 
 def _number(value: float) -> str:
@@ -344,7 +345,8 @@ def _check(rule: Allowed, key: str, value: Any, context: str) -> None:
     elif not rule.admits(value):
         if rule.choices:
             raise ConfigError(f"{context}{key}={value!r} is not allowed; choose {rule.describe()}")
-        raise ConfigError(f"{context}{key}={value} must be {rule.describe()}")
+        finite = "" if not isinstance(value, float) or math.isfinite(value) else "a finite number "
+        raise ConfigError(f"{context}{key}={value} must be {finite}{rule.describe()}")
 
 
 def check_values(node: Any, schema: Optional[type] = None, prefix: str = "", context: str = "") -> None:

@@ -213,7 +213,7 @@ class Predictor:
         if saved is not None and not (isinstance(saved, list) and all(isinstance(name, str) for name in saved)):
             raise UserError(f"{self.model_dir / PREPROCESS_FILE}: labels must be a list of class names")
         self.labels: Optional[List[str]] = read_labels(labels) if labels is not None else (saved or None)
-        self._labels_source = str(labels) if labels is not None else str(self.model_dir / PREPROCESS_FILE)
+        labels_source = str(labels) if labels is not None else str(self.model_dir / PREPROCESS_FILE)
         has_preprocessing = "resize_mode" in self.metadata
         self.preprocessing: Optional[Preprocessing] = Preprocessing(self.metadata) if has_preprocessing else None
 
@@ -256,7 +256,7 @@ class Predictor:
         self.runtime = _Runtime(resolved, precision, threads, bool(use_mkldnn and resolved == "cpu"), tensorrt)
         self.num_outputs = self._count_outputs()
         if self.labels is not None and len(self.labels) != self.num_outputs:
-            raise UserError(f"{self._labels_source} has {len(self.labels)} labels but the model in {self.model_dir} "
+            raise UserError(f"{labels_source} has {len(self.labels)} labels but the model in {self.model_dir} "
                             f"has {self.num_outputs} outputs; give one class name per output")
 
     def _count_outputs(self) -> int:

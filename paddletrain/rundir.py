@@ -5,10 +5,10 @@ process ends, however it ends (``kill -9`` included), so a lock file left behind
 only a live holder does. The file records the holder's pid and host so a refused run can say who holds it.
 With ``trainer.devices=N`` the launcher holds the lock and the ranks it starts do not take it.
 
-Two entry points take it: :class:`RunDirGuard`, a Hydra callback that runs before Hydra writes ``.hydra/``
-into the run directory (so a refused run cannot overwrite the running one's saved config), and
-:func:`hold_run_dir`, which ``fit`` calls for runs that did not go through the callback (sweeps, downstream
-apps); holding a directory twice in one process is a no-op.
+It is taken first by :class:`RunDirGuard`, a Hydra callback that runs before Hydra writes ``.hydra/`` into
+the run directory (so a refused run cannot overwrite the running one's saved config), then again (a no-op in
+the same process) by ``fit``'s launcher and by ``fit.train``, which holds it for its own duration when called
+without the callback: sweeps, downstream Hydra apps, Python code.
 """
 from __future__ import annotations
 
@@ -25,6 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
+from hydra.experimental.callback import Callback
+
+from paddletrain import distributed
 from paddletrain.errors import UserError
 
 try:
@@ -58,9 +61,9 @@ def hold_run_dir(run_dir: Union[str, Path]) -> Optional[RunDirLock]:
     """Take the exclusive lock on ``run_dir`` (created if needed) for the rest of this process's life.
 
     Holding a new directory releases the one held before; returns None (unlocked, with a warning) where the
-    platform has no ``flock``. Raises :class:`RunDirBusy` naming the directory
-    and the holder's pid and host when another live process holds it, and :class:`UserError` when the lock
-    file is not a regular file (a symlink or FIFO planted in a run directory someone handed over).
+    platform has no ``flock``. Raises :class:`RunDirBusy` naming the directory and the holder's pid and host
+    when another live process holds it, and :class:`UserError` when the lock file is not a regular file (a
+    symlink or FIFO planted in a run directory someone handed over) or the directory cannot be locked.
     """
     global _held
     run_dir = Path(run_dir).resolve()
@@ -70,9 +73,9 @@ def hold_run_dir(run_dir: Union[str, Path]) -> Optional[RunDirLock]:
         logging.getLogger("paddletrain").warning("run directory %s is not locked: this platform has no flock",
                                                  run_dir)
         return None
-    run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_FILE
     try:
+        run_dir.mkdir(parents=True, exist_ok=True)
         # O_NOFOLLOW: a symlink planted as the lock file must not make us truncate what it points to.
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
     except OSError as exc:
@@ -86,9 +89,15 @@ def hold_run_dir(run_dir: Union[str, Path]) -> Optional[RunDirLock]:
         except BlockingIOError:
             raise RunDirBusy(f"run directory {run_dir} is in use by another paddletrain run "
                              f"({describe_holder(fd)}); wait for it to end or pick another hydra.run.dir") from None
+        except OSError as exc:  # e.g. ENOLCK: a file system without locks
+            raise UserError(f"cannot lock the run directory {run_dir} ({path}: {exc.strerror}); use a run "
+                            "directory on a file system with locks") from None
         record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()})
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, record.encode() + b"\n", 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, record.encode() + b"\n", 0)
+        except OSError as exc:  # e.g. a full disk: the run could not write its checkpoints either
+            raise UserError(f"cannot write the run directory lock {path}: {exc.strerror}") from None
     except BaseException:
         os.close(fd)
         raise
@@ -133,19 +142,7 @@ def describe_holder(fd: int) -> str:
     return f"pid {pid} on {host}"
 
 
-def _is_rank() -> bool:
-    from paddletrain import distributed
-
-    return distributed.is_launched()
-
-
-try:
-    from hydra.experimental.callback import Callback
-except ImportError:  # pragma: no cover - Hydra < 1.1
-    Callback = object  # type: ignore[misc, assignment]
-
-
-class RunDirGuard(Callback):  # type: ignore[misc, valid-type]
+class RunDirGuard(Callback):
     """Hydra callback for `paddletrain.fit`: checks every value and locks the run directory before Hydra
     creates it and writes ``.hydra/`` there, so a bad value or a busy directory stops the run before any work.
 
@@ -161,7 +158,7 @@ class RunDirGuard(Callback):  # type: ignore[misc, valid-type]
 
         from paddletrain.config import validate_config
 
-        if _is_rank():
+        if distributed.is_launched():
             return
         try:
             # Resolving hydra.run.dir may use ${hydra:...}; Hydra sets this itself just after this hook, and

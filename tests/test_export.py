@@ -55,7 +55,6 @@ def test_an_nhwc_checkpoint_exports_its_nchw_twin_and_is_verified_against_the_or
     assert result.passed and result.parity.top1_agreement == 1.0
 
 
-@pytest.mark.skipif(cpu_bf16_support() == "none", reason="this CPU has no oneDNN bfloat16")
 def test_weights_that_do_not_fit_the_model_name_each_key_and_both_shapes(checkpoint, tmp_path):
     state = load_checkpoint(checkpoint).state
     state["model"]["conv1.weight"] = np.zeros((16, 1, 3, 3), np.float32)  # trained on another channel count
@@ -67,10 +66,12 @@ def test_weights_that_do_not_fit_the_model_name_each_key_and_both_shapes(checkpo
     message = str(info.value)
     assert message.startswith(f"checkpoint={bad}: ") and "\n" not in message
     assert "conv1.weight: checkpoint [16, 1, 3, 3] vs model [16, 3, 3, 3]" in message
-    assert "fc.bias: checkpoint [7] vs model [6]" in message  # shapes has 6 classes and "unexpected (1): extra.weight" in message
+    assert "fc.bias: checkpoint [7] vs model [6]" in message  # the shapes dataset has 6 classes
+    assert "unexpected (1): extra.weight" in message
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.skipif(cpu_bf16_support() == "none", reason="this CPU has no oneDNN bfloat16")
 def test_a_bf16_export_is_verified_in_bf16_with_its_own_tolerance(checkpoint, tmp_path):
     result = export_checkpoint(checkpoint, tmp_path, precision="bf16", num_check_images=8)
     assert result.passed and result.parity.top1_flips == 0

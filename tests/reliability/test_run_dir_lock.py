@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from paddletrain.errors import UserError
-from paddletrain.rundir import LOCK_FILE, RunDirBusy, hold_run_dir, holding_run_dir, held_run_dir, release_run_dir
+from paddletrain.rundir import LOCK_FILE, held_run_dir, hold_run_dir, holding_run_dir, release_run_dir
 from tests.conftest import TINY, run_module
 
 # Enough epochs that the first run is still training while the second one starts; it is killed anyway.
@@ -149,3 +149,9 @@ def test_the_launcher_of_a_two_process_run_holds_the_directory_for_its_ranks(tmp
         out = stop(launcher, signal.SIGTERM)
     assert launcher.returncode is not None, out
     hold_run_dir(run_dir)  # released: the launcher is gone
+
+
+def test_a_run_directory_that_cannot_be_made_is_one_clear_error(tmp_path):
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(UserError, match=r"cannot open the run directory lock .*file/run/\.paddletrain\.lock"):
+        hold_run_dir(tmp_path / "file" / "run")
