@@ -18,7 +18,7 @@ import logging
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Tuple, Union
 
 import hydra
 import numpy as np
@@ -26,9 +26,10 @@ import paddle
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from paddletrain.config import allowed, check_field, check_values
 from paddletrain.errors import UserError
-from paddletrain.inference import (MODEL_PREFIX, PREPROCESS_FILE, PREPROCESS_FORMAT_VERSION, PRECISIONS, Predictor,
-                                   Preprocessing, check_precision_runs_on)
+from paddletrain.inference import (DEVICES, MODEL_PREFIX, PREPROCESS_FILE, PREPROCESS_FORMAT_VERSION, PRECISIONS,
+                                   Predictor, Preprocessing, check_precision_runs_on)
 
 log = logging.getLogger("paddletrain")
 
@@ -62,16 +63,16 @@ class ExportConfig:
     checkpoint: str = MISSING
     # None: the Hydra run directory (outputs/export/<time>).
     out_dir: Optional[str] = None
-    format: str = "paddle"
-    # "dynamic" or a fixed batch size.
+    format: str = allowed("paddle", choices=FORMATS)
+    # "dynamic" or a fixed batch size (checked by parse_batch).
     batch: str = "dynamic"
-    precision: str = "fp32"
+    precision: str = allowed("fp32", choices=PRECISIONS)
     check: bool = True
-    num_check_images: int = 16
+    num_check_images: int = allowed(16, ge=1)
     # Where the checkpoint's dataset lives now, if it moved since training (overrides data.root).
     data_root: Optional[str] = None
-    device: str = "auto"
-    cpu_threads: Optional[int] = None
+    device: str = allowed("auto", choices=DEVICES)
+    cpu_threads: Optional[int] = allowed(None, ge=1)
 
 
 ConfigStore.instance().store(name="export_schema", node=ExportConfig)
@@ -118,11 +119,6 @@ class ExportResult:
         return self.parity is not None and self.parity.passed
 
 
-def _check_choice(key: str, value: Any, allowed: Sequence[Any]) -> None:
-    if value not in allowed:
-        raise UserError(f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
-
-
 def parse_batch(batch: Union[None, int, str]) -> Optional[int]:
     """``None``/``"dynamic"`` -> None, a positive integer (or its string) -> that int."""
     if batch is None or batch == "dynamic":
@@ -138,7 +134,7 @@ def parse_batch(batch: Union[None, int, str]) -> Optional[int]:
 
 def _require_runnable_precision(precision: str) -> None:
     """The export's parity check runs the exported precision, so it must run on this machine."""
-    _check_choice("precision", precision, PRECISIONS)
+    check_field(ExportConfig, "precision", precision)
     if precision == "fp16" and not (paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count()):
         raise UserError(
             "precision=fp16: Paddle Inference runs fp16 only on a GPU, and this Paddle "
@@ -303,18 +299,22 @@ def checkpoint_config(saved: dict, data_root: Optional[str] = None) -> DictConfi
         raise UserError(f"the checkpoint's config does not match this paddletrain version's schema: {exc}") from exc
     if data_root is not None:
         cfg.data.root = data_root
-    validate_config(cfg)
+    validate_config(cfg, use="export")
     cfg.model.pretrained = None  # the checkpoint's weights replace any pretrained ones: don't fetch them
     return cfg
 
 
 def _load_weights(model: paddle.nn.Layer, state: dict, checkpoint_dir: Path) -> None:
+    """Load the checkpoint's weights, refusing any key that is missing, unexpected or of another shape."""
+    from paddletrain.trainer import check_state_matches
+
     if "model" not in state:
         raise UserError(f"checkpoint={checkpoint_dir} holds no model weights (no 'model' entry)")
-    missing, unexpected = model.set_state_dict(state["model"])
-    if missing or unexpected:
-        raise UserError(f"checkpoint={checkpoint_dir} does not fit the model of its own config: missing "
-                        f"{list(missing)[:5]}, unexpected {list(unexpected)[:5]}")
+    try:
+        check_state_matches(model, state["model"])
+    except UserError as exc:
+        raise UserError(f"checkpoint={checkpoint_dir}: {exc}") from None
+    model.set_state_dict(state["model"])
 
 
 def _check_images(splits: Any, eval_transform: Any, preprocessing: Preprocessing,
@@ -383,15 +383,13 @@ def export_checkpoint(checkpoint_dir: Union[str, Path], out_dir: Union[str, Path
     """
     from paddletrain.runtime import set_cpu_threads
 
-    _check_choice("format", format, FORMATS)
+    for key, value in (("format", format), ("num_check_images", num_check_images), ("device", device),
+                       ("cpu_threads", cpu_threads)):
+        check_field(ExportConfig, key, value)
     fixed_batch = parse_batch(batch)
     _require_runnable_precision(precision)
     if format == "onnx":
         require_paddle2onnx()  # fail before the slow part
-    if num_check_images < 1:
-        raise UserError(f"num_check_images={num_check_images} must be >= 1")
-    if cpu_threads is not None and cpu_threads < 1:
-        raise UserError(f"cpu_threads={cpu_threads} must be >= 1")
     set_cpu_threads(cpu_threads)
     rebuilt = _rebuild(Path(checkpoint_dir), data_root)
     labels = list(rebuilt.splits.classes)
@@ -437,6 +435,7 @@ def run(cfg: DictConfig, default_out_dir: Optional[str] = None) -> int:
     try:
         if OmegaConf.is_missing(cfg, "checkpoint"):
             raise UserError("missing required value for checkpoint (e.g. checkpoint=outputs/<run>/checkpoints/<dir>)")
+        check_values(cfg, ExportConfig)
         out_dir = cfg.out_dir or default_out_dir
         if out_dir is None:
             raise UserError("missing required value for out_dir")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -23,6 +24,7 @@ from paddletrain import distributed
 from paddletrain.config import register_configs, validate_config
 from paddletrain.errors import NonFiniteLossError, TrainingInterrupted, UserError
 from paddletrain.resume import is_legacy_checkpoint, load_resume_checkpoint, warm_start_from_legacy
+from paddletrain.rundir import hold_run_dir, holding_run_dir
 
 log = logging.getLogger("paddletrain")
 
@@ -168,14 +170,20 @@ def train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Any] = (),
     """Build everything from ``cfg`` and train; returns the final metrics (also written to summary.json).
 
     Downstream apps add their own ``callbacks`` (after the built-in ones) or a ``Trainer`` subclass
-    (``trainer_cls``) with their own ``training_step``.
+    (``trainer_cls``) with their own ``training_step``. The run directory is locked while training (a
+    launcher holds it for its ranks).
     """
+    validate_config(cfg)  # before the lock: a bad value does no work in the run directory
+    with nullcontext() if distributed.is_launched() else holding_run_dir(run_dir):
+        return _train(cfg, run_dir, callbacks, trainer_cls)
+
+
+def _train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Any], trainer_cls: Optional[type]) -> Dict[str, float]:
     from paddletrain.optim import build_optimizer, build_scheduler, scaled_lr
     from paddletrain.precision import Precision
     from paddletrain.runtime import seed_everything, setup_runtime
     from paddletrain.trainer import Trainer, count_batches, optimizer_steps_per_epoch
 
-    validate_config(cfg)
     cfg = resolve_preprocessing(cfg)
     t = cfg.trainer
     rank, world_size = distributed.rank(), distributed.world_size()
@@ -264,6 +272,11 @@ def main(cfg: DictConfig) -> Optional[float]:
     """
     run_dir = run_dir_from_hydra()
     if cfg.trainer.devices > 1 and not distributed.is_launched():
+        try:  # the launcher checks the values and holds the run directory for its ranks
+            validate_config(cfg)
+            hold_run_dir(run_dir)
+        except UserError as exc:
+            fail(exc, 2)
         launch_workers(cfg, run_dir)
         return None
     if distributed.is_launched():

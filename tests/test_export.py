@@ -55,6 +55,22 @@ def test_an_nhwc_checkpoint_exports_its_nchw_twin_and_is_verified_against_the_or
     assert result.passed and result.parity.top1_agreement == 1.0
 
 
+def test_weights_that_do_not_fit_the_model_name_each_key_and_both_shapes(checkpoint, tmp_path):
+    state = load_checkpoint(checkpoint).state
+    state["model"]["conv1.weight"] = np.zeros((16, 1, 3, 3), np.float32)  # trained on another channel count
+    state["model"]["fc.bias"] = np.zeros((7,), np.float32)
+    state["model"]["extra.weight"] = np.zeros((2,), np.float32)
+    bad = save_checkpoint(tmp_path / "bad", state)
+    with pytest.raises(UserError) as info:
+        export_checkpoint(bad, tmp_path / "out", check=False)
+    message = str(info.value)
+    assert message.startswith(f"checkpoint={bad}: ") and "\n" not in message
+    assert "conv1.weight: checkpoint [16, 1, 3, 3] vs model [16, 3, 3, 3]" in message
+    assert "fc.bias: checkpoint [7] vs model [6]" in message  # the shapes dataset has 6 classes
+    assert "unexpected (1): extra.weight" in message
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.skipif(cpu_bf16_support() == "none", reason="needs a CPU with AVX-512 (oneDNN bfloat16)")
 def test_a_bf16_export_is_verified_in_bf16_with_its_own_tolerance(checkpoint, tmp_path):
     result = export_checkpoint(checkpoint, tmp_path, precision="bf16", num_check_images=32)
