@@ -25,10 +25,10 @@ import paddle
 from paddletrain.bench.common import (build_model, check_options, environment, finished, interleave, paired_ratio,
                                       timed, write_jpeg_folder)
 from paddletrain.config import allowed
-from paddletrain.inference import PRECISIONS
-from paddletrain.runtime import DEVICES
 from paddletrain.errors import ConfigError
 from paddletrain.export import compare_logits, export_model
+from paddletrain.inference import PRECISIONS
+from paddletrain.runtime import DEVICES
 
 
 @dataclass

@@ -21,12 +21,12 @@ import paddle
 from omegaconf import OmegaConf
 from PIL import Image
 
-from paddletrain.bench.common import check_positive, environment, finished
-from paddletrain.config import DataConfig
+from paddletrain.bench.common import check_options, environment, finished
+from paddletrain.config import DataConfig, allowed
 from paddletrain.data import preprocessing_info
 from paddletrain.errors import ConfigError
 from paddletrain.export import TOLERANCE, compare_logits, export_model, reference_logits
-from paddletrain.inference import Predictor, check_precision_runs_on, cpu_bf16_support
+from paddletrain.inference import PRECISIONS, Predictor, check_precision_runs_on, cpu_bf16_support
 from paddletrain.models import create_model
 from paddletrain.runtime import setup_runtime
 
@@ -38,18 +38,18 @@ class PrecisionBenchConfig:
     model: str = "resnet18"
     # For model=vision: the paddle.vision builder.
     arch: str | None = None
-    num_classes: int = 1000
+    num_classes: int = allowed(1000, ge=1)
     # A weight source as in model.pretrained (file, vision:, paddleclas:, hub:); None = random weights.
     pretrained: str | None = None
     trust_pickle: bool = False
     # A folder of images (searched recursively); None = standard-normal inputs.
     images: str | None = None
-    max_images: int = 256
-    image_size: int = 224
-    batch_size: int = 16
+    max_images: int = allowed(256, ge=1)
+    image_size: int = allowed(224, ge=1)
+    batch_size: int = allowed(16, ge=1)
     # None: fp32, plus bf16 where the CPU can run it (natively or emulated).
-    precisions: list[str] | None = None
-    cpu_threads: int | None = None
+    precisions: list[str] | None = allowed(None, choices=PRECISIONS)
+    cpu_threads: int | None = allowed(None, ge=1)
 
 
 def _inputs(cfg: PrecisionBenchConfig, preprocess: Any) -> tuple[np.ndarray, str]:
@@ -92,8 +92,7 @@ def _mistakes(model: paddle.nn.Layer, inputs: np.ndarray, mean: list[float], std
 
 def run_precision(cfg: PrecisionBenchConfig) -> dict[str, Any]:
     """One row per precision (and per mistake): relative logit error, top-1 agreement, clear flips, verdict."""
-    check_positive("precision", num_classes=cfg.num_classes, max_images=cfg.max_images,
-                   image_size=cfg.image_size, batch_size=cfg.batch_size)
+    check_options(cfg, "precision")
     runtime = setup_runtime("cpu", cfg.cpu_threads)
     env = environment(runtime.cpu_threads)
     options = {"arch": cfg.arch} if cfg.arch else {}
