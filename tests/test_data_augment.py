@@ -18,7 +18,7 @@ from paddletrain.data.transforms import ToNormalizedArray, ToPILImage, build_tra
 from paddletrain.errors import ConfigError
 from paddletrain.registries import AUGMENTATIONS
 
-# Operations that are not the identity at level 0, per magnitude space (the module docstring's list).
+# Operations that are not the identity at level 0, per magnitude space (as docs/data.md lists them).
 NOT_IDENTITY_AT_ZERO = {
     "rand": {"auto_contrast", "equalize", "invert", "posterize", "solarize", "color", "contrast", "brightness",
              "sharpness"},
