@@ -10,8 +10,10 @@ What each registry holds (the factory's call signature):
 - ``SCHEDULERS``: ``factory(cfg: SchedConfig, base_lr, steps: ScheduleSteps) -> paddle.optimizer.lr.LRScheduler``
 - ``LOSSES``: ``factory(cfg: LossConfig) -> loss(logits, targets) -> scalar tensor``; targets are class indices
   or soft targets (``[batch, classes]`` probabilities)
-- ``AUGMENTATIONS``: ``factory(**options) -> transform(PIL image) -> PIL image``, random draws from python
-  ``random`` / ``numpy.random`` (seeded per batch by the loader, so augmentation resumes exactly)
+- ``AUGMENTATIONS``: ``factory(**options) -> transform`` whose ``stage`` attribute says where it runs:
+  ``"image"`` (PIL image -> PIL image, before normalisation) or ``"array"`` (normalised float32 CHW array ->
+  array, after it; e.g. random erasing); random draws from python ``random`` / ``numpy.random`` (seeded per
+  batch by the loader, so augmentation resumes exactly)
 - ``CALLBACKS``: a :class:`~paddletrain.callbacks.Callback` subclass, built with keyword options
 """
 from __future__ import annotations
