@@ -41,14 +41,17 @@ def load_resume_checkpoint(resume: Optional[str], run_dir: Path, run_info: Dict[
     saved = checkpoint.state.get("run", {}) if isinstance(checkpoint.state, dict) else None
     if not isinstance(saved, dict):
         raise UserError(f"cannot resume from {path}: its state has no run record ('run' is {show(saved)})")
+    def shown(value: Any) -> str:  # the checkpoint's own value, as the user wrote it, within reason
+        return str(value) if isinstance(value, (str, int)) and len(str(value)) <= 60 else show(value)
+
     for key in ("model", "num_classes"):
         if key in saved and saved[key] != run_info[key]:
-            raise UserError(f"cannot resume from {path}: it was trained with {key}={show(saved[key])}, "
+            raise UserError(f"cannot resume from {path}: it was trained with {key}={shown(saved[key])}, "
                             f"this run has {key}={run_info[key]}")
     for key in ("batch_size", "world_size"):
         if key in saved and saved[key] != run_info[key]:
             log.warning("Resuming from %s with %s=%s; the checkpoint was written with %s=%s", path, key,
-                        run_info[key], key, show(saved[key]))
+                        run_info[key], key, shown(saved[key]))
     return checkpoint
 
 

@@ -58,3 +58,18 @@ def assert_one_error_line(result: subprocess.CompletedProcess, *fragments: str) 
     for fragment in fragments:
         assert fragment in errors[0], (fragment, errors[0])
     return errors[0]
+
+
+def _safetensors(header: bytes, data: bytes = b"") -> bytes:
+    return len(header).to_bytes(8, "little") + header + data
+
+
+# Safetensors files whose header is wrong in each way a reader must survive.
+BAD_TENSOR_FILES = {
+    "malformed header": _safetensors(b"{not json"),
+    "huge header length": (2**62).to_bytes(8, "little") + b"{}",
+    "offsets out of range": _safetensors(b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8000]}}', b"\0" * 8),
+    "unknown dtype": _safetensors(b'{"a":{"dtype":"Q99","shape":[2],"data_offsets":[0,8]}}', b"\0" * 8),
+    "dtype numpy lacks": _safetensors(b'{"a":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}}', b"\0" * 4),
+    "too short": b"\x05\x00",
+}

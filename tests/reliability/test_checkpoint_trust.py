@@ -24,8 +24,8 @@ from paddletrain.errors import UserError
 from paddletrain.fit import train
 from paddletrain.resume import load_resume_checkpoint
 from tests.conftest import TINY, compose_fit
-from tests.reliability.checkpoint_craft import (assert_one_error_line, fit_cli, latest, output, reseal,
-                                                rewrite_state)
+from tests.reliability.checkpoint_craft import (BAD_TENSOR_FILES, assert_one_error_line, fit_cli, latest, output,
+                                                reseal, rewrite_state)
 
 VDL = ["trainer.visualdl=true"]
 
@@ -267,20 +267,6 @@ def test_optimizer_moments_of_another_shape_are_refused_before_training(mid_epoc
 
 
 # ------------------------------------------------------------------------------ malformed checkpoint files
-def _header(header: bytes, data: bytes = b"") -> bytes:
-    return len(header).to_bytes(8, "little") + header + data
-
-
-BAD_TENSOR_FILES = {
-    "malformed header": _header(b"{not json"),
-    "huge header length": (2**62).to_bytes(8, "little") + b"{}",
-    "offsets out of range": _header(b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8000]}}', b"\0" * 8),
-    "unknown dtype": _header(b'{"a":{"dtype":"Q99","shape":[2],"data_offsets":[0,8]}}', b"\0" * 8),
-    "dtype numpy lacks": _header(b'{"a":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}}', b"\0" * 4),
-    "too short": b"\x05\x00",
-}
-
-
 @pytest.mark.parametrize("kind", list(BAD_TENSOR_FILES))
 def test_malformed_tensor_file_is_one_clear_error(tmp_path, kind):
     path = save_checkpoint(tmp_path / "c", {"w": np.ones(2, np.float32)}, {"global_step": 1})
