@@ -16,7 +16,6 @@ nothing and a single inf loss would otherwise corrupt the weights.
 from __future__ import annotations
 
 import logging
-import math
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -327,8 +326,8 @@ def _checked_scaler_state(saved: Any) -> Dict[str, Any]:
     for name, low in (("incr_every_n_steps", 1), ("decr_every_n_nan_or_inf", 1), ("incr_count", 0),
                       ("decr_count", 0)):
         saved[name] = checked_int(required(saved, name, f"scaler.{name}"), f"scaler.{name}", minimum=low)
-    saved["use_dynamic_loss_scaling"] = checked_bool(
-        required(saved, "use_dynamic_loss_scaling", "scaler.use_dynamic_loss_scaling"), "scaler.use_dynamic_loss_scaling")
+    key = "scaler.use_dynamic_loss_scaling"
+    saved["use_dynamic_loss_scaling"] = checked_bool(required(saved, "use_dynamic_loss_scaling", key), key)
     return saved
 
 

@@ -19,9 +19,9 @@ import paddle
 
 from paddletrain import distributed
 from paddletrain.callbacks.base import Callback, StepOutput
+from paddletrain.checkpoint.untrusted import StateValueError
 from paddletrain.errors import NonFiniteLossError, TrainingInterrupted, UserError
 from paddletrain.metrics import ClassificationMeter
-from paddletrain.checkpoint.untrusted import StateValueError
 from paddletrain.precision import Precision
 from paddletrain.state_checks import (check_optimizer_state, check_scheduler_state, check_state_matches,
                                       checked_metrics, checked_progress)

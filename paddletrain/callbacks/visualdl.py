@@ -271,7 +271,7 @@ class VisualDLLogger(Callback):
         os.makedirs(self.logdir, exist_ok=True)
         # Cut at most once: a later reopen must keep what this run has written since.
         resume_size, self._resume_size = self._resume_size, None
-        path = self._resumable_file(trainer)
+        path = self._resumable_file()
         if path is not None:
             if resume_size is not None and os.path.getsize(path) > resume_size:
                 # Records past the checkpoint would fold the curves back when the steps repeat. O_NOFOLLOW: the
@@ -287,7 +287,7 @@ class VisualDLLogger(Callback):
         self._file_name = os.path.basename(self._writer.file_name)
         return False
 
-    def _resumable_file(self, trainer: "Trainer") -> Optional[str]:
+    def _resumable_file(self) -> Optional[str]:
         """The log file a resumed run appends to, if it is safe to: a regular file with a single link, inside
         the log directory once every symlink is resolved; otherwise None (with a warning) for a new file."""
         from paddletrain.checkpoint.untrusted import StateValueError, confined_path

@@ -8,10 +8,10 @@ from ._fs import check_writable
 from .discovery import CheckpointInfo, find_checkpoints, find_latest
 from .errors import CheckpointError
 from .legacy import load_legacy, safe_unpickle
-from .safe_pickle import PickleRefused
 from .manifest import FORMAT_VERSION
 from .retention import CheckpointManager, read_pointer
 from .rng import rng_state, set_rng_state
+from .safe_pickle import PickleRefused
 from .storage import Checkpoint, is_complete, load_checkpoint, save_checkpoint
 
 __all__ = [

@@ -179,8 +179,13 @@ def test_full_disk_at_each_write_is_one_line_and_keeps_the_previous_checkpoint(t
         monkeypatch.setattr(storage, "write_bytes_durably", write)
     elif point == "rename into place":
         real_replace = os.replace
-        monkeypatch.setattr(storage.os, "replace",
-                            lambda src, dst: _no_space() if Path(src).name.startswith(".tmp-") else real_replace(src, dst))
+
+        def replace(src, dst):
+            if Path(src).name.startswith(".tmp-"):
+                _no_space()
+            real_replace(src, dst)
+
+        monkeypatch.setattr(storage.os, "replace", replace)
     elif point == "pointer":
         monkeypatch.setattr(retention, "replace_json_atomically", _no_space)
 

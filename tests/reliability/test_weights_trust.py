@@ -158,7 +158,8 @@ def test_malformed_safetensors_weights_are_one_clear_error(tmp_path, kind):
     with deadline(), pytest.raises(PretrainedLoadError) as raised:
         load_pretrained(create_model("resnet20", num_classes=4), str(path))
     message = str(raised.value)
-    assert message.startswith(f"Cannot read safetensors weights: {path} is corrupt or unreadable (") and "\n" not in message
+    assert message.startswith(f"Cannot read safetensors weights: {path} is corrupt or unreadable (")
+    assert "\n" not in message
 
 
 @pytest.mark.parametrize("metadata, problem", [
