@@ -75,12 +75,25 @@ def legacy_files(path: str | os.PathLike) -> list[Path]:
     raise CheckpointError(f"legacy checkpoint {path} does not exist")
 
 
+def _refuse_unsafe_structure(file: Path) -> None:
+    """Trust lets a pickle call more than the allow-list, never describe a structure that takes exponential
+    time or memory to walk (``paddle.load`` walks the result recursively): screen it with the safe reader."""
+    try:
+        safe_pickle.loads(file.read_bytes(), str(file))
+    except safe_pickle.PickleRefused as error:
+        if not error.needs_trust:
+            raise
+    except (CheckpointError, OSError):
+        pass  # not a plain pickle, or unreadable: paddle.load reports it in its own words
+
+
 def load_legacy(path: str | os.PathLike, trust_pickle: bool = False) -> Any:
     """Load pickled ``paddle.save`` file(s) with ``paddle.load``; only when ``trust_pickle=True``.
 
     ``path`` is a ``.pdparams``/``.pdopt`` file (returns its content) or a directory holding such files
     (returns ``{file_name: content}``). Without trust this raises :class:`CheckpointError` and reads
-    nothing: unpickling can execute arbitrary code.
+    nothing: unpickling can execute arbitrary code. With trust, a structure :func:`safe_unpickle` refuses for
+    its shape (shared references, depth, size) is still refused.
     """
     files = legacy_files(path)
     if not trust_pickle:
@@ -94,6 +107,7 @@ def load_legacy(path: str | os.PathLike, trust_pickle: bool = False) -> Any:
 
     loaded = {}
     for file in files:
+        _refuse_unsafe_structure(file)
         try:
             loaded[file.name] = paddle.load(str(file))
         except Exception as error:  # paddle.load surfaces pickle/EOF/format errors of any type

@@ -91,6 +91,15 @@ def test_billion_laughs_pdparams_is_refused_at_once(tmp_path, trust):
                                  "list more than once (shared references are not a plain tree of tensors)")
 
 
+def test_trusted_legacy_checkpoints_are_screened_for_structure_too(tmp_path):
+    from paddletrain.checkpoint import load_legacy
+
+    path = _write(tmp_path, "laughs.pdparams", billion_laughs())
+    # trainer.resume=<legacy> with trust_pickle uses paddle.load, which would walk the 2**43 lists.
+    with deadline(), pytest.raises(PickleRefused, match="same list more than once"):
+        load_legacy(path, trust_pickle=True)
+
+
 def test_deeply_nested_pdparams_is_refused(tmp_path):
     path = _write(tmp_path, "deep.pdparams", deep_nesting())
     with deadline(), pytest.raises(PretrainedLoadError, match=f"refusing to unpickle {path}: it nests containers "
