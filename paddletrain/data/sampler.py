@@ -109,13 +109,20 @@ class ResumableBatchSampler(DistributedBatchSampler):
             ValueError: resuming mid-epoch with a different batch size, world size or dataset length, where
                 the saved position would point into a different order.
         """
-        position = int(state.get("position", 0))
+        from paddletrain.checkpoint.untrusted import StateValueError, checked_int, checked_mapping, required, show
+
+        checked_mapping(state, "(sampler state)")
+        position = checked_int(state.get("position", 0), "position")
+        seed = checked_int(required(state, "seed", "seed"), "seed", maximum=2**63 - 1)
+        epoch = checked_int(required(state, "epoch", "epoch"), "epoch")
         current = {"batch_size": self.batch_size, "num_replicas": self.nranks, "dataset_size": len(self.dataset)}
         changed = {k: (state[k], v) for k, v in current.items() if k in state and state[k] != v}
         if position and changed:
-            detail = ", ".join(f"{k} was {old}, now {new}" for k, (old, new) in changed.items())
+            detail = ", ".join(f"{k} was {show(old)}, now {new}" for k, (old, new) in changed.items())
             raise UserError(f"cannot resume mid-epoch (batch {position}) because the sampling changed: {detail}. "
                              "Resume from an end-of-epoch checkpoint or restore the original settings.")
-        self.seed = int(state["seed"])
-        self.epoch = int(state["epoch"])
+        if position > len(self):
+            raise StateValueError("position", f"is {position}, but an epoch has only {len(self)} batches")
+        self.seed = seed
+        self.epoch = epoch
         self.skip_batches(position)
