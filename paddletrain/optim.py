@@ -189,7 +189,7 @@ def _momentum(cfg: Any) -> float:
     return float(cfg.momentum)
 
 
-def _betas(cfg: Any) -> Tuple[float, float]:
+def _betas(cfg: Any) -> tuple[float, float]:
     betas = list(cfg.betas)
     if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
         raise ConfigError(f"optim.betas must be two values in [0, 1), got {cfg.betas!r}")
@@ -211,7 +211,7 @@ def _no_nesterov(cfg: Any, name: str) -> None:
         raise ConfigError(f"optim.nesterov applies to optim.name=sgd only, not {name!r}")
 
 
-def _decay_under(groups: Sequence[Dict[str, Any]], key: str) -> List[Dict[str, Any]]:
+def _decay_under(groups: Sequence[dict[str, Any]], key: str) -> list[dict[str, Any]]:
     """Move each group's ``weight_decay`` to ``key`` for optimizers that decay inside their own update.
 
     Paddle turns a group's float ``weight_decay`` into an L2 term added to the gradient; LAMB and LARS must
@@ -227,7 +227,9 @@ def _decay_under(groups: Sequence[Dict[str, Any]], key: str) -> List[Dict[str, A
 
 
 @OPTIMIZERS.register("sgd")
-def build_sgd(groups: Sequence[Dict[str, Any]], learning_rate: Any, cfg: "OptimConfig") -> paddle.optimizer.Optimizer:
+def build_sgd(
+    groups: Sequence[dict[str, Any]], learning_rate: Any, cfg: "OptimConfig"
+) -> paddle.optimizer.Optimizer:
     """SGD with momentum (Polyak), or Nesterov momentum with ``optim.nesterov``; L2 decay in the gradient.
 
     Nesterov follows Sutskever et al. 2013 as PyTorch writes it: ``v = mu * v + g``, ``w -= lr * (g + mu * v)``.
@@ -248,7 +250,9 @@ def build_sgd(groups: Sequence[Dict[str, Any]], learning_rate: Any, cfg: "OptimC
 
 
 @OPTIMIZERS.register("adamw")
-def build_adamw(groups: Sequence[Dict[str, Any]], learning_rate: Any, cfg: "OptimConfig") -> paddle.optimizer.Optimizer:
+def build_adamw(
+    groups: Sequence[dict[str, Any]], learning_rate: Any, cfg: "OptimConfig"
+) -> paddle.optimizer.Optimizer:
     """AdamW (Loshchilov & Hutter 2019): Adam with decoupled weight decay ``w -= lr * wd * w``."""
     _no_nesterov(cfg, "adamw")
     beta1, beta2 = _betas(cfg)
@@ -263,7 +267,9 @@ def build_adamw(groups: Sequence[Dict[str, Any]], learning_rate: Any, cfg: "Opti
 
 
 @OPTIMIZERS.register("adam")
-def build_adam(groups: Sequence[Dict[str, Any]], learning_rate: Any, cfg: "OptimConfig") -> paddle.optimizer.Optimizer:
+def build_adam(
+    groups: Sequence[dict[str, Any]], learning_rate: Any, cfg: "OptimConfig"
+) -> paddle.optimizer.Optimizer:
     """Adam (Kingma & Ba 2015) with L2 decay added to the gradient (as ``torch.optim.Adam``)."""
     _no_nesterov(cfg, "adam")
     beta1, beta2 = _betas(cfg)
@@ -278,7 +284,9 @@ def build_adam(groups: Sequence[Dict[str, Any]], learning_rate: Any, cfg: "Optim
 
 
 @OPTIMIZERS.register("rmsprop")
-def build_rmsprop(groups: Sequence[Dict[str, Any]], learning_rate: Any, cfg: "OptimConfig") -> paddle.optimizer.Optimizer:
+def build_rmsprop(
+    groups: Sequence[dict[str, Any]], learning_rate: Any, cfg: "OptimConfig"
+) -> paddle.optimizer.Optimizer:
     """RMSProp (Tieleman & Hinton 2012) with momentum, L2 decay in the gradient.
 
     ``r = rho * r + (1 - rho) * g^2``, ``v = momentum * v + lr * g / sqrt(r + eps)``, ``w -= v``: the epsilon
@@ -301,7 +309,9 @@ def build_rmsprop(groups: Sequence[Dict[str, Any]], learning_rate: Any, cfg: "Op
 
 
 @OPTIMIZERS.register("lamb")
-def build_lamb(groups: Sequence[Dict[str, Any]], learning_rate: Any, cfg: "OptimConfig") -> paddle.optimizer.Optimizer:
+def build_lamb(
+    groups: Sequence[dict[str, Any]], learning_rate: Any, cfg: "OptimConfig"
+) -> paddle.optimizer.Optimizer:
     """LAMB (You et al. 2019, "Large Batch Optimization for Deep Learning"), Paddle's kernel.
 
     Adam's bias-corrected step ``r = m_hat / (sqrt(v_hat) + eps)`` plus decoupled decay ``wd * w``, scaled per
@@ -336,7 +346,7 @@ class LarsMomentum(LarsMomentumOptimizer):
         self,
         learning_rate: Any,
         momentum: float,
-        parameters: Sequence[Dict[str, Any]],
+        parameters: Sequence[dict[str, Any]],
         trust_coefficient: float = 0.001,
         weight_decay: float = 0.0,
         epsilon: float = 0.0,
@@ -368,7 +378,9 @@ class LarsMomentum(LarsMomentumOptimizer):
 
 
 @OPTIMIZERS.register("lars")
-def build_lars(groups: Sequence[Dict[str, Any]], learning_rate: Any, cfg: "OptimConfig") -> paddle.optimizer.Optimizer:
+def build_lars(
+    groups: Sequence[dict[str, Any]], learning_rate: Any, cfg: "OptimConfig"
+) -> paddle.optimizer.Optimizer:
     """:class:`LarsMomentum` with ``optim.momentum``, ``optim.weight_decay``, ``optim.trust_coefficient``."""
     _no_nesterov(cfg, "lars")
     momentum = _momentum(cfg)
