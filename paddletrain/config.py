@@ -1,37 +1,91 @@
-"""Typed schemas for every configuration key, registered in Hydra's ConfigStore.
+"""Typed schemas for every configuration key, registered in Hydra's ConfigStore, with the values each key allows.
 
 Each YAML preset under ``paddletrain/conf/<group>/`` is validated against the schema of its group, so a
 misspelt key, a wrong type or a missing required value fails at start-up, before data or model are built.
+Every numeric key (and every key with a fixed set of values) declares what it allows next to its default with
+:func:`allowed`; :func:`check_values` walks a schema and checks them all, so a new key cannot be left out.
+The command lines' own schemas (export, predict, bench) declare their keys the same way.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
+
+# Field metadata key holding an :class:`Allowed`.
+ALLOWED = "allowed"
+# The largest seed numpy's legacy RNG takes; seeds are also fed to paddle.seed and the samplers.
+MAX_SEED = 2**32 - 1
+
+
+@dataclass(frozen=True)
+class Allowed:
+    """The values a config key accepts: a numeric range or a set of choices (for a list: each element).
+
+    Bounds are inclusive (``ge``/``le``) or strict (``gt``/``lt``); a declaration without bounds or choices
+    says on purpose that any finite number is fine. ``None`` is allowed exactly when the key's type is Optional.
+    """
+
+    ge: Optional[float] = None
+    gt: Optional[float] = None
+    le: Optional[float] = None
+    lt: Optional[float] = None
+    choices: tuple = ()
+
+    def admits(self, value: Any) -> bool:
+        if self.choices:
+            return value in self.choices
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return False  # nan and inf are never a meaningful setting
+        return ((self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
+                and (self.le is None or value <= self.le) and (self.lt is None or value < self.lt))
+
+    def describe(self) -> str:
+        """``>= 0 and < 1``, ``one of: a, b`` or ``any finite number`` (nan and inf are never allowed)."""
+        if self.choices:
+            return "one of: " + ", ".join(map(str, self.choices))
+        bounds = [f"{op} {_number(bound)}" for op, bound in ((">=", self.ge), (">", self.gt), ("<=", self.le),
+                                                              ("<", self.lt)) if bound is not None]
+        return " and ".join(bounds) or "any finite number"
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def allowed(default: Any = dataclasses.MISSING, *, factory: Optional[Callable[[], Any]] = None,
+            ge: Optional[float] = None, gt: Optional[float] = None, le: Optional[float] = None,
+            lt: Optional[float] = None, choices: tuple = ()) -> Any:
+    """A dataclass field with ``default`` (or ``factory``) that declares the values the key allows."""
+    rule = {ALLOWED: Allowed(ge=ge, gt=gt, le=le, lt=lt, choices=tuple(choices))}
+    if factory is not None:
+        return field(default_factory=factory, metadata=rule)
+    return field(default=default, metadata=rule)
 
 
 @dataclass
 class ModelConfig:
     name: str = "resnet20"
     # None: taken from the dataset (number of classes, image channels).
-    num_classes: Optional[int] = None
-    in_chans: Optional[int] = None
+    num_classes: Optional[int] = allowed(None, ge=1)
+    in_chans: Optional[int] = allowed(None, ge=1)
     # A weight source: local file, checkpoint dir, vision:<arch>, paddleclas:<Name>, hub:<module>.
     pretrained: Optional[str] = None
     # For model=vision: any paddle.vision.models builder name.
     arch: Optional[str] = None
-    drop_rate: float = 0.0
+    drop_rate: float = allowed(0.0, ge=0, lt=1)
     zero_init_residual: bool = False
-    data_format: str = "NCHW"
+    data_format: str = allowed("NCHW", choices=("NCHW", "NHWC"))
     # Strict loading of pretrained weights (only the classifier head may differ).
     strict: bool = True
     # paddle.load a .pdparams that holds more than arrays (pickles can run code: trust the file first).
     trust_pickle: bool = False
-    # Convert BatchNorm to SyncBatchNorm under data parallelism.
+    # Convert BatchNorm to SyncBatchNorm under data parallelism (GPUs, trainer.devices >= 2).
     sync_bn: bool = False
 
 
@@ -39,9 +93,12 @@ class ModelConfig:
 class ShapesConfig:
     """The embedded, procedurally generated default dataset."""
 
-    num_train: int = 4000
-    num_val: int = 1000
-    seed: int = 0
+    num_train: int = allowed(4000, ge=1)
+    num_val: int = allowed(1000, ge=1)
+    seed: int = allowed(0, ge=0, le=MAX_SEED)
+
+
+TRANSFORMS = ("imagenet", "small", "none")
 
 
 @dataclass
@@ -53,88 +110,92 @@ class DataConfig:
     class_names: Optional[str] = None
     # image_size, interpolation, mean, std: null = from the pretrained weights (model.pretrained), else these
     # defaults; see docs/finetuning.md.
-    image_size: Optional[int] = 32
+    image_size: Optional[int] = allowed(32, ge=1)
     # Side of the resize before the centre crop at evaluation (imagenet preset); None = image_size / 0.875.
-    eval_resize: Optional[int] = None
-    interpolation: Optional[str] = "bilinear"
-    mean: Optional[List[float]] = field(default_factory=lambda: [0.5, 0.5, 0.5])
-    std: Optional[List[float]] = field(default_factory=lambda: [0.5, 0.5, 0.5])
+    eval_resize: Optional[int] = allowed(None, ge=1)
+    interpolation: Optional[str] = allowed("bilinear", choices=("nearest", "bilinear", "bicubic", "lanczos"))
+    # Per channel, in the 0..1 range of the image.
+    mean: Optional[List[float]] = allowed(factory=lambda: [0.5, 0.5, 0.5])
+    std: Optional[List[float]] = allowed(factory=lambda: [0.5, 0.5, 0.5], gt=0)
     # Transform presets: "imagenet" (RandomResizedCrop + flip), "small" (pad-crop + flip), "none" (resize only).
-    train_transform: str = "small"
-    eval_transform: str = "small"
+    train_transform: str = allowed("small", choices=TRANSFORMS)
+    eval_transform: str = allowed("small", choices=TRANSFORMS)
     hflip: bool = True
-    color_jitter: float = 0.0
+    color_jitter: float = allowed(0.0, ge=0)
     auto_augment: bool = False
-    batch_size: int = 128
-    eval_batch_size: Optional[int] = None
-    num_workers: int = 0
+    batch_size: int = allowed(128, ge=1)
+    eval_batch_size: Optional[int] = allowed(None, ge=1)
+    num_workers: int = allowed(0, ge=0)
     use_shared_memory: bool = True
     persistent_workers: bool = False
     drop_last: bool = True
     # What to do with an unreadable sample: "fail" or "skip".
-    bad_sample_policy: str = "fail"
-    max_bad_fraction: float = 0.01
+    bad_sample_policy: str = allowed("fail", choices=("fail", "skip"))
+    max_bad_fraction: float = allowed(0.01, ge=0, le=1)
     shapes: ShapesConfig = field(default_factory=ShapesConfig)
 
 
 @dataclass
 class OptimConfig:
-    name: str = "sgd"  # sgd | adamw
-    lr: float = 0.1
-    momentum: float = 0.9
+    name: str = allowed("sgd", choices=("sgd", "adamw"))
+    lr: float = allowed(0.1, gt=0)
+    momentum: float = allowed(0.9, ge=0, lt=1)
     nesterov: bool = False
-    weight_decay: float = 5e-4
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
+    weight_decay: float = allowed(5e-4, ge=0)
+    betas: List[float] = allowed(factory=lambda: [0.9, 0.999], ge=0, lt=1)
+    eps: float = allowed(1e-8, gt=0)
     # No weight decay on normalisation layers and biases.
     no_decay_norm_bias: bool = True
     # Multiply the classifier head's LR (fine-tuning) and decay LR per stage towards the stem.
-    head_lr_mult: float = 1.0
-    layer_decay: Optional[float] = None
+    head_lr_mult: float = allowed(1.0, gt=0)
+    layer_decay: Optional[float] = allowed(None, gt=0, le=1)
     # Linear LR scaling: lr * global_batch / base_batch_size when set.
     scale_lr: bool = False
-    base_batch_size: int = 256
+    base_batch_size: int = allowed(256, ge=1)
 
 
 @dataclass
 class SchedConfig:
-    name: str = "cosine"  # cosine | step | multistep | onecycle | constant
-    warmup_epochs: float = 0.0
-    warmup_start_factor: float = 0.01
-    min_lr: float = 0.0
-    step_size: int = 30  # epochs, for "step"
-    milestones: List[int] = field(default_factory=lambda: [30, 60, 80])  # epochs, for "multistep"
-    gamma: float = 0.1
-    max_lr_factor: float = 1.0  # onecycle peak = lr * max_lr_factor
-    pct_start: float = 0.3
+    name: str = allowed("cosine", choices=("cosine", "step", "multistep", "onecycle", "constant"))
+    warmup_epochs: float = allowed(0.0, ge=0)
+    warmup_start_factor: float = allowed(0.01, ge=0, lt=1)
+    min_lr: float = allowed(0.0, ge=0)
+    step_size: int = allowed(30, ge=1)  # epochs, for "step"
+    milestones: List[int] = allowed(factory=lambda: [30, 60, 80], ge=1)  # epochs, for "multistep"
+    gamma: float = allowed(0.1, gt=0, le=1)
+    max_lr_factor: float = allowed(1.0, gt=0)  # onecycle peak = lr * max_lr_factor
+    pct_start: float = allowed(0.3, gt=0, lt=1)
 
 
 @dataclass
 class AmpConfig:
     enabled: bool = False
-    level: str = "O1"  # O1 | O2
-    dtype: str = "float16"  # float16 | bfloat16
+    level: str = allowed("O1", choices=("O1", "O2"))
+    dtype: str = allowed("float16", choices=("float16", "bfloat16"))
     # None: a GradScaler for float16, none for bfloat16.
     use_scaler: Optional[bool] = None
-    init_loss_scaling: float = 65536.0
-    incr_ratio: float = 2.0
-    decr_ratio: float = 0.5
-    incr_every_n_steps: int = 2000
-    decr_every_n_nan_or_inf: int = 1
+    init_loss_scaling: float = allowed(65536.0, gt=0)
+    incr_ratio: float = allowed(2.0, gt=1)
+    decr_ratio: float = allowed(0.5, gt=0, lt=1)
+    incr_every_n_steps: int = allowed(2000, ge=1)
+    decr_every_n_nan_or_inf: int = allowed(1, ge=1)
     use_dynamic_loss_scaling: bool = True
     # Evaluate under autocast too (default: float32).
     eval_in_amp: bool = False
+
+
+MODES = ("max", "min")
 
 
 @dataclass
 class CheckpointConfig:
     enabled: bool = True
     monitor: str = "val/top1"
-    mode: str = "max"  # max | min
-    keep_last: int = 1
-    keep_best: int = 1
-    every_n_steps: Optional[int] = None
-    every_n_epochs: int = 1
+    mode: str = allowed("max", choices=MODES)
+    keep_last: int = allowed(1, ge=1)
+    keep_best: int = allowed(1, ge=0)
+    every_n_steps: Optional[int] = allowed(None, ge=1)
+    every_n_epochs: int = allowed(1, ge=1)
     # Load legacy pickled .pdparams/.pdopt checkpoints (runs code from the file: trust it first).
     trust_pickle: bool = False
 
@@ -143,58 +204,58 @@ class CheckpointConfig:
 class EarlyStoppingConfig:
     enabled: bool = False
     monitor: str = "val/top1"
-    mode: str = "max"
-    patience: int = 10
-    min_delta: float = 0.0
+    mode: str = allowed("max", choices=MODES)
+    patience: int = allowed(10, ge=1)
+    min_delta: float = allowed(0.0, ge=0)
 
 
 @dataclass
 class FinetuneConfig:
     # Freeze everything but the classifier head for this many epochs, then unfreeze.
-    freeze_backbone_epochs: int = 0
+    freeze_backbone_epochs: int = allowed(0, ge=0)
     # Keep BatchNorm running statistics fixed (eval-mode BN) during training.
     freeze_bn: bool = False
 
 
 @dataclass
 class TrainerConfig:
-    max_epochs: int = 10
-    max_steps: Optional[int] = None
-    device: str = "auto"  # auto | cpu | gpu
+    max_epochs: int = allowed(10, ge=1)
+    max_steps: Optional[int] = allowed(None, ge=1)
+    device: str = allowed("auto", choices=("auto", "cpu", "gpu"))
     # None: the measured default for this machine (see docs/performance.md).
-    cpu_threads: Optional[int] = None
-    devices: int = 1
+    cpu_threads: Optional[int] = allowed(None, ge=1)
+    devices: int = allowed(1, ge=1)
     # Several machines: this one is node `node_rank` of `num_nodes`, all meeting at `master` ("host:port" of
     # node 0, a free port). Each node runs `trainer.devices` processes (docs/distributed.md).
-    num_nodes: int = 1
-    node_rank: int = 0
+    num_nodes: int = allowed(1, ge=1)
+    node_rank: int = allowed(0, ge=0)
     master: Optional[str] = None
     find_unused_parameters: bool = False
-    seed: int = 42
+    seed: int = allowed(42, ge=0, le=MAX_SEED)
     # Deterministic cuDNN algorithms on GPUs (slower); CPU kernels are deterministic already.
     deterministic: bool = False
-    accumulate_grad_batches: int = 1
-    grad_clip_norm: Optional[float] = None
-    label_smoothing: float = 0.0
+    accumulate_grad_batches: int = allowed(1, ge=1)
+    grad_clip_norm: Optional[float] = allowed(None, gt=0)
+    label_smoothing: float = allowed(0.0, ge=0, lt=1)
     # Validate every N epochs; 0 disables validation.
-    val_every_n_epochs: int = 1
-    limit_train_batches: Optional[int] = None
-    limit_val_batches: Optional[int] = None
-    log_every_n_steps: int = 20
+    val_every_n_epochs: int = allowed(1, ge=0)
+    limit_train_batches: Optional[int] = allowed(None, ge=1)
+    limit_val_batches: Optional[int] = allowed(None, ge=1)
+    log_every_n_steps: int = allowed(20, ge=1)
     progress_bar: bool = True
     visualdl: bool = True
     log_images: bool = True
     # Resume: None, "auto" (newest complete checkpoint in the run dir) or a checkpoint directory.
     resume: Optional[str] = None
     # Stop after this many consecutive non-finite steps.
-    max_consecutive_nonfinite: int = 20
+    max_consecutive_nonfinite: int = allowed(20, ge=1)
     # Keep an exponential moving average of the weights (e.g. 0.999), validated with and checkpointed.
-    ema_decay: Optional[float] = None
+    ema_decay: Optional[float] = allowed(None, gt=0, lt=1)
     # paddle.profiler over steps [wait, wait + warmup + active): summary + Chrome trace in <run dir>/profiler.
     profile: bool = False
-    profile_wait: int = 2
-    profile_warmup: int = 1
-    profile_active: int = 5
+    profile_wait: int = allowed(2, ge=0)
+    profile_warmup: int = allowed(1, ge=0)
+    profile_active: int = allowed(5, ge=1)
     amp: AmpConfig = field(default_factory=AmpConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
@@ -237,43 +298,105 @@ def register_configs() -> None:
         cs.store(group=group, name=f"{group}_schema", node=node)
 
 
-# Keys whose value must be one of a fixed set; checked at start-up, before data or model are built.
-CHOICES: dict[str, tuple] = {
-    "model.data_format": ("NCHW", "NHWC"),
-    "data.train_transform": ("imagenet", "small", "none"),
-    "data.eval_transform": ("imagenet", "small", "none"),
-    "data.interpolation": ("nearest", "bilinear", "bicubic", "lanczos"),
-    "data.bad_sample_policy": ("fail", "skip"),
-    "optim.name": ("sgd", "adamw"),
-    "sched.name": ("cosine", "step", "multistep", "onecycle", "constant"),
-    "trainer.device": ("auto", "cpu", "gpu"),
-    "trainer.amp.level": ("O1", "O2"),
-    "trainer.amp.dtype": ("float16", "bfloat16"),
-    "trainer.checkpoint.mode": ("max", "min"),
-    "trainer.early_stopping.mode": ("max", "min"),
-}
-
 # Built-in datasets that cannot run without data.root (the others have a default location or need no files).
 DATASETS_NEEDING_ROOT = ("imagefolder",)
 
-# Keys that must be positive integers when set.
-POSITIVE: tuple = ("data.batch_size", "trainer.max_epochs", "trainer.accumulate_grad_batches",
-                   "trainer.max_consecutive_nonfinite", "data.image_size", "trainer.checkpoint.keep_last",
-                   "trainer.checkpoint.every_n_epochs", "trainer.checkpoint.every_n_steps",
-                   "trainer.profile_active", "trainer.num_nodes")
+_NUMBERS = (int, float)
+
+
+def _is_numeric(hint: Any) -> bool:
+    """int or float, also inside Optional[...] or List[...] (bool is not a number here)."""
+    if hint in _NUMBERS:
+        return True
+    return any(_is_numeric(arg) for arg in typing.get_args(hint) if arg is not type(None))
+
+
+def undeclared_keys(schema: type, prefix: str = "") -> List[str]:
+    """Numeric keys of ``schema`` (recursively) that declare no allowed values: each one is a schema bug."""
+    hints = typing.get_type_hints(schema)
+    found = []
+    for f in dataclasses.fields(schema):
+        hint = hints[f.name]
+        if dataclasses.is_dataclass(hint):
+            found.extend(undeclared_keys(hint, f"{prefix}{f.name}."))
+        elif _is_numeric(hint) and ALLOWED not in f.metadata:
+            found.append(f"{prefix}{f.name}")
+    return found
+
+
+def _read(node: Any, name: str) -> Any:
+    """``node.name`` for a DictConfig, dict or dataclass instance; None when unset or missing (``???``)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(node, DictConfig):
+        return None if name not in node or OmegaConf.is_missing(node, name) else node[name]
+    if isinstance(node, dict):
+        return node.get(name)
+    value = getattr(node, name, None)
+    return None if value is MISSING else value
+
+
+def _check(rule: Allowed, key: str, value: Any, context: str) -> None:
+    from omegaconf import ListConfig
+
+    from paddletrain.errors import ConfigError
+
+    if isinstance(value, (list, tuple, ListConfig)):
+        values = list(value)
+        bad = [v for v in values if not rule.admits(v)]
+        if bad:
+            raise ConfigError(f"{context}{key}={values} is not allowed: every value must be {rule.describe()} "
+                              f"(got {bad[0]!r})")
+    elif not rule.admits(value):
+        if rule.choices:
+            raise ConfigError(f"{context}{key}={value!r} is not allowed; choose {rule.describe()}")
+        finite = "" if not isinstance(value, float) or math.isfinite(value) else "a finite number "
+        raise ConfigError(f"{context}{key}={value} must be {finite}{rule.describe()}")
+
+
+def check_values(node: Any, schema: Optional[type] = None, prefix: str = "", context: str = "") -> None:
+    """Raise :class:`ConfigError` for the first key of ``node`` whose value its schema does not allow.
+
+    Args:
+        node: a DictConfig, dict or dataclass instance.
+        schema: the dataclass declaring the keys (default: ``type(node)``); nested schemas are walked.
+        prefix: prepended to key names (``trainer.``).
+        context: prepended to the message (``bench train: ``).
+    """
+    schema = schema or type(node)
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        value = _read(node, f.name)
+        if value is None:
+            continue
+        if dataclasses.is_dataclass(hints[f.name]):
+            check_values(value, hints[f.name], f"{prefix}{f.name}.", context)
+        elif ALLOWED in f.metadata:
+            _check(f.metadata[ALLOWED], f"{prefix}{f.name}", value, context)
+
+
+def check_field(schema: type, name: str, value: Any, context: str = "") -> None:
+    """Check one argument against the declaration of ``schema.name`` (for library functions that take the
+    keys as plain arguments, so the CLI and the API share one rule)."""
+    rule = {f.name: f.metadata.get(ALLOWED) for f in dataclasses.fields(schema)}[name]
+    if value is not None and rule is not None:
+        _check(rule, name, value, context)
 
 
 def _check_nodes(trainer: Any) -> None:
+    """The multi-node keys agree with each other (each one's own range is declared on the field)."""
     from paddletrain.errors import ConfigError
 
-    if not 0 <= trainer.node_rank < trainer.num_nodes:
-        raise ConfigError(f"trainer.node_rank={trainer.node_rank} must be between 0 and trainer.num_nodes - 1 "
-                          f"(trainer.num_nodes={trainer.num_nodes})")
-    if trainer.num_nodes > 1:
-        host, _, port = str(trainer.master or "").rpartition(":")
+    # A config saved before these keys existed (an older checkpoint's) ran on one node.
+    num_nodes, node_rank, master = trainer.get("num_nodes", 1), trainer.get("node_rank", 0), trainer.get("master")
+    if node_rank >= num_nodes:
+        raise ConfigError(f"trainer.node_rank={node_rank} must be between 0 and trainer.num_nodes - 1 "
+                          f"(trainer.num_nodes={num_nodes})")
+    if num_nodes > 1:
+        host, _, port = str(master or "").rpartition(":")
         if not host or not port.isdigit():
-            raise ConfigError(f"trainer.master={trainer.master} must be host:port of node 0 (a free port there) "
-                              f"when trainer.num_nodes={trainer.num_nodes}, e.g. trainer.master=10.0.0.1:29500")
+            raise ConfigError(f"trainer.master={master} must be host:port of node 0 (a free port there) "
+                              f"when trainer.num_nodes={num_nodes}, e.g. trainer.master=10.0.0.1:29500")
 
 
 def unknown_keys(node: Any, schema: type, prefix: str = "") -> List[str]:
@@ -291,38 +414,57 @@ def unknown_keys(node: Any, schema: type, prefix: str = "") -> List[str]:
     return found
 
 
-def validate_config(cfg: Any) -> None:
+def validate_config(cfg: Any, use: str = "fit") -> None:
     """Raise :class:`ConfigError` naming the first key that is missing or whose value is not allowed.
 
-    Hydra already rejects unknown keys and wrong types; this adds required values and choices.
+    Hydra already rejects wrong types; this adds unknown ``+keys``, required values, every key's declared
+    range or choices (:func:`check_values`) and the rules that tie keys together. ``use`` says what the
+    config is used for on this machine: ``fit`` (every rule), ``evaluate`` (a saved training config run here:
+    the device must exist, training-only rules are skipped) or ``export`` (no machine rules).
     """
     from omegaconf import OmegaConf
 
     from paddletrain.errors import ConfigError
 
-    unknown = unknown_keys(cfg, EvaluateConfig if "checkpoint" in cfg else FitConfig)
+    if use not in VALIDATION_USES:
+        raise ValueError(f"use={use!r} is not one of {VALIDATION_USES}")
+    schema = EvaluateConfig if "checkpoint" in cfg else FitConfig
+    unknown = unknown_keys(cfg, schema)
     if unknown:
         raise ConfigError(f"unknown config key {unknown[0]} (not in the schema; check the spelling)")
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(f"missing required value for {', '.join(missing)} (set it on the command line, "
                           f"e.g. {missing[0]}=...)")
-
-    for key, allowed in CHOICES.items():
-        value = OmegaConf.select(cfg, key)
-        if value is not None and value not in allowed:
-            raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(allowed)}")
-    for key in POSITIVE:
-        value = OmegaConf.select(cfg, key)
-        if value is not None and value < 1:
-            raise ConfigError(f"{key}={value} must be >= 1")
+    check_values(cfg, schema)
     if cfg.data.name in DATASETS_NEEDING_ROOT and not cfg.data.root:
         raise ConfigError(f"missing required value for data.root: data.name={cfg.data.name} reads its images from "
                           f"there (e.g. data.root=/data/my_images)")
-    for key in ("data.num_workers", "trainer.checkpoint.keep_best", "trainer.profile_wait", "trainer.profile_warmup"):
-        value = OmegaConf.select(cfg, key)
-        if value is not None and value < 0:
-            raise ConfigError(f"{key}={value} must be >= 0")
     _check_nodes(cfg.trainer)
     if cfg.data.mean is not None and cfg.data.std is not None and len(cfg.data.mean) != len(cfg.data.std):
         raise ConfigError(f"data.mean has {len(cfg.data.mean)} values but data.std has {len(cfg.data.std)}")
+    if use != "export":
+        _check_machine(cfg, training=use == "fit")
+
+
+VALIDATION_USES = ("fit", "evaluate", "export")
+
+
+def _check_machine(cfg: Any, training: bool) -> None:
+    """Rules that depend on this machine: the device exists, and SyncBatchNorm has GPUs to synchronise."""
+    from paddletrain.errors import ConfigError
+    from paddletrain.runtime import select_device
+
+    t = cfg.trainer
+    try:
+        device = select_device(t.device)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if not training or not cfg.model.sync_bn:
+        return
+    if t.devices < 2:
+        raise ConfigError(f"model.sync_bn=true needs trainer.devices >= 2 (it averages BatchNorm statistics across "
+                          f"processes); this run has trainer.devices={t.devices}: set model.sync_bn=false")
+    if not device.startswith("gpu"):
+        raise ConfigError(f"model.sync_bn=true needs GPUs (Paddle runs SyncBatchNorm only there); this run trains on "
+                          f"the CPU (trainer.device={t.device}): set model.sync_bn=false")

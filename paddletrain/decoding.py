@@ -36,13 +36,13 @@ _worker_blocks: Dict[str, shared_memory.SharedMemory] = {}
 
 
 def _decode_each(paths: Sequence[str], preprocessing: Preprocessing) -> Iterator[Tuple[str, Optional[np.ndarray], str]]:
-    from PIL import Image
+    from paddletrain.data.images import ImageReadError, open_image
 
     for path in paths:
         try:
-            with Image.open(path) as image:
-                image.load()
-                yield path, preprocessing(image), ""
+            yield path, preprocessing(open_image(path)), ""
+        except ImageReadError as exc:  # already says what kind of failure it was
+            yield path, None, str(exc)
         except Exception as exc:  # any decode/preprocess failure is about this file, not the run
             yield path, None, f"{type(exc).__name__}: {exc}"
 

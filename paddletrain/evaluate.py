@@ -39,7 +39,7 @@ def evaluate(cfg: DictConfig, checkpoint: "Checkpoint") -> Dict[str, float]:
     from paddletrain.runtime import seed_everything, setup_runtime
     from paddletrain.trainer import Trainer, check_state_matches
 
-    validate_config(cfg)
+    validate_config(cfg, use="evaluate")
     cfg = resolve_preprocessing(cfg)
     setup_runtime(cfg.trainer.device, cfg.trainer.cpu_threads)
     seed_everything(cfg.trainer.seed)

@@ -19,6 +19,7 @@ import json  # noqa: E402
 import logging  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
+from contextlib import nullcontext  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, Dict, List, NoReturn, Optional, Sequence  # noqa: E402
@@ -32,6 +33,7 @@ from paddletrain.config import register_configs, validate_config  # noqa: E402
 from paddletrain.errors import ExitCode, NonFiniteLossError, TrainingInterrupted, UserError  # noqa: E402
 from paddletrain.processes import own_stop_signals, stop_request  # noqa: E402
 from paddletrain.resume import is_legacy_checkpoint, load_resume_checkpoint, warm_start_from_legacy  # noqa: E402
+from paddletrain.rundir import hold_run_dir, holding_run_dir  # noqa: E402
 
 if __name__ == "__main__":
     own_stop_signals()
@@ -180,14 +182,20 @@ def train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Any] = (),
     """Build everything from ``cfg`` and train; returns the final metrics (also written to summary.json).
 
     Downstream apps add their own ``callbacks`` (after the built-in ones) or a ``Trainer`` subclass
-    (``trainer_cls``) with their own ``training_step``.
+    (``trainer_cls``) with their own ``training_step``. The run directory is locked while training (a
+    launcher holds it for its ranks).
     """
+    validate_config(cfg)  # before the lock: a bad value does no work in the run directory
+    with nullcontext() if distributed.is_launched() else holding_run_dir(run_dir):
+        return _train(cfg, run_dir, callbacks, trainer_cls)
+
+
+def _train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Any], trainer_cls: Optional[type]) -> Dict[str, float]:
     from paddletrain.optim import build_optimizer, build_scheduler, scaled_lr
     from paddletrain.precision import Precision
     from paddletrain.runtime import seed_everything, setup_runtime
-    from paddletrain.trainer import Trainer
+    from paddletrain.trainer import Trainer, count_batches, optimizer_steps_per_epoch
 
-    validate_config(cfg)
     cfg = resolve_preprocessing(cfg)
     t = cfg.trainer
     rank, world_size = distributed.rank(), distributed.world_size()
@@ -195,10 +203,8 @@ def train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Any] = (),
     seed_everything(t.seed + rank)  # dropout differs per rank; the data order comes from t.seed alone
     data = build_data(cfg, seed=t.seed, rank=rank, world_size=world_size)
     model = build_model(cfg, data.classes, data.in_chans)
-    steps_per_epoch = len(data.train_loader)
-    if t.limit_train_batches:
-        steps_per_epoch = min(steps_per_epoch, t.limit_train_batches)
-    steps_per_epoch = max(1, steps_per_epoch // t.accumulate_grad_batches)
+    steps_per_epoch = optimizer_steps_per_epoch(count_batches(data.train_loader, t.limit_train_batches),
+                                                t.accumulate_grad_batches)
     global_batch = cfg.data.batch_size * world_size * t.accumulate_grad_batches
     lr = scaled_lr(cfg.optim.lr, global_batch, cfg.optim.base_batch_size) if cfg.optim.scale_lr else cfg.optim.lr
     log.info("Global batch %d (%d per process x %d process(es) x %d accumulation), learning rate %g%s", global_batch,
@@ -376,11 +382,13 @@ def launch_workers(cfg: DictConfig, run_dir: Path) -> None:
 
     from paddletrain.launcher import Launcher, NodeSpec
 
+    t = cfg.trainer
     try:
         validate_config(cfg)  # one line from here rather than the same error from every rank
+        if t.node_rank == 0:  # node 0's launcher holds the (shared) run directory for every rank of the job
+            hold_run_dir(run_dir)
     except UserError as exc:
         finish(ExitCode.USER_ERROR, str(exc))
-    t = cfg.trainer
     overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("hydra.run.dir=")]
     # The ranks share this run directory; this process already wrote its .hydra/ config there.
     args = [*overrides, f"hydra.run.dir={run_dir}", "hydra.output_subdir=null"]

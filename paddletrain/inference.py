@@ -31,6 +31,8 @@ DEVICES = ("auto", "cpu", "gpu")
 # fp16 runs on GPUs; bf16 on CPUs through oneDNN (fast with AVX512-BF16 or AMX, emulated and slow without).
 PRECISIONS = ("fp32", "fp16", "bf16")
 RESIZE_MODES = ("shorter_side", "exact")
+# A label file is a few bytes per class; refuse anything far larger than any real class list before reading it.
+MAX_LABEL_FILE_BYTES = 16 * 2**20
 # oneDNN keeps one compiled kernel set per input shape; a bounded cache stops a varying last batch from
 # growing memory without limit.
 MKLDNN_SHAPE_CACHE = 10
@@ -60,6 +62,28 @@ def read_metadata(model_dir: Union[str, Path]) -> Dict[str, Any]:
     if not isinstance(meta, dict) or "input_size" not in meta:
         raise UserError(f"{path} has no input_size; it was not written by paddletrain.export")
     return meta
+
+
+def read_labels(path: Union[str, Path]) -> List[str]:
+    """Class names from a text file, one a line in output order (trailing blank lines ignored)."""
+    path = Path(path)
+    try:
+        if not path.is_file():
+            raise UserError(f"labels={str(path)!r} is not a file; give a text file with one class name per line")
+        size = path.stat().st_size
+        if size > MAX_LABEL_FILE_BYTES:
+            raise UserError(f"labels={str(path)!r} is {size} bytes, more than the {MAX_LABEL_FILE_BYTES} a list of "
+                            "class names needs; is it the right file?")
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read labels={str(path)!r}: {exc}") from exc
+    while lines and not lines[-1].strip():
+        lines.pop()
+    names = [line.strip() for line in lines]
+    blank = [i + 1 for i, name in enumerate(names) if not name]
+    if blank:
+        raise UserError(f"labels={str(path)!r} has blank line(s) {blank[:5]}; give one class name per line")
+    return names
 
 
 class Preprocessing:
@@ -163,11 +187,16 @@ class Predictor:
         tensorrt: build TensorRT subgraphs on the GPU (needs a Paddle built with TensorRT).
         gpu_id, gpu_memory_mb: the GPU and its initial memory pool.
         trt_max_batch: largest batch TensorRT's dynamic-shape engine is built for.
+        labels: a text file of class names (one a line) replacing the export's; ``None`` = the export's.
+
+    The labels must name every output of the model: a count that differs is refused at construction, after
+    one batch of zeros has shown how many outputs the model has (``num_classes``).
     """
 
     def __init__(self, model_dir: Union[str, Path], device: str = "auto", cpu_threads: Optional[int] = None,
                  use_mkldnn: bool = True, precision: Optional[str] = None, tensorrt: bool = False,
-                 gpu_id: int = 0, gpu_memory_mb: int = 512, trt_max_batch: int = 64) -> None:
+                 gpu_id: int = 0, gpu_memory_mb: int = 512, trt_max_batch: int = 64,
+                 labels: Union[None, str, Path] = None) -> None:
         from paddle import inference
 
         from paddletrain.runtime import usable_cores
@@ -180,8 +209,11 @@ class Predictor:
         self.metadata = read_metadata(self.model_dir)
         self.input_size = tuple(int(v) for v in self.metadata["input_size"])
         self.fixed_batch: Optional[int] = self.metadata.get("batch")
-        labels = self.metadata.get("labels")
-        self.labels: Optional[List[str]] = list(labels) if labels else None
+        saved = self.metadata.get("labels")
+        if saved is not None and not (isinstance(saved, list) and all(isinstance(name, str) for name in saved)):
+            raise UserError(f"{self.model_dir / PREPROCESS_FILE}: labels must be a list of class names")
+        self.labels: Optional[List[str]] = read_labels(labels) if labels is not None else (saved or None)
+        labels_source = str(labels) if labels is not None else str(self.model_dir / PREPROCESS_FILE)
         has_preprocessing = "resize_mode" in self.metadata
         self.preprocessing: Optional[Preprocessing] = Preprocessing(self.metadata) if has_preprocessing else None
 
@@ -222,6 +254,15 @@ class Predictor:
         self._input = self._predictor.get_input_handle(self._predictor.get_input_names()[0])
         self._output = self._predictor.get_output_handle(self._predictor.get_output_names()[0])
         self.runtime = _Runtime(resolved, precision, threads, bool(use_mkldnn and resolved == "cpu"), tensorrt)
+        self.num_outputs = self._count_outputs()
+        if self.labels is not None and len(self.labels) != self.num_outputs:
+            raise UserError(f"{labels_source} has {len(self.labels)} labels but the model in {self.model_dir} "
+                            f"has {self.num_outputs} outputs; give one class name per output")
+
+    def _count_outputs(self) -> int:
+        """The model's output width, from one batch of zeros (Paddle Inference knows it only after a run)."""
+        probe = np.zeros((self.fixed_batch or 1, *self.input_size), np.float32)
+        return int(self._run(probe).shape[-1])
 
     def _configure_gpu(self, config: Any, precision: str, tensorrt: bool, gpu_id: int, memory_mb: int,
                        trt_max_batch: int) -> None:
@@ -246,8 +287,9 @@ class Predictor:
                                           {name: [min(32, trt_max_batch), c, h, w]})
 
     @property
-    def num_classes(self) -> Optional[int]:
-        return len(self.labels) if self.labels else None
+    def num_classes(self) -> int:
+        """The number of classes the model scores (its output width)."""
+        return self.num_outputs
 
     def predict(self, batch: np.ndarray, probs: bool = False) -> np.ndarray:
         """Logits (or softmax probabilities with ``probs=True``) for an ``(N, C, H, W)`` float32 batch.

@@ -54,9 +54,20 @@ class ClassificationMeter:
         return {"ks": list(self.ks), "count": self.count, "loss_sum": self._loss_sum, "hits": self._hits}
 
     def load_state_dict(self, state: Dict[str, object]) -> None:
-        self.ks = tuple(state["ks"])  # type: ignore[arg-type]
-        self.count = int(state["count"])  # type: ignore[arg-type]
-        self._loss_sum, self._hits = state["loss_sum"], state["hits"]  # type: ignore[assignment]
+        """Restore :meth:`state_dict`; a malformed value raises ``StateValueError`` naming it."""
+        from paddletrain.checkpoint.untrusted import StateValueError, checked_int, checked_mapping, show
+
+        checked_mapping(state, "(meter state)")
+        ks = state.get("ks")
+        if not isinstance(ks, list) or not 1 <= len(ks) <= 16:
+            raise StateValueError("ks", f"is {show(ks)}: expected a list of top-k values")
+        ks = tuple(checked_int(k, f"ks[{i}]", minimum=1, maximum=1 << 20) for i, k in enumerate(ks))
+        count = checked_int(state.get("count"), "count")
+        loss_sum, hits = state.get("loss_sum"), state.get("hits")
+        for name, value, size in (("loss_sum", loss_sum, 1), ("hits", hits, len(ks))):
+            if value is not None and (not isinstance(value, paddle.Tensor) or value.size != size):
+                raise StateValueError(name, f"is {show(value)}: expected a tensor of {size} value(s) or null")
+        self.ks, self.count, self._loss_sum, self._hits = ks, count, loss_sum, hits  # type: ignore[assignment]
 
     def sums(self) -> paddle.Tensor:
         """[count, loss_sum, hits@k...] as one float64 tensor: what distributed evaluation all-reduces."""

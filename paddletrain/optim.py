@@ -2,7 +2,12 @@
 
 Paddle parameter groups are dicts ``{"params": [...], "weight_decay": float, "learning_rate": mult}``; a group's
 ``learning_rate`` multiplies the optimizer's (scheduled) learning rate, and its ``weight_decay`` replaces the
-optimizer's: L2 folded into the update for Momentum/SGD, decoupled decay for AdamW.
+optimizer's: L2 added to the gradient for SGD/Momentum, Adam and RMSProp, decoupled decay for AdamW, and the
+decay inside LAMB's and LARS' own update (their factories move it to ``lamb_weight_decay``/``lars_weight_decay``).
+
+Optimizers are registered in :data:`paddletrain.registries.OPTIMIZERS` as
+``factory(param_groups, learning_rate, cfg) -> paddle.optimizer.Optimizer``; :func:`build_optimizer` picks one
+by ``optim.name``.
 
 Gradient clipping is not configured on the optimizer: :meth:`paddletrain.precision.Precision.step` clips the
 unscaled gradients itself.
@@ -15,14 +20,15 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Un
 
 import paddle
 from paddle import nn
+from paddle.incubate.optimizer import LarsMomentumOptimizer
 from paddle.optimizer.lr import LambdaDecay, LinearWarmup, LRScheduler, MultiStepDecay, OneCycleLR
 
 from paddletrain.errors import ConfigError
+from paddletrain.registries import OPTIMIZERS
 
 if TYPE_CHECKING:  # pragma: no cover
     from paddletrain.config import OptimConfig, SchedConfig
 
-OPTIMIZERS = ("sgd", "adamw")
 SCHEDULERS = ("cosine", "step", "multistep", "onecycle", "constant")
 
 NORM_LAYERS: Tuple[type, ...] = (
@@ -160,10 +166,13 @@ def param_groups(
 def build_optimizer(
     model: nn.Layer, cfg: "OptimConfig", scheduler_or_lr: Union[LRScheduler, float]
 ) -> paddle.optimizer.Optimizer:
-    """``sgd`` -> Momentum (plain SGD when momentum == 0), ``adamw`` -> AdamW, over :func:`param_groups`."""
-    name = str(cfg.name).lower()
-    if name not in OPTIMIZERS:
-        raise ConfigError(f"optim.name must be one of {list(OPTIMIZERS)}, got {cfg.name!r}")
+    """The optimizer registered as ``optim.name`` (case-insensitive) over :func:`param_groups` of ``model``.
+
+    Built in: ``sgd`` (Momentum, Nesterov optional; plain SGD when momentum == 0), ``adamw``, ``adam``,
+    ``rmsprop``, ``lamb`` and ``lars``. Every one keeps the groups' decay rules: a group with
+    ``weight_decay`` 0 is not decayed (nor, for LAMB/LARS, layer-wise adapted).
+    """
+    factory = OPTIMIZERS.get(str(cfg.name).lower())
     groups = param_groups(
         model,
         weight_decay=cfg.weight_decay,
@@ -171,33 +180,220 @@ def build_optimizer(
         head_lr_mult=cfg.head_lr_mult,
         layer_decay=cfg.layer_decay,
     )
-    decay = float(cfg.weight_decay)
-    if name == "sgd":
-        if not 0 <= cfg.momentum < 1:
-            raise ConfigError(f"optim.momentum must be in [0, 1), got {cfg.momentum!r}")
-        if cfg.momentum == 0:
-            if cfg.nesterov:
-                raise ConfigError("optim.nesterov needs optim.momentum > 0")
-            return paddle.optimizer.SGD(learning_rate=scheduler_or_lr, parameters=groups, weight_decay=decay)
-        return paddle.optimizer.Momentum(
-            learning_rate=scheduler_or_lr,
-            momentum=cfg.momentum,
-            use_nesterov=cfg.nesterov,
-            parameters=groups,
-            weight_decay=decay,
-        )
+    return factory(groups, scheduler_or_lr, cfg)
+
+
+def _momentum(cfg: Any) -> float:
+    if not 0 <= cfg.momentum < 1:
+        raise ConfigError(f"optim.momentum must be in [0, 1), got {cfg.momentum!r}")
+    return float(cfg.momentum)
+
+
+def _betas(cfg: Any) -> tuple[float, float]:
     betas = list(cfg.betas)
     if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
         raise ConfigError(f"optim.betas must be two values in [0, 1), got {cfg.betas!r}")
-    if not cfg.eps > 0:
-        raise ConfigError(f"optim.eps must be > 0, got {cfg.eps!r}")
-    return paddle.optimizer.AdamW(
-        learning_rate=scheduler_or_lr,
-        beta1=betas[0],
-        beta2=betas[1],
-        epsilon=cfg.eps,
-        parameters=groups,
+    return float(betas[0]), float(betas[1])
+
+
+def _eps(cfg: Any, default: float) -> float:
+    """``optim.eps``, or the optimizer's own default when it is None."""
+    eps = getattr(cfg, "eps", None)
+    if eps is None:
+        return default
+    if not eps > 0:
+        raise ConfigError(f"optim.eps must be > 0, got {eps!r}")
+    return float(eps)
+
+
+def _no_nesterov(cfg: Any, name: str) -> None:
+    if getattr(cfg, "nesterov", False):
+        raise ConfigError(f"optim.nesterov applies to optim.name=sgd only, not {name!r}")
+
+
+def _decay_under(groups: Sequence[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+    """Move each group's ``weight_decay`` to ``key`` for optimizers that decay inside their own update.
+
+    Paddle turns a group's float ``weight_decay`` into an L2 term added to the gradient; LAMB and LARS must
+    see the raw gradient and apply the decay themselves, so that term is switched off (None).
+    """
+    moved = []
+    for group in groups:
+        group = dict(group)
+        group[key] = float(group.pop("weight_decay", 0.0) or 0.0)
+        group["weight_decay"] = None
+        moved.append(group)
+    return moved
+
+
+@OPTIMIZERS.register("sgd")
+def build_sgd(
+    groups: Sequence[dict[str, Any]], learning_rate: Any, cfg: "OptimConfig"
+) -> paddle.optimizer.Optimizer:
+    """SGD with momentum (Polyak), or Nesterov momentum with ``optim.nesterov``; L2 decay in the gradient.
+
+    Nesterov follows Sutskever et al. 2013 as PyTorch writes it: ``v = mu * v + g``, ``w -= lr * (g + mu * v)``.
+    """
+    momentum = _momentum(cfg)
+    decay = float(cfg.weight_decay)
+    if momentum == 0:
+        if cfg.nesterov:
+            raise ConfigError("optim.nesterov needs optim.momentum > 0")
+        return paddle.optimizer.SGD(learning_rate=learning_rate, parameters=list(groups), weight_decay=decay)
+    return paddle.optimizer.Momentum(
+        learning_rate=learning_rate,
+        momentum=momentum,
+        use_nesterov=bool(cfg.nesterov),
+        parameters=list(groups),
         weight_decay=decay,
+    )
+
+
+@OPTIMIZERS.register("adamw")
+def build_adamw(
+    groups: Sequence[dict[str, Any]], learning_rate: Any, cfg: "OptimConfig"
+) -> paddle.optimizer.Optimizer:
+    """AdamW (Loshchilov & Hutter 2019): Adam with decoupled weight decay ``w -= lr * wd * w``."""
+    _no_nesterov(cfg, "adamw")
+    beta1, beta2 = _betas(cfg)
+    return paddle.optimizer.AdamW(
+        learning_rate=learning_rate,
+        beta1=beta1,
+        beta2=beta2,
+        epsilon=_eps(cfg, 1e-8),
+        parameters=list(groups),
+        weight_decay=float(cfg.weight_decay),
+    )
+
+
+@OPTIMIZERS.register("adam")
+def build_adam(
+    groups: Sequence[dict[str, Any]], learning_rate: Any, cfg: "OptimConfig"
+) -> paddle.optimizer.Optimizer:
+    """Adam (Kingma & Ba 2015) with L2 decay added to the gradient (as ``torch.optim.Adam``)."""
+    _no_nesterov(cfg, "adam")
+    beta1, beta2 = _betas(cfg)
+    return paddle.optimizer.Adam(
+        learning_rate=learning_rate,
+        beta1=beta1,
+        beta2=beta2,
+        epsilon=_eps(cfg, 1e-8),
+        parameters=list(groups),
+        weight_decay=float(cfg.weight_decay),
+    )
+
+
+@OPTIMIZERS.register("rmsprop")
+def build_rmsprop(
+    groups: Sequence[dict[str, Any]], learning_rate: Any, cfg: "OptimConfig"
+) -> paddle.optimizer.Optimizer:
+    """RMSProp (Tieleman & Hinton 2012) with momentum, L2 decay in the gradient.
+
+    ``r = rho * r + (1 - rho) * g^2``, ``v = momentum * v + lr * g / sqrt(r + eps)``, ``w -= v``: the epsilon
+    sits inside the square root as in TensorFlow (and timm's ``rmsproptf``); ``optim.rho`` is PyTorch's
+    ``alpha``. ``optim.centered`` divides by the variance instead of the second moment.
+    """
+    _no_nesterov(cfg, "rmsprop")
+    rho = getattr(cfg, "rho", 0.9)
+    if not 0 <= rho < 1:
+        raise ConfigError(f"optim.rho must be in [0, 1), got {rho!r}")
+    return paddle.optimizer.RMSProp(
+        learning_rate=learning_rate,
+        rho=float(rho),
+        epsilon=_eps(cfg, 1e-8),
+        momentum=_momentum(cfg),
+        centered=bool(getattr(cfg, "centered", False)),
+        parameters=list(groups),
+        weight_decay=float(cfg.weight_decay),
+    )
+
+
+@OPTIMIZERS.register("lamb")
+def build_lamb(
+    groups: Sequence[dict[str, Any]], learning_rate: Any, cfg: "OptimConfig"
+) -> paddle.optimizer.Optimizer:
+    """LAMB (You et al. 2019, "Large Batch Optimization for Deep Learning"), Paddle's kernel.
+
+    Adam's bias-corrected step ``r = m_hat / (sqrt(v_hat) + eps)`` plus decoupled decay ``wd * w``, scaled per
+    parameter tensor by the trust ratio ``||w|| / ||r + wd * w||``. Groups without decay (norms, biases) take
+    the plain step without the trust ratio (Paddle's and timm's default). ``optim.weight_decay`` is LAMB's
+    decay (timm's RSB recipes use 0.01 with lr 5e-3 to 8e-3).
+    """
+    _no_nesterov(cfg, "lamb")
+    beta1, beta2 = _betas(cfg)
+    return paddle.optimizer.Lamb(
+        learning_rate=learning_rate,
+        lamb_weight_decay=float(cfg.weight_decay),
+        beta1=beta1,
+        beta2=beta2,
+        epsilon=_eps(cfg, 1e-6),
+        parameters=_decay_under(groups, "lamb_weight_decay"),
+    )
+
+
+class LarsMomentum(LarsMomentumOptimizer):
+    """LARS with momentum (You, Gitman & Ginsburg 2017, "Large Batch Training of Convolutional Networks").
+
+    Per parameter tensor: ``local_lr = lr * trust_coefficient * ||w|| / (||g|| + wd * ||w|| + eps)``,
+    ``v = momentum * v + local_lr * (g + wd * w)``, ``w -= v``. Where ``wd``, ``||w||`` or ``||g||`` is zero the
+    step is plain momentum SGD (``local_lr = lr``), so groups without decay (norms, biases) are neither decayed
+    nor adapted, as in the MLPerf reference and timm. Paddle's ``LarsMomentumOptimizer`` kernel does the
+    arithmetic; this subclass adds parameter groups, each with its own ``lars_weight_decay``, instead of
+    Paddle's exclusion by parameter-name substring.
+    """
+
+    def __init__(
+        self,
+        learning_rate: Any,
+        momentum: float,
+        parameters: Sequence[dict[str, Any]],
+        trust_coefficient: float = 0.001,
+        weight_decay: float = 0.0,
+        epsilon: float = 0.0,
+        multi_precision: bool = False,
+    ) -> None:
+        super().__init__(
+            learning_rate=learning_rate,
+            momentum=momentum,
+            lars_coeff=trust_coefficient,
+            lars_weight_decay=weight_decay,
+            parameter_list=list(parameters),
+            epsilon=epsilon,
+            multi_precision=multi_precision,
+        )
+        self._default_lars_weight_decay = float(weight_decay)
+
+    def _create_accumulators(self, block: Any, parameters: Any) -> None:
+        if isinstance(parameters, dict):  # a parameter group: Paddle's LARS only knows flat lists
+            parameters = parameters["params"]
+        super()._create_accumulators(block, parameters)
+
+    def _append_optimize_op(self, block: Any, param_and_grad: Any) -> Any:
+        decay = self._default_lars_weight_decay
+        if isinstance(param_and_grad, dict):
+            decay = float(param_and_grad.get("lars_weight_decay", decay))
+            param_and_grad = param_and_grad["params"]
+        self._lars_weight_decay = decay  # read by the parent for this one parameter
+        return super()._append_optimize_op(block, param_and_grad)
+
+
+@OPTIMIZERS.register("lars")
+def build_lars(
+    groups: Sequence[dict[str, Any]], learning_rate: Any, cfg: "OptimConfig"
+) -> paddle.optimizer.Optimizer:
+    """:class:`LarsMomentum` with ``optim.momentum``, ``optim.weight_decay``, ``optim.trust_coefficient``."""
+    _no_nesterov(cfg, "lars")
+    momentum = _momentum(cfg)
+    trust = getattr(cfg, "trust_coefficient", 0.001)
+    if not trust > 0:
+        raise ConfigError(f"optim.trust_coefficient must be > 0, got {trust!r}")
+    return LarsMomentum(
+        learning_rate=learning_rate,
+        momentum=momentum,
+        parameters=_decay_under(groups, "lars_weight_decay"),
+        trust_coefficient=float(trust),
+        weight_decay=float(cfg.weight_decay),
+        epsilon=_eps(cfg, 1e-8),
     )
 
 

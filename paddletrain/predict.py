@@ -30,9 +30,10 @@ import numpy as np
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from paddletrain.config import allowed, check_field, check_values
 from paddletrain.decoding import decoded_batches
 from paddletrain.errors import ExitCode, UserError
-from paddletrain.inference import Predictor, label_names, softmax
+from paddletrain.inference import DEVICES, PRECISIONS, Predictor, label_names, softmax
 
 log = logging.getLogger("paddletrain")
 
@@ -48,21 +49,23 @@ class PredictConfig:
     model_dir: str = MISSING
     # A folder (searched recursively for images), a text file with one path a line, or a glob pattern.
     input: str = MISSING
-    batch_size: int = 32
+    batch_size: int = allowed(32, ge=1)
     # Decode/preprocess processes; 0 decodes in the main process; None = half the cores (the predictor
     # needs the rest).
-    num_workers: Optional[int] = None
-    # JSON-lines file; None = stdout.
+    num_workers: Optional[int] = allowed(None, ge=0)
+    # JSON-lines file; None = stdout. Never one of the inputs, nor an image file inside the input folder.
     output: Optional[str] = None
-    topk: int = 5
-    device: str = "auto"
+    topk: int = allowed(5, ge=1)
+    device: str = allowed("auto", choices=DEVICES)
     # Predictor threads; None = the cores the decode workers leave free.
-    cpu_threads: Optional[int] = None
+    cpu_threads: Optional[int] = allowed(None, ge=1)
     use_mkldnn: bool = True
     # None = what the export recorded.
-    precision: Optional[str] = None
+    precision: Optional[str] = allowed(None, choices=PRECISIONS)
     tensorrt: bool = False
     progress_bar: bool = True
+    # A text file with one class name per line (output order); None = the labels the export recorded.
+    labels: Optional[str] = None
 
 
 ConfigStore.instance().store(name="predict_schema", node=PredictConfig)
@@ -128,6 +131,41 @@ def _read_list(path: Path) -> List[str]:
     return [entry if os.path.isabs(entry) else str(path.parent / entry) for entry in entries]
 
 
+def check_output_location(output: str, input_spec: str) -> None:
+    """Refuse an ``output`` that is the ``input`` list file, or an image file inside the ``input`` folder (it
+    would be read as an input by the next run over that folder)."""
+    from paddletrain.data.imagefolder import is_image_file
+
+    out, spec = Path(output), Path(input_spec)
+    if spec.is_file() and out.exists() and os.path.samefile(out, spec):
+        raise UserError(f"output={output!r} is the input list file {input_spec!r}: writing predictions there would "
+                        "overwrite it; choose another output")
+    if spec.is_dir() and is_image_file(out) and out.resolve().is_relative_to(spec.resolve()):
+        raise UserError(f"output={output!r} is an image file inside the input folder {input_spec!r}, so it would be "
+                        "read as an input; choose an output outside it (e.g. preds.jsonl)")
+
+
+def check_output_file(output: Union[str, Path], inputs: Sequence[str], protected: Sequence[Path] = ()) -> None:
+    """Refuse an ``output`` that is a directory, or that is (also through a symlink or a hard link) one of
+    ``inputs`` or a file in one of the ``protected`` directories (the export): opening it would truncate it."""
+    out = Path(output)
+    if out.is_dir():
+        raise UserError(f"output={str(output)!r} is a directory; name a file, e.g. output=preds.jsonl")
+    try:
+        target = os.stat(out)
+    except OSError:
+        return  # nothing there yet (or unreachable, which opening it will report): it cannot be an input
+    candidates = [*inputs, *(p for folder in protected if Path(folder).is_dir() for p in Path(folder).iterdir())]
+    for path in candidates:
+        try:
+            same = os.path.samestat(target, os.stat(path))
+        except OSError:
+            continue
+        if same:
+            raise UserError(f"output={str(output)!r} is the input file {path}: writing predictions would overwrite "
+                            "it; choose another output")
+
+
 def default_num_workers() -> int:
     """Half the usable cores decode (at least one); the predictor's threads get the rest."""
     from paddletrain.runtime import usable_cores
@@ -171,13 +209,12 @@ def predict_files(predictor: Predictor, paths: Sequence[str], batch_size: int = 
     if predictor.preprocessing is None:
         raise UserError(f"{predictor.model_dir} has no preprocessing in preprocess.json, so images cannot be "
                         "decoded for it; export it with paddletrain.export (or export_model(preprocessing=...))")
-    for key, value in (("batch_size", batch_size), ("topk", topk)):
-        if value < 1:
-            raise UserError(f"{key}={value} must be >= 1")
+    for key, value in (("batch_size", batch_size), ("topk", topk), ("num_workers", num_workers)):
+        check_field(PredictConfig, key, value)
     workers = default_num_workers() if num_workers is None else num_workers
-    if workers < 0:
-        raise UserError(f"num_workers={num_workers} must be >= 0")
     paths = [str(p) for p in paths]
+    if isinstance(output, (str, Path)):
+        check_output_file(output, paths, protected=[predictor.model_dir])
     chunks = [paths[i:i + batch_size] for i in range(0, len(paths), batch_size)]
     failures: List[Tuple[str, str]] = []
     n_ok, predict_seconds = 0, 0.0
@@ -186,8 +223,11 @@ def predict_files(predictor: Predictor, paths: Sequence[str], batch_size: int = 
         if output is None:
             sink = sys.stdout
         elif isinstance(output, (str, Path)):
-            Path(output).parent.mkdir(parents=True, exist_ok=True)
-            sink = stack.enter_context(open(output, "w", encoding="utf-8"))
+            try:
+                Path(output).parent.mkdir(parents=True, exist_ok=True)
+                sink = stack.enter_context(open(output, "w", encoding="utf-8"))
+            except OSError as exc:
+                raise UserError(f"cannot write output={str(output)!r}: {exc.strerror}") from exc
         else:
             sink = output
         bar = stack.enter_context(tqdm(total=len(paths), unit="img", disable=not progress, file=sys.stderr))
@@ -214,11 +254,16 @@ def run(cfg: DictConfig) -> int:
         if missing:
             raise UserError(f"missing required value for {', '.join(missing)} "
                             f"(e.g. model_dir=<export dir> input=<folder|list file|glob>)")
+        check_values(cfg, PredictConfig)
+        if cfg.output is not None:
+            check_output_location(cfg.output, cfg.input)
         paths = resolve_inputs(cfg.input)
+        if cfg.output is not None:  # before loading the model; predict_files checks again for API callers
+            check_output_file(cfg.output, paths, protected=[Path(cfg.model_dir)])
         workers = default_num_workers() if cfg.num_workers is None else cfg.num_workers
         threads = cfg.cpu_threads or default_predictor_threads(workers)
-        predictor = Predictor(cfg.model_dir, device=cfg.device, cpu_threads=threads,
-                              use_mkldnn=cfg.use_mkldnn, precision=cfg.precision, tensorrt=cfg.tensorrt)
+        predictor = Predictor(cfg.model_dir, device=cfg.device, cpu_threads=threads, use_mkldnn=cfg.use_mkldnn,
+                              precision=cfg.precision, tensorrt=cfg.tensorrt, labels=cfg.labels)
         log.info("%d input files; %r", len(paths), predictor)
         summary = predict_files(predictor, paths, batch_size=cfg.batch_size, num_workers=workers,
                                 topk=cfg.topk, output=cfg.output, progress=cfg.progress_bar)

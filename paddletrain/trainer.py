@@ -10,17 +10,20 @@ import logging
 import math
 import threading
 import time
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import paddle
 
 from paddletrain import distributed
 from paddletrain.callbacks.base import Callback, StepOutput
+from paddletrain.checkpoint.untrusted import StateValueError
 from paddletrain.errors import NonFiniteLossError, TrainingInterrupted, UserError
 from paddletrain.metrics import ClassificationMeter
 from paddletrain.precision import Precision
 from paddletrain.processes import stop_request
+from paddletrain.state_checks import (check_optimizer_state, check_scheduler_state, check_state_matches,
+                                      checked_metrics, checked_progress)
 
 log = logging.getLogger("paddletrain")
 
@@ -169,7 +172,7 @@ class Trainer:
         # Walking the layer tree every step costs ~0.2-0.5 ms (measured): list the parameters once.
         self._parameters = list(self.module.parameters())
         self.train_loader = train_loader
-        self.num_train_batches = self._num_batches(train_loader, self.limit_train_batches)
+        self.num_train_batches = count_batches(train_loader, self.limit_train_batches)
         if ckpt_path is not None:
             self.restore(ckpt_path)
         with self._stop_handling():
@@ -248,18 +251,17 @@ class Trainer:
         images_seen, time_data, time_compute = 0, 0.0, 0.0
         epoch_start = time.perf_counter()
         batch_idx = self.batch_in_epoch
-        iterator = iter(loader)
+        batches = _flag_last(iter(loader), limit, batch_idx)
         exhausted = True
-        while limit is None or batch_idx < limit:
+        while True:
             t0 = time.perf_counter()
-            try:
-                batch = next(iterator)
-            except StopIteration:
+            item = next(batches, None)
+            if item is None:
                 break
+            batch, is_last = item
             t1 = time.perf_counter()
             lr = self.current_lr  # the rate this batch trains with, before the scheduler advances
             self._call("on_train_batch_start", batch, batch_idx)
-            is_last = limit is not None and batch_idx + 1 >= limit
             step_now = (batch_idx + 1) % accumulate == 0 or is_last
             with self._no_sync(not step_now):
                 loss, logits, labels = self.training_step(batch, batch_idx)
@@ -285,7 +287,7 @@ class Trainer:
             if step_now:
                 self._check_stop()
             if self.should_stop or (self.max_steps is not None and self.global_step >= self.max_steps):
-                exhausted = limit is not None and batch_idx >= limit
+                exhausted = is_last
                 break
         elapsed = time.perf_counter() - epoch_start
         sums = meter.sums()
@@ -344,7 +346,7 @@ class Trainer:
         if self.world_size > 1:
             distributed.broadcast_buffers(self.module)
         meter = ClassificationMeter(self.num_classes)
-        limit = self._num_batches(loader, self.limit_val_batches)
+        limit = count_batches(loader, self.limit_val_batches)
         # A distributed sampler pads each rank's shard at its end; those repeated samples are not counted.
         real = getattr(loader, "num_real_samples", None)
         seen = 0
@@ -413,35 +415,57 @@ class Trainer:
         return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` produced (callbacks by their ``state_key``)."""
-        from paddletrain.checkpoint import set_rng_state
+        """Restore what :meth:`state_dict` produced (callbacks by their ``state_key``).
 
-        check_state_matches(self.module, state["model"])
+        The model, optimizer, scheduler, progress counters, metrics and this rank's RNG state are checked
+        before anything changes; a value that does not fit raises :class:`StateValueError` naming its key.
+        """
+        from paddletrain.checkpoint import set_rng_state
+        from paddletrain.checkpoint.rng import check_rng_state
+        from paddletrain.checkpoint.untrusted import checked_mapping, required
+
+        checked_mapping(state, "(the whole state)")
+        check_state_matches(self.module, required(state, "model", "model"))
+        check_optimizer_state(self.optimizer, self.module, required(state, "optimizer", "optimizer"))
+        if self.scheduler is not None and "scheduler" in state:
+            check_scheduler_state(self.scheduler, state["scheduler"])
+        progress = checked_progress(required(state, "progress", "progress"))
+        metrics = checked_metrics(state.get("metrics", {}))
+        saved_rngs = required(state, "rng", "rng")
+        if not isinstance(saved_rngs, list) or not saved_rngs:
+            raise StateValueError("rng", "is not a list of per-rank random states")
+        if len(saved_rngs) == self.world_size:
+            check_rng_state(saved_rngs[self.rank], f"rng[{self.rank}]")
+
         self.module.set_state_dict(state["model"])
         self.optimizer.set_state_dict(state["optimizer"])
         if self.scheduler is not None and "scheduler" in state:
             self.scheduler.set_state_dict(state["scheduler"])
-        self.precision.load_state_dict(state.get("precision", {}))
-        progress = state["progress"]
-        self.global_step = int(progress["global_step"])
-        self.nonfinite_steps = int(progress.get("nonfinite_steps", 0))
-        if progress.get("epoch_finished"):
-            self.epoch, self.batch_in_epoch = int(progress["epoch"]) + 1, 0
+        with _restoring("precision"):
+            self.precision.load_state_dict(state.get("precision", {}))
+        self.global_step = progress["global_step"]
+        self.nonfinite_steps = progress["nonfinite_steps"]
+        if progress["epoch_finished"]:
+            self.epoch, self.batch_in_epoch = progress["epoch"] + 1, 0
         else:
-            self.epoch, self.batch_in_epoch = int(progress["epoch"]), int(progress["batch_in_epoch"])
-        self.metrics.update(state.get("metrics", {}))
+            self.epoch, self.batch_in_epoch = progress["epoch"], progress["batch_in_epoch"]
+        self.metrics.update(metrics)
         self._restored_meter = state.get("train_meter") if self.batch_in_epoch else None
-        saved_callbacks = state.get("callbacks", {})
+        if self._restored_meter is not None:
+            with _restoring("train_meter"):  # loaded when the epoch continues: check it now
+                ClassificationMeter(self.num_classes).load_state_dict(self._restored_meter)
+        saved_callbacks = checked_mapping(state.get("callbacks", {}), "callbacks")
         for cb in self.callbacks:
             if cb.state_key in saved_callbacks:
-                cb.load_state_dict(saved_callbacks[cb.state_key])
+                with _restoring(f"callbacks.{cb.state_key}"):
+                    cb.load_state_dict(saved_callbacks[cb.state_key])
         sampler = getattr(self.train_loader, "batch_sampler", None)
         # After a finished epoch the next one starts from its first batch: only a mid-epoch position matters.
         if "sampler" in state and hasattr(sampler, "load_state_dict") and self.batch_in_epoch:
-            sampler.load_state_dict(state["sampler"])
-        saved_rngs = state["rng"]
+            with _restoring("sampler"):
+                sampler.load_state_dict(state["sampler"])
         if len(saved_rngs) == self.world_size:
-            set_rng_state(saved_rngs[self.rank])
+            set_rng_state(saved_rngs[self.rank], f"rng[{self.rank}]")
         else:
             from paddletrain.runtime import seed_everything
 
@@ -451,41 +475,85 @@ class Trainer:
                         "reseeded from (rank, global step)", len(saved_rngs), self.world_size)
 
     def restore(self, checkpoint: Any) -> None:
-        """Load a checkpoint (a directory, or a :class:`~paddletrain.checkpoint.Checkpoint`) into the trainer."""
+        """Load a checkpoint (a directory, or a :class:`~paddletrain.checkpoint.Checkpoint`) into the trainer.
+
+        A value that does not fit is reported in one line naming the checkpoint's ``state.json`` and the key.
+        """
         from paddletrain.checkpoint import Checkpoint, load_checkpoint
+        from paddletrain.checkpoint.storage import STATE
 
         if not isinstance(checkpoint, Checkpoint):
             checkpoint = load_checkpoint(checkpoint)
-        self._call("on_load_checkpoint", checkpoint.state)
-        self.load_state_dict(checkpoint.state)
+        try:
+            self._call("on_load_checkpoint", checkpoint.state)
+            self.load_state_dict(checkpoint.state)
+        except StateValueError as error:
+            raise error.in_file(checkpoint.path / STATE) from error
+        except UserError as error:
+            raise UserError(f"cannot resume from {checkpoint.path}: {error}") from error
         self.resumed_from = ckpt_path = str(checkpoint.path)
         log.info("Resumed from %s at epoch %d, batch %d, global step %d", ckpt_path, self.epoch,
                  self.batch_in_epoch, self.global_step)
 
-    @staticmethod
-    def _num_batches(loader: Iterable, limit: Optional[int]) -> Optional[int]:
-        try:
-            n: Optional[int] = len(loader)  # type: ignore[arg-type]
-        except TypeError:
-            n = None
-        if limit is not None:
-            n = limit if n is None else min(n, limit)
-        return n
+
+def count_batches(loader: Iterable, limit: Optional[int]) -> Optional[int]:
+    """Batches an epoch of ``loader`` runs: its length capped by ``limit`` (None when neither is known)."""
+    try:
+        n: Optional[int] = len(loader)  # type: ignore[arg-type]
+    except TypeError:
+        n = None
+    if limit is not None:
+        n = limit if n is None else min(n, limit)
+    return n
 
 
-def check_state_matches(model: paddle.nn.Layer, saved: Dict[str, Any]) -> None:
-    """Raise :class:`UserError` listing missing, unexpected and shape-mismatched keys.
+def optimizer_steps_per_epoch(num_batches: int, accumulate_grad_batches: int) -> int:
+    """Optimizer steps in an epoch of ``num_batches``: one per ``accumulate_grad_batches``, and one on the last
+    batch even when its group is short (its gradients must not leak into the next epoch).
 
-    Paddle's ``set_state_dict`` only warns about them, which would resume a different model silently.
+    The one definition the training loop follows and the LR schedule's length is computed from.
     """
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(saved))
-    unexpected = sorted(set(saved) - set(expected))
-    mismatched = sorted(f"{k}: checkpoint {list(saved[k].shape)} vs model {list(expected[k].shape)}"
-                        for k in set(expected) & set(saved) if list(saved[k].shape) != list(expected[k].shape))
-    if missing or unexpected or mismatched:
-        parts = [f"{label} ({len(keys)}): {', '.join(keys[:8])}{' ...' if len(keys) > 8 else ''}"
-                 for label, keys in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", mismatched))
-                 if keys]
-        raise UserError("the checkpoint's weights do not fit this model (a different architecture or number of "
-                        "classes?): " + "; ".join(parts))
+    return -(-num_batches // accumulate_grad_batches)
+
+
+def _flag_last(batches: Iterator[Any], limit: Optional[int], start: int) -> Iterator[Tuple[Any, bool]]:
+    """``(batch, is_last)`` for batches ``start, start + 1, ...`` up to ``limit``.
+
+    Without a known length the following batch is fetched first, so the last one is still known as last.
+    """
+    if limit is not None:
+        for index in range(start, limit):
+            batch = next(batches, _END)
+            if batch is _END:
+                return
+            yield batch, index + 1 >= limit
+        return
+    current = next(batches, _END)
+    if current is _END:
+        return
+    for following in batches:
+        yield current, False
+        current = following
+    yield current, True
+
+
+_END = object()
+
+
+@contextlib.contextmanager
+def _restoring(key: str):
+    """Name ``key`` in any error a part's ``load_state_dict`` raises on a malformed saved value.
+
+    A part that checks its input raises ``StateValueError`` with its own key (prefixed here); any other
+    ``TypeError``/``ValueError``/``KeyError``... from a value of the wrong shape becomes one too, so a crafted or
+    damaged checkpoint never ends in a traceback. ``UserError`` (e.g. a sampler that refuses another batch
+    size) passes unchanged.
+    """
+    try:
+        yield
+    except StateValueError as error:
+        raise error.under(key) from error
+    except UserError:
+        raise
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError) as error:
+        raise StateValueError(key, f"cannot be restored ({type(error).__name__}: {error})") from error

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 
 from paddletrain.bench.common import parse_options, paired_ratio, summarize
@@ -13,6 +14,7 @@ from paddletrain.bench.overhead import ARMS, OverheadBenchConfig, run_overhead
 from paddletrain.bench.report import table, to_markdown
 from paddletrain.bench.train import ThreadsBenchConfig, TrainBenchConfig, run_threads, run_train
 from paddletrain.errors import ConfigError, UserError
+from paddletrain.export import TOLERANCE
 from paddletrain.inference import cpu_bf16_support
 
 from .conftest import run_module
@@ -131,7 +133,7 @@ def test_inference_batch_table_and_pipeline():
         for arm in ("dygraph", "predictor_fp32"):
             assert row[f"{arm}_images_per_s"] == pytest.approx(row["batch_size"] / row[f"{arm}_latency_ms"] * 1e3)
         assert row["predictor_fp32_vs_dygraph"] > 0
-        assert row["predictor_fp32_max_rel_diff"] < 1e-3  # the same model
+        assert row["predictor_fp32_rel_error"] < TOLERANCE["fp32"]  # the same model
     [pipeline] = result["pipeline"]
     assert pipeline["images"] == 8 and pipeline["precision"] == "fp32" and pipeline["num_workers"] == 0
     assert pipeline["ratio"] == pytest.approx(pipeline["predict_files_images_per_s"]
@@ -140,14 +142,15 @@ def test_inference_batch_table_and_pipeline():
                                                     "predict_files >= 0.8 x bare predictor (fp32)"]
 
 
-@pytest.mark.skipif(cpu_bf16_support() != "fast", reason="bf16 is compared by default only where the CPU runs it")
+@pytest.mark.skipif(cpu_bf16_support() != "fast",
+                    reason="needs a CPU with AVX512-BF16 or AMX: only there is bf16 compared by default")
 def test_inference_compares_a_bf16_predictor_by_default_where_the_cpu_runs_it():
     cfg = InferenceBenchConfig(model="tiny", image_size=16, num_classes=10, batch_sizes=[2], images_per_window=2,
                                windows=1, predict_images=0, cpu_threads=1)
     result = run_inference(cfg)
     row = result["rows"][0]
-    assert row["predictor_bf16_vs_dygraph"] > 0 and row["predictor_fp32_max_rel_diff"] < 1e-3
-    assert 0 < row["predictor_bf16_max_rel_diff"] < 0.1
+    assert row["predictor_bf16_vs_dygraph"] > 0 and row["predictor_fp32_rel_error"] < TOLERANCE["fp32"]
+    assert 1e-4 < row["predictor_bf16_rel_error"] < TOLERANCE["bf16"]
     assert len(result["goals"]) == 2  # one per precision, no pipeline
 
 
@@ -180,3 +183,25 @@ def test_cli_bad_option_is_one_clear_line(tmp_path):
     assert "stepz" in proc.stderr and "Traceback" not in proc.stderr
     proc = run_module("paddletrain.bench", ["speed"], cwd=tmp_path)
     assert proc.returncode == 2 and "usage" in proc.stderr
+
+
+def test_precision_judges_each_predictor_and_the_mistakes_with_the_parity_measure(tmp_path):
+    from PIL import Image
+
+    from paddletrain.bench.precision import PrecisionBenchConfig, run_precision
+
+    rng = np.random.default_rng(0)
+    for i in range(6):
+        Image.fromarray(rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)).save(tmp_path / f"{i}.png")
+    (tmp_path / "notes.txt").write_text("not an image")
+    result = run_precision(PrecisionBenchConfig(model="resnet20", num_classes=10, image_size=32,
+                                                images=str(tmp_path), batch_size=4))
+    rows = {row["logits"]: row for row in result["rows"]}
+    assert rows["predictor fp32"]["passes"] and rows["predictor fp32"]["relative error"] < 1e-4
+    assert rows["predictor fp32"]["tolerance"] == TOLERANCE["fp32"]
+    if cpu_bf16_support() != "none":
+        assert rows["predictor bf16"]["passes"] and rows["predictor bf16"]["relative error"] > 1e-4
+    mistakes = [row for name, row in rows.items() if name.startswith("mistake")]
+    assert len(mistakes) == 3 and not any(row["passes"] for row in mistakes)
+    assert all(row["tolerance"] == max(TOLERANCE.values()) for row in mistakes)
+    assert "6 images" in result["notes"][0]

@@ -121,3 +121,119 @@ def test_resuming_mid_epoch_with_another_batch_size_is_refused():
 def test_negative_seed_is_rejected_with_its_value():
     with pytest.raises(ValueError, match="-1"):
         _sampler(seed=-1)
+
+
+# ---------------------------------------------------------------------------------------------- repeated augmentation
+def _repeat(n=23, batch_size=4, num_repeats=3, **kwargs):
+    return _sampler(n=n, batch_size=batch_size, num_repeats=num_repeats, **kwargs)
+
+
+def _flat(sampler):
+    return [key.index for batch in sampler for key in batch]
+
+
+def test_repeats_come_k_in_a_row_within_one_batch_on_a_single_rank():
+    sampler = _repeat(n=20, batch_size=6, num_repeats=3, seed=4)
+    indices = _flat(sampler)
+    assert len(indices) == 20 and len(sampler) == 4  # the epoch keeps the dataset's length
+    assert [indices[i:i + 3] for i in range(0, 18, 3)] == [[i] * 3 for i in indices[0:18:3]]
+    assert len(set(indices[0:18:3])) == 6  # 6 distinct images, 3 copies each, then the 7th begins
+    first_batch = [key.index for key in next(iter(sampler))]
+    assert first_batch == [first_batch[0]] * 3 + [first_batch[3]] * 3
+
+
+@pytest.mark.parametrize("n, world, k", [(23, 4, 3), (10, 2, 3), (16, 8, 2), (7, 3, 4)])
+def test_each_image_k_times_in_disjoint_rank_shares_before_truncation(n, world, k):
+    samplers = [_repeat(n=n, batch_size=2, num_repeats=k, seed=9, num_replicas=world, rank=r) for r in range(world)]
+    stream = samplers[0].repeated_stream()
+    assert all((s.repeated_stream() == stream).all() for s in samplers)  # every rank agrees on the stream
+    assert sorted(stream[:k * n].tolist()) == sorted(list(range(n)) * k)  # each image k times, then padding
+    assert len(stream) % world == 0 and len(stream) - k * n < world
+    # The ranks' full shares are disjoint slices that together are the whole stream...
+    shares = [stream[r::world].tolist() for r in range(world)]
+    assert sorted(i for share in shares for i in share) == sorted(stream.tolist())
+    # ...and each rank yields the head of its share, the dataset's size / world size (timm's truncation).
+    for sampler, share in zip(samplers, shares):
+        yielded = _flat(sampler)
+        assert len(yielded) == sampler.num_samples == -(-n // world) == sampler.num_real_samples
+        assert yielded == share[:len(yielded)]
+
+
+def test_with_at_least_k_ranks_the_copies_of_an_image_meet_on_different_ranks_in_the_same_step():
+    world, k = 4, 3
+    per_rank = [_flat(_repeat(n=40, batch_size=5, num_repeats=k, seed=1, num_replicas=world, rank=r))
+                for r in range(world)]
+    where = {}
+    for rank, indices in enumerate(per_rank):
+        assert len(set(indices)) == len(indices)  # no rank sees an image twice in the epoch
+        for position, index in enumerate(indices):
+            where.setdefault(index, []).append((rank, position))
+    full = [places for places in where.values() if len(places) == k]
+    assert len(full) >= 40 // k - 1
+    for places in full:
+        assert len({rank for rank, _ in places}) == k
+        assert max(p for _, p in places) - min(p for _, p in places) <= 1  # the same or the next step
+
+
+def test_repeated_order_is_a_function_of_seed_and_epoch():
+    a, b = _repeat(seed=3), _repeat(seed=3)
+    a.set_epoch(2)
+    b.set_epoch(2)
+    assert _order(a) == _order(b)
+    b.set_epoch(3)
+    assert _order(a) != _order(b)
+    assert _order(_repeat(seed=4)) != _order(_repeat(seed=3))
+
+
+def test_repeated_sampler_resumes_mid_epoch_with_the_remaining_batches():
+    trained = _repeat(n=30, batch_size=4, seed=6, num_replicas=2, rank=1)
+    trained.set_epoch(5)
+    full = _order(trained)
+    trained.position = 3
+    state = trained.state_dict()
+    assert state["num_repeats"] == 3
+    resumed = _repeat(n=30, batch_size=4, seed=0, num_replicas=2, rank=1)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(5)
+    assert _order(resumed) == full[3:]
+
+
+def test_changing_the_repeats_mid_epoch_is_refused():
+    state = _repeat(num_repeats=3).state_dict()
+    state["position"] = 1
+    with pytest.raises(ValueError, match="num_repeats was 3, now 2"):
+        _repeat(num_repeats=2).load_state_dict(state)
+    legacy = _sampler().state_dict()  # written before num_repeats existed
+    del legacy["num_repeats"]
+    legacy["position"] = 2
+    _sampler().load_state_dict(legacy)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_num_repeats_must_be_a_positive_integer(bad):
+    with pytest.raises(ValueError, match="num_repeats"):
+        _repeat(num_repeats=bad)
+
+
+def test_copies_in_one_batch_get_different_augmentations():
+    import numpy as np
+
+    from paddletrain.data.loaders import CheckedDataLoader, SeededDataset
+
+    class Blank:
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, index):
+            return np.zeros((1, 2, 2), "float32"), 0
+
+    def jitter(image):
+        return image + np.random.rand(*image.shape).astype("float32")
+
+    sampler = _repeat(n=8, batch_size=4, num_repeats=2, seed=2)
+    loader = CheckedDataLoader(SeededDataset(Blank(), jitter, seed=2), sampler)
+    images, _labels = next(iter(loader))
+    keys = next(iter(sampler))
+    assert keys[0].index == keys[1].index and keys[2].index == keys[3].index
+    pixels = images.numpy().reshape(4, -1)
+    assert not np.allclose(pixels[0], pixels[1]) and not np.allclose(pixels[2], pixels[3])

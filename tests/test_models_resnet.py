@@ -8,6 +8,7 @@ import pytest
 
 from paddletrain.errors import ConfigError
 from paddletrain.models import BasicBlock, Bottleneck, ModelOptionError, ResNet, create_model, list_models
+from paddletrain.models.layers import DropPath
 
 IMAGENET = [
     "resnet18", "resnet34", "resnet50", "resnet101", "resnet152",
@@ -245,6 +246,7 @@ def test_resnet_class_builds_custom_layouts():
         (dict(data_format="NWHC"), "data_format"),
         (dict(global_pool="median"), "global_pool"),
         (dict(drop_rate=1.5), "drop_rate"),
+        (dict(drop_path_rate=1.0), "drop_path_rate"),
         (dict(num_classes=-1), "num_classes"),
     ],
 )
@@ -258,3 +260,88 @@ def test_architecture_options_cannot_be_overridden():
         create_model("resnext50_32x4d", groups=8)
     with pytest.raises(ConfigError, match="BasicBlock"):
         ResNet(BasicBlock, (1, 1, 1, 1), groups=2)
+
+
+# ---------------------------------------------------------------------------------------------- stochastic depth
+def _blocks(model: ResNet) -> list:
+    return [block for name in model.stage_names for block in getattr(model, name)]
+
+
+def test_drop_path_drops_whole_samples_and_keeps_the_expected_value():
+    paddle.seed(0)
+    layer, p, n = DropPath(0.3), 0.3, 20000
+    layer.train()
+    x = paddle.rand([n, 2, 3, 3]) + 0.5
+    out = (layer(x) / x).numpy().reshape(n, -1)
+    # Per sample: all zeros or all 1 / keep_prob, never a mix.
+    per_sample = out[:, 0]
+    np.testing.assert_allclose(out, np.repeat(per_sample[:, None], out.shape[1], axis=1), rtol=1e-6)
+    kept = per_sample != 0
+    np.testing.assert_allclose(per_sample[kept], 1 / (1 - p), rtol=1e-6)
+    # E[out] = x: the sample mean of the per-sample factor is 1 within 5 standard errors.
+    standard_error = (p / (1 - p)) ** 0.5 / n**0.5
+    assert abs(per_sample.mean() - 1.0) < 5 * standard_error
+    assert abs((~kept).mean() - p) < 5 * (p * (1 - p) / n) ** 0.5
+
+
+def test_drop_path_is_the_identity_in_eval_and_at_rate_zero():
+    x = paddle.rand([8, 4, 2, 2])
+    layer = DropPath(0.5)
+    layer.eval()
+    np.testing.assert_array_equal(layer(x).numpy(), x.numpy())
+    zero = DropPath(0.0)
+    zero.train()
+    np.testing.assert_array_equal(zero(x).numpy(), x.numpy())
+
+
+def test_drop_path_draws_from_paddles_generator_so_a_seed_replays_it():
+    layer = DropPath(0.5)
+    layer.train()
+    x = paddle.ones([64, 1])
+    paddle.seed(5)
+    first = layer(x).numpy()
+    paddle.seed(5)
+    np.testing.assert_array_equal(layer(x).numpy(), first)
+
+
+def test_drop_path_rate_rises_linearly_over_all_blocks():
+    rate = 0.05
+    model = create_model("resnet50", num_classes=10, drop_path_rate=rate)
+    blocks = _blocks(model)
+    assert len(blocks) == 16
+    rates = [block.drop_path.drop_prob if isinstance(block.drop_path, DropPath) else 0.0 for block in blocks]
+    np.testing.assert_allclose(rates, np.linspace(0.0, rate, 16), rtol=1e-12, atol=1e-15)
+    assert isinstance(blocks[0].drop_path, nn.Identity)  # the first block never drops
+    assert model.drop_path_rate == rate
+
+
+def test_drop_path_zeroes_the_residual_branch_before_the_addition():
+    class DropAll(nn.Layer):
+        def forward(self, x):
+            return x * 0
+
+    paddle.seed(2)
+    for block in (BasicBlock(8, 8), Bottleneck(32, 8)):
+        block.eval()
+        block.drop_path = DropAll()
+        x = paddle.randn([2, block.conv1.weight.shape[1], 5, 5])
+        # Identity shortcut, branch dropped: the block is its final activation of the input.
+        np.testing.assert_allclose(block(x).numpy(), np.maximum(x.numpy(), 0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["resnet20", "resnet50_vd"])
+def test_drop_path_keeps_parameter_names_and_eval_logits(name):
+    paddle.seed(3)
+    plain = create_model(name, num_classes=4)
+    stochastic = create_model(name, num_classes=4, drop_path_rate=0.3)
+    assert list(stochastic.state_dict()) == list(plain.state_dict())
+    stochastic.set_state_dict(plain.state_dict())
+    x = paddle.rand([4, 3, 32, 32])
+    plain.eval()
+    stochastic.eval()
+    with paddle.no_grad():
+        np.testing.assert_array_equal(stochastic(x).numpy(), plain(x).numpy())
+        plain.train()
+        stochastic.train()
+        paddle.seed(4)
+        assert max_abs_diff(stochastic(x), plain(x)) > 1e-3  # training drops blocks for some samples

@@ -1,8 +1,11 @@
-"""Parameter groups (decay, head LR, layer decay) checked through real optimizer steps; LR curves at exact
+"""Parameter groups (decay, head LR, layer decay) checked through real optimizer steps; every optimizer against
+its published update rule (numpy references for LAMB, LARS, Nesterov SGD, RMSProp); LR curves at exact
 iterations; configuration errors."""
 from __future__ import annotations
 
+import dataclasses
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import paddle
@@ -10,7 +13,8 @@ import pytest
 from paddle import nn
 
 from paddletrain.config import OptimConfig, SchedConfig
-from paddletrain.optim import build_optimizer, build_scheduler, param_groups, scaled_lr
+from paddletrain.optim import LarsMomentum, build_optimizer, build_scheduler, param_groups, scaled_lr
+from paddletrain.registries import OPTIMIZERS
 
 paddle.set_device("cpu")
 
@@ -68,7 +72,27 @@ def test_no_decay_on_norm_layers_and_biases_everything_else_decays():
     assert sum(len(g["params"]) for g in groups) == len(net.parameters())
 
 
-@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+def _rmsprop_decay_only(w, lr, wd, eps=1e-8, rho=0.9):
+    g = wd * w  # L2 in the gradient; first step: r = (1 - rho) g^2, no momentum yet
+    return w - lr * g / np.sqrt((1 - rho) * g * g + eps)
+
+
+# What one step does to a decayed weight w when the loss gradient is zero: the decay alone, per its definition.
+DECAY_ONLY_STEP = {
+    "sgd": lambda w, lr, wd: w * (1 - lr * wd),  # L2 in the gradient
+    "adamw": lambda w, lr, wd: w * (1 - lr * wd),  # decoupled
+    "adam": lambda w, lr, wd: w - lr * (wd * w) / (np.abs(wd * w) + 1e-8),  # L2 gradient, normalised by Adam
+    "rmsprop": _rmsprop_decay_only,
+    "lamb": lambda w, lr, wd: w * (1 - lr),  # r = 0, trust ratio ||w|| / ||wd w|| cancels wd
+    "lars": lambda w, lr, wd: w * (1 - lr * wd),  # ||g|| = 0: no layer-wise adaptation, plain decay
+}
+
+
+def test_every_registered_builtin_optimizer_is_covered():
+    assert set(DECAY_ONLY_STEP) <= set(OPTIMIZERS.names())
+
+
+@pytest.mark.parametrize("opt_name", sorted(DECAY_ONLY_STEP))
 def test_a_zero_gradient_step_shrinks_weights_but_leaves_norms_and_biases(opt_name):
     net = make_net()
     lr, wd = 0.1, 0.5
@@ -81,7 +105,8 @@ def test_a_zero_gradient_step_shrinks_weights_but_leaves_norms_and_biases(opt_na
     for name, value in before.items():
         param = dict(net.named_parameters())[name]
         if len(param.shape) > 1 and not name.startswith(("layer1.1", "layer2.1")):
-            np.testing.assert_allclose(after[name], value * (1 - lr * wd), rtol=1e-5, err_msg=name)
+            expected = DECAY_ONLY_STEP[opt_name](value.astype("float64"), lr, wd)
+            np.testing.assert_allclose(after[name], expected, rtol=1e-5, atol=1e-7, err_msg=name)
         else:
             np.testing.assert_array_equal(after[name], value, err_msg=name)
 
@@ -167,13 +192,26 @@ def test_build_optimizer_maps_config_to_paddle_optimizers():
     assert adamw._grad_clip is None and momentum._grad_clip is None  # Precision.step clips
 
 
+def optim_cfg(**options):
+    """An OptimConfig with the keys the schema does not have yet (trust_coefficient, rho, centered)."""
+    fields = {f.name for f in dataclasses.fields(OptimConfig)}
+    base = OptimConfig(**{k: v for k, v in options.items() if k in fields})
+    return SimpleNamespace(**{**dataclasses.asdict(base), **options})
+
+
 @pytest.mark.parametrize(
     "cfg, match",
     [
-        (OptimConfig(name="lamb"), r"optim\.name must be one of \['sgd', 'adamw'\], got 'lamb'"),
+        (OptimConfig(name="lion"), r"unknown optimizer optim\.name='lion'.*registered: .*lamb, lars"),
+        (OptimConfig(name="lamd"), r"did you mean lamb"),
         (OptimConfig(name="sgd", momentum=0.0, nesterov=True), r"optim\.nesterov"),
+        (OptimConfig(name="adam", nesterov=True), r"optim\.nesterov applies to optim\.name=sgd only"),
         (OptimConfig(name="sgd", momentum=1.0), r"optim\.momentum"),
+        (OptimConfig(name="lars", momentum=-0.1), r"optim\.momentum"),
         (OptimConfig(name="adamw", betas=[0.9]), r"optim\.betas"),
+        (OptimConfig(name="lamb", eps=0.0), r"optim\.eps"),
+        (optim_cfg(name="lars", trust_coefficient=0.0), r"optim\.trust_coefficient"),
+        (optim_cfg(name="rmsprop", rho=1.0), r"optim\.rho"),
     ],
 )
 def test_build_optimizer_errors(cfg, match):
@@ -271,3 +309,178 @@ def test_warmup_scheduler_state_round_trip_resumes_the_same_curve():
 def test_build_scheduler_errors_name_the_key(cfg, match):
     with pytest.raises(ValueError, match=match):
         build_scheduler(cfg, 0.1, steps_per_epoch=10, max_epochs=10)
+
+
+# ---------------------------------------------------------------------------------------------- update rules
+class TwoLayer(nn.Layer):
+    """A body and a head: groups for decay / no decay (biases) x LR multiplier 1 / head_lr_mult."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(3, 4)
+        self.fc = nn.Linear(4, 2)
+
+
+def two_layer(seed: int = 0) -> TwoLayer:
+    net = TwoLayer()
+    rng = np.random.default_rng(seed)
+    for param in net.parameters():  # non-zero biases too, so the no-decay group has a real norm
+        param.set_value((rng.uniform(0.5, 1.5, param.shape) * rng.choice([-1, 1], param.shape)).astype("float32"))
+    return net
+
+
+def synthetic_gradients(net, steps: int, seed: int = 1):
+    rng = np.random.default_rng(seed)
+    return [[rng.standard_normal(p.shape).astype("float32") for p in net.parameters()] for _ in range(steps)]
+
+
+def run_steps(net, optimizer, gradients):
+    """Optimizer steps whose gradients are exactly ``gradients`` (the loss is linear in the parameters)."""
+    for step in gradients:
+        loss = sum((p * paddle.to_tensor(g)).sum() for p, g in zip(net.parameters(), step))
+        loss.backward()
+        optimizer.step()
+        optimizer.clear_grad()
+    return [p.numpy().astype("float64") for p in net.parameters()]
+
+
+def reference_setup(net, wd, head_lr_mult):
+    """Per parameter (float64 weights, weight decay, LR multiplier) as param_groups assigns them."""
+    head = {id(p) for p in net.fc.parameters()}
+    return [(p.numpy().astype("float64"), wd if len(p.shape) > 1 else 0.0, head_lr_mult if id(p) in head else 1.0)
+            for p in net.parameters()]
+
+
+def lamb_reference(setup, gradients, lr, beta1, beta2, eps):
+    """You et al. 2019, Algorithm 2 (LAMB with Adam's bias correction); no-decay tensors take the Adam step."""
+    out = []
+    for i, (w, wd, mult) in enumerate(setup):
+        m = v = 0.0
+        for t, step in enumerate(gradients, start=1):
+            g = step[i].astype("float64")
+            m = beta1 * m + (1 - beta1) * g
+            v = beta2 * v + (1 - beta2) * g * g
+            r = (m / (1 - beta1**t)) / (np.sqrt(v / (1 - beta2**t)) + eps)
+            update = r + wd * w
+            ratio = np.linalg.norm(w) / np.linalg.norm(update) if wd > 0 else 1.0
+            w = w - lr * mult * ratio * update
+        out.append(w)
+    return out
+
+
+def lars_reference(setup, gradients, lr, momentum, trust, eps):
+    """You et al. 2017, Algorithm 1 (LARS with momentum); no-decay tensors take the plain momentum step."""
+    out = []
+    for i, (w, wd, mult) in enumerate(setup):
+        velocity = 0.0
+        for step in gradients:
+            g = step[i].astype("float64")
+            local = 1.0
+            if wd > 0:
+                local = trust * np.linalg.norm(w) / (np.linalg.norm(g) + wd * np.linalg.norm(w) + eps)
+            velocity = momentum * velocity + lr * mult * local * (g + wd * w)
+            w = w - velocity
+        out.append(w)
+    return out
+
+
+def nesterov_reference(setup, gradients, lr, momentum):
+    """Nesterov momentum as Sutskever et al. 2013 / PyTorch: v = mu v + g; w -= lr (g + mu v); L2 in g."""
+    out = []
+    for i, (w, wd, mult) in enumerate(setup):
+        velocity = 0.0
+        for step in gradients:
+            g = step[i].astype("float64") + wd * w
+            velocity = momentum * velocity + g
+            w = w - lr * mult * (g + momentum * velocity)
+        out.append(w)
+    return out
+
+
+def rmsprop_reference(setup, gradients, lr, rho, momentum, eps):
+    """RMSProp with momentum, epsilon inside the square root (TensorFlow's form); L2 in g."""
+    out = []
+    for i, (w, wd, mult) in enumerate(setup):
+        mean_square = velocity = 0.0
+        for step in gradients:
+            g = step[i].astype("float64") + wd * w
+            mean_square = rho * mean_square + (1 - rho) * g * g
+            velocity = momentum * velocity + lr * mult * g / np.sqrt(mean_square + eps)
+            w = w - velocity
+        out.append(w)
+    return out
+
+
+UPDATE_RULES = {
+    "lamb": (dict(lr=0.05, weight_decay=0.1, betas=[0.9, 0.99], eps=1e-6),
+             lambda s, g, c: lamb_reference(s, g, c.lr, c.betas[0], c.betas[1], c.eps)),
+    "lars": (dict(lr=2.0, weight_decay=0.05, momentum=0.9, trust_coefficient=0.02, eps=1e-8),
+             lambda s, g, c: lars_reference(s, g, c.lr, c.momentum, c.trust_coefficient, c.eps)),
+    "sgd": (dict(lr=0.05, weight_decay=0.1, momentum=0.9, nesterov=True),
+            lambda s, g, c: nesterov_reference(s, g, c.lr, c.momentum)),
+    "rmsprop": (dict(lr=0.01, weight_decay=0.1, momentum=0.9, rho=0.8, eps=1e-6),
+                lambda s, g, c: rmsprop_reference(s, g, c.lr, c.rho, c.momentum, c.eps)),
+}
+
+
+@pytest.mark.parametrize("opt_name", sorted(UPDATE_RULES))
+def test_three_steps_match_the_published_update_rule_for_decay_and_no_decay_groups(opt_name):
+    options, reference = UPDATE_RULES[opt_name]
+    cfg = optim_cfg(name=opt_name, head_lr_mult=2.0, **options)
+    net = two_layer()
+    setup = reference_setup(net, cfg.weight_decay, cfg.head_lr_mult)
+    gradients = synthetic_gradients(net, 3)
+    result = run_steps(net, build_optimizer(net, cfg, cfg.lr), gradients)
+    expected = reference(setup, gradients, cfg)
+    for (start, wd, mult), got, want in zip(setup, result, expected):
+        moved = np.abs(want - start).max()
+        assert moved > 1e-3, "the steps must move every tensor for the comparison to mean anything"
+        # Compare the displacements: float32 rounding of w itself would hide an error in a small update.
+        np.testing.assert_allclose(got - start, want - start, rtol=1e-4, atol=1e-6 * moved,
+                                   err_msg=f"{opt_name} wd={wd} lr_mult={mult}")
+
+
+def test_lars_adapts_only_the_decayed_tensors():
+    cfg = optim_cfg(name="lars", lr=2.0, weight_decay=0.05, momentum=0.0, trust_coefficient=0.02)
+    net = two_layer()
+    start = [p.numpy().astype("float64") for p in net.parameters()]
+    gradients = synthetic_gradients(net, 1)
+    result = run_steps(net, build_optimizer(net, cfg, cfg.lr), gradients)
+    for param, before, after, g in zip(net.parameters(), start, result, gradients[0]):
+        plain_sgd = before - cfg.lr * g
+        if len(param.shape) > 1:  # adapted: the trust ratio makes the step far smaller than lr * g
+            assert np.abs(after - before).max() < 0.1 * np.abs(plain_sgd - before).max()
+        else:
+            np.testing.assert_allclose(after, plain_sgd, rtol=1e-6)
+
+
+@pytest.mark.parametrize("opt_name", ["lamb", "lars"])
+def test_optimizer_state_round_trip_continues_exactly(opt_name):
+    cfg = optim_cfg(name=opt_name, lr=0.05, weight_decay=0.05, momentum=0.9, trust_coefficient=0.02)
+    gradients = synthetic_gradients(two_layer(), 4)
+    straight = two_layer()
+    expected = run_steps(straight, build_optimizer(straight, cfg, cfg.lr), gradients)
+
+    # Optimizer state is keyed by parameter and accumulator names; each guard names them as a fresh process
+    # (a real resume) does.
+    with paddle.utils.unique_name.guard():
+        first = two_layer()
+        optimizer = build_optimizer(first, cfg, cfg.lr)
+        run_steps(first, optimizer, gradients[:2])
+        model_state, optimizer_state = first.state_dict(), optimizer.state_dict()
+    with paddle.utils.unique_name.guard():
+        resumed = two_layer(seed=7)
+        optimizer = build_optimizer(resumed, cfg, cfg.lr)
+        resumed.set_state_dict(model_state)
+        optimizer.set_state_dict(optimizer_state)
+        result = run_steps(resumed, optimizer, gradients[2:])
+    for got, want in zip(result, expected):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_lars_is_paddles_kernel_with_groups():
+    optimizer = build_optimizer(two_layer(), optim_cfg(name="lars", weight_decay=0.01), 0.1)
+    assert isinstance(optimizer, LarsMomentum)
+    assert isinstance(optimizer, paddle.incubate.optimizer.LarsMomentumOptimizer)
+    decays = sorted(g["lars_weight_decay"] for g in optimizer._param_groups)
+    assert decays == [0.0, 0.01] and all(g["weight_decay"] is None for g in optimizer._param_groups)

@@ -325,3 +325,21 @@ def test_a_second_signal_exits_at_once_without_finishing_the_step(tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM
     assert time.time() - sent < 10  # not after the 60 s step
     assert "Second SIGTERM: exiting immediately" in log_file.read_text()
+
+
+def test_a_loader_without_a_length_still_steps_on_its_last_short_group():
+    """Five batches with accumulation 2: three optimizer steps per epoch, the same as for a list of the five."""
+    data = make_batches(5, 4, seed=2)
+
+    class NoLength:
+        def __iter__(self):
+            return iter(data)
+
+    m1, m2 = linear_model(4), linear_model(4)
+    known = Trainer(m1, sgd(m1), max_epochs=2, accumulate_grad_batches=2)
+    known.fit(data)
+    unknown = Trainer(m2, sgd(m2), max_epochs=2, accumulate_grad_batches=2)
+    unknown.fit(NoLength())
+    assert known.global_step == unknown.global_step == 6
+    for a, b in zip(params(m1), params(m2)):
+        np.testing.assert_array_equal(a, b)

@@ -45,11 +45,11 @@ def parse_options(schema: Type[C], args: Sequence[str], command: str) -> C:
         raise ConfigError(f"bench {command}:{where} {reason} (valid keys: {keys}, out)") from None
 
 
-def check_positive(command: str, **values: int) -> None:
-    """Raise ConfigError naming the first option that is not >= 1."""
-    for key, value in values.items():
-        if value < 1:
-            raise ConfigError(f"bench {command}: {key}={value} must be >= 1")
+def check_options(cfg: Any, command: str) -> None:
+    """Raise ConfigError naming the first option whose value its ``*BenchConfig`` declaration does not allow."""
+    from paddletrain.config import check_values
+
+    check_values(cfg, context=f"bench {command}: ")
 
 
 class TinyNet(paddle.nn.Layer):

@@ -15,14 +15,15 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import paddle
 
-from paddletrain.bench.common import (build_model, check_positive, environment, finished, paired_ratio,
+from paddletrain.bench.common import (build_model, check_options, environment, finished, paired_ratio,
                                       write_jpeg_folder)
+from paddletrain.config import TRANSFORMS, allowed
 from paddletrain.errors import ConfigError
 
 
@@ -30,21 +31,21 @@ from paddletrain.errors import ConfigError
 class DataBenchConfig:
     # An image folder (root/train/<class>/<image>); None: synthesise num_images JPEGs of source_size px.
     root: Optional[str] = None
-    num_images: int = 2048
-    source_size: int = 64
-    image_size: int = 32
-    transform: str = "small"  # a data.train_transform preset: small | imagenet | none
-    batch_size: int = 64
-    workers: List[int] = field(default_factory=lambda: [0, 1, 2])
+    num_images: int = allowed(2048, ge=1)
+    source_size: int = allowed(64, ge=1)
+    image_size: int = allowed(32, ge=1)
+    transform: str = allowed("small", choices=TRANSFORMS)  # a data.train_transform preset
+    batch_size: int = allowed(64, ge=1)
+    workers: List[int] = allowed(factory=lambda: [0, 1, 2], ge=0)
     # Timed passes over the images (bare and per worker count); the median is reported. This machine's speed
     # drifts by up to 15% between sub-second passes: fewer or shorter passes make the ratio noisy.
-    epochs: int = 5
+    epochs: int = allowed(5, ge=1)
     # Model for the Trainer's data-wait share; null skips that part.
     model: Optional[str] = "resnet20"
-    train_batches: int = 16
+    train_batches: int = allowed(16, ge=1)
     # paddle 3.3.1's persistent workers wait ~0.5 s at every epoch start (see docs/performance.md).
     persistent_workers: bool = False
-    cpu_threads: Optional[int] = None
+    cpu_threads: Optional[int] = allowed(None, ge=1)
 
 
 def _data_config(cfg: DataBenchConfig, num_workers: int) -> Any:
@@ -125,10 +126,9 @@ def run_data(cfg: DataBenchConfig) -> Dict[str, Any]:
     from paddletrain.data import build_loader
     from paddletrain.runtime import setup_runtime
 
-    check_positive("data", num_images=cfg.num_images, source_size=cfg.source_size, image_size=cfg.image_size,
-                   batch_size=cfg.batch_size, epochs=cfg.epochs, train_batches=cfg.train_batches)
-    if not cfg.workers or min(cfg.workers) < 0:
-        raise ConfigError(f"bench data: workers={cfg.workers} must list counts >= 0, e.g. workers=[0,1,2]")
+    check_options(cfg, "data")
+    if not cfg.workers:
+        raise ConfigError("bench data: workers=[] names no worker count; e.g. workers=[0,1,2]")
     runtime = setup_runtime("auto", cfg.cpu_threads)
     env = environment(runtime.cpu_threads)
     with tempfile.TemporaryDirectory(prefix="paddletrain-bench-") as tmp:

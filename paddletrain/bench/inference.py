@@ -3,8 +3,8 @@
 - ``dygraph``: ``model.eval()`` under ``paddle.no_grad()``, logits fetched to NumPy (as a predictor returns).
 - ``predictor_<precision>``: the model exported by ``paddletrain.export.export_model`` and run by
   ``paddletrain.inference.Predictor`` (oneDNN on CPU unless ``use_mkldnn=false``) on the same arrays, once
-  per precision: fp32, and bf16 where the CPU runs it natively (AVX512-BF16/AMX). ``<arm>_max_rel_diff`` is
-  its largest logit difference from dygraph on that batch, relative to the logit scale: the price of bf16.
+  per precision: fp32, and bf16 where the CPU runs it natively (AVX512-BF16/AMX). ``<arm>_rel_error`` is
+  its relative logit error against dygraph on that batch (the export parity check's measure): the price of bf16.
 All arms run on the same pinned threads, windows interleaved per batch size; latency is the median time of
 one batch, throughput images/s. ``predict``: ``paddletrain.predict.predict_files`` end to end (decode,
 preprocess in workers, predict) on synthetic JPEGs vs the bare predictor on ready arrays of the same count,
@@ -15,39 +15,43 @@ from __future__ import annotations
 import math
 import statistics
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 import paddle
 
-from paddletrain.bench.common import (build_model, check_positive, environment, finished, interleave, paired_ratio,
+from paddletrain.bench.common import (build_model, check_options, environment, finished, interleave, paired_ratio,
                                       timed, write_jpeg_folder)
+from paddletrain.config import allowed
 from paddletrain.errors import ConfigError
+from paddletrain.export import compare_logits, export_model
+from paddletrain.inference import PRECISIONS
+from paddletrain.runtime import DEVICES
 
 
 @dataclass
 class InferenceBenchConfig:
     model: str = "resnet18"
-    image_size: int = 224
-    num_classes: int = 1000
-    batch_sizes: List[int] = field(default_factory=lambda: [1, 8, 32, 64])
+    image_size: int = allowed(224, ge=1)
+    num_classes: int = allowed(1000, ge=1)
+    batch_sizes: List[int] = allowed(factory=lambda: [1, 8, 32, 64], ge=1)
     # Each timed window runs ceil(images_per_window / batch) batches.
-    images_per_window: int = 64
-    windows: int = 3
-    warmup: int = 1
+    images_per_window: int = allowed(64, ge=1)
+    windows: int = allowed(3, ge=1)
+    warmup: int = allowed(1, ge=0)
     use_mkldnn: bool = True
     # Predictor precisions to compare with dygraph fp32; None = fp32, plus bf16 on CPUs that run it natively.
-    precisions: Optional[List[str]] = None
+    precisions: Optional[List[str]] = allowed(None, choices=PRECISIONS)
     # Files for the predict_files end-to-end comparison; 0 skips it.
-    predict_images: int = 256
-    predict_batch_size: int = 32
+    predict_images: int = allowed(256, ge=0)
+    predict_batch_size: int = allowed(32, ge=1)
     # Decode processes; None = predict's default (half the cores), which leaves the predictor its threads.
-    predict_workers: Optional[int] = None
-    predict_windows: int = 2
-    cpu_threads: Optional[int] = None
-    device: str = "auto"
+    predict_workers: Optional[int] = allowed(None, ge=0)
+    predict_windows: int = allowed(2, ge=1)
+    cpu_threads: Optional[int] = allowed(None, ge=1)
+    device: str = allowed("auto", choices=DEVICES)
 
 
 def _dygraph_arm(model: paddle.nn.Layer, batch: np.ndarray) -> Callable[[int], float]:
@@ -115,11 +119,10 @@ def batch_table(cfg: InferenceBenchConfig, model: paddle.nn.Layer,
             row[f"{arm}_images_per_s"] = batch_size / median
         with paddle.no_grad():
             reference = model(paddle.to_tensor(batch)).numpy()
-        scale = max(1.0, float(np.abs(reference).max()))
         for precision, predictor in predictors.items():
             arm = f"predictor_{precision}"
             row[f"{arm}_vs_dygraph"] = paired_ratio(per_batch["dygraph"], per_batch[arm])
-            row[f"{arm}_max_rel_diff"] = float(np.abs(predictor.predict(batch) - reference).max()) / scale
+            row[f"{arm}_rel_error"] = compare_logits(predictor.predict(batch), reference, 1.0).relative_error
         rows.append(row)
     return rows
 
@@ -152,15 +155,12 @@ def predict_pipeline(cfg: InferenceBenchConfig, predictor: Any, workdir: Path) -
 
 def run_inference(cfg: InferenceBenchConfig) -> Dict[str, Any]:
     """The batching table (dygraph vs predictor) and the predict_files pipeline ratio."""
-    from paddletrain.export import export_model
     from paddletrain.inference import Predictor
     from paddletrain.runtime import setup_runtime
 
-    check_positive("inference", image_size=cfg.image_size, num_classes=cfg.num_classes, windows=cfg.windows,
-                   images_per_window=cfg.images_per_window, predict_batch_size=cfg.predict_batch_size,
-                   predict_windows=cfg.predict_windows)
-    if not cfg.batch_sizes or min(cfg.batch_sizes) < 1:
-        raise ConfigError(f"bench inference: batch_sizes={cfg.batch_sizes} must list sizes >= 1")
+    check_options(cfg, "inference")
+    if not cfg.batch_sizes:
+        raise ConfigError("bench inference: batch_sizes=[] names no batch size; e.g. batch_sizes=[1,8,32]")
     runtime = setup_runtime(cfg.device, cfg.cpu_threads)
     env = environment(runtime.cpu_threads)
     model = build_model(cfg.model, cfg.num_classes)

@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import math
 import timeit
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
 import paddle
 
-from paddletrain.bench.common import (build_model, check_positive, cycle, environment, finished, interleave,
+from paddletrain.bench.common import (build_model, check_options, cycle, environment, finished, interleave,
                                       paired_ratio, summarize, synthetic_batches, timed)
+from paddletrain.config import allowed
+from paddletrain.runtime import DEVICES
 from paddletrain.errors import ConfigError
 
 ARMS = ("trainer", "hand", "bare", "model_fit")
@@ -44,17 +46,17 @@ LR = 0.01
 @dataclass
 class OverheadBenchConfig:
     model: str = "resnet20"
-    batch_size: int = 64
-    image_size: int = 32
-    num_classes: int = 10
-    arms: List[str] = field(default_factory=lambda: list(ARMS))
-    windows: int = 5
-    steps: int = 10
-    warmup: int = 3
+    batch_size: int = allowed(64, ge=1)
+    image_size: int = allowed(32, ge=1)
+    num_classes: int = allowed(10, ge=1)
+    arms: List[str] = allowed(factory=lambda: list(ARMS), choices=ARMS)
+    windows: int = allowed(5, ge=1)
+    steps: int = allowed(10, ge=1)
+    warmup: int = allowed(3, ge=0)
     # Also time the Trainer's extra parts one by one (hooks, meter; module.parameters() is now once per fit).
     attribute: bool = True
-    cpu_threads: Optional[int] = None
-    device: str = "auto"
+    cpu_threads: Optional[int] = allowed(None, ge=1)
+    device: str = allowed("auto", choices=DEVICES)
 
 
 def _optimizer(model: paddle.nn.Layer) -> paddle.optimizer.Optimizer:
@@ -198,11 +200,9 @@ def run_overhead(cfg: OverheadBenchConfig) -> Dict[str, Any]:
     """Median ms/step of each arm, the Trainer's throughput ratios and its absolute overhead in ms/step."""
     from paddletrain.runtime import setup_runtime
 
-    check_positive("overhead", batch_size=cfg.batch_size, image_size=cfg.image_size, num_classes=cfg.num_classes,
-                   windows=cfg.windows, steps=cfg.steps)
-    unknown = [a for a in cfg.arms if a not in ARMS]
-    if unknown or not cfg.arms:
-        raise ConfigError(f"bench overhead: arms={cfg.arms} must be a non-empty subset of {list(ARMS)}")
+    check_options(cfg, "overhead")
+    if not cfg.arms:
+        raise ConfigError(f"bench overhead: arms=[] names no arm; choose from {list(ARMS)}")
     runtime = setup_runtime(cfg.device, cfg.cpu_threads)
     env = environment(runtime.cpu_threads)
     batches = synthetic_batches(4, cfg.batch_size, cfg.image_size, cfg.num_classes)

@@ -6,15 +6,17 @@ batch / precision / data format. ``threads``: the same step with each CPU thread
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
 import paddle
 
-from paddletrain.bench.common import (build_model, check_positive, cycle, environment, finished, interleave,
+from paddletrain.bench.common import (build_model, check_options, cycle, environment, finished, interleave,
                                       peak_memory_mb, reset_peak_memory, summarize, synthetic_batches, timed)
+from paddletrain.config import allowed
 from paddletrain.errors import ConfigError
 from paddletrain.precision import Precision
+from paddletrain.runtime import DEVICES
 
 PRECISIONS = ("fp32", "amp_o1", "amp_o2")
 
@@ -22,23 +24,23 @@ PRECISIONS = ("fp32", "amp_o1", "amp_o2")
 @dataclass
 class TrainBenchConfig:
     model: str = "resnet20"
-    batch_size: int = 64
-    image_size: int = 32
-    num_classes: int = 10
-    precision: str = "fp32"  # fp32 | amp_o1 | amp_o2
-    amp_dtype: str = "float16"  # float16 | bfloat16
-    data_format: str = "NCHW"  # NCHW | NHWC
-    windows: int = 5
-    steps: int = 10
-    warmup: int = 3
+    batch_size: int = allowed(64, ge=1)
+    image_size: int = allowed(32, ge=1)
+    num_classes: int = allowed(10, ge=1)
+    precision: str = allowed("fp32", choices=PRECISIONS)
+    amp_dtype: str = allowed("float16", choices=("float16", "bfloat16"))
+    data_format: str = allowed("NCHW", choices=("NCHW", "NHWC"))
+    windows: int = allowed(5, ge=1)
+    steps: int = allowed(10, ge=1)
+    warmup: int = allowed(3, ge=0)
     # None: paddletrain.runtime.default_cpu_threads().
-    cpu_threads: Optional[int] = None
-    device: str = "auto"
+    cpu_threads: Optional[int] = allowed(None, ge=1)
+    device: str = allowed("auto", choices=DEVICES)
 
 
 @dataclass
 class ThreadsBenchConfig(TrainBenchConfig):
-    threads: List[int] = field(default_factory=lambda: [1, 2])
+    threads: List[int] = allowed(factory=lambda: [1, 2], ge=1)
 
 
 def build_precision(name: str, dtype: str, device: str) -> Precision:
@@ -79,16 +81,11 @@ def make_step_window(cfg: TrainBenchConfig, seed: int = 0) -> Callable[[int], fl
     return window
 
 
-def _check(cfg: TrainBenchConfig, command: str) -> None:
-    check_positive(command, batch_size=cfg.batch_size, image_size=cfg.image_size, num_classes=cfg.num_classes,
-                   windows=cfg.windows, steps=cfg.steps)
-
-
 def run_train(cfg: TrainBenchConfig) -> Dict[str, Any]:
     """Median images/s and ms/step over ``cfg.windows`` windows of ``cfg.steps`` steps, after warm-up."""
     from paddletrain.runtime import setup_runtime
 
-    _check(cfg, "train")
+    check_options(cfg, "train")
     runtime = setup_runtime(cfg.device, cfg.cpu_threads)
     env = environment(runtime.cpu_threads)
     reset_peak_memory()
@@ -107,9 +104,9 @@ def run_threads(cfg: ThreadsBenchConfig) -> Dict[str, Any]:
     """The training step with each thread count in ``cfg.threads``, windows interleaved across counts."""
     from paddletrain.runtime import set_cpu_threads, setup_runtime
 
-    _check(cfg, "threads")
-    if not cfg.threads or min(cfg.threads) < 1:
-        raise ConfigError(f"bench threads: threads={cfg.threads} must list counts >= 1, e.g. threads=[1,2]")
+    check_options(cfg, "threads")
+    if not cfg.threads:
+        raise ConfigError("bench threads: threads=[] names no thread count; e.g. threads=[1,2]")
     setup_runtime(cfg.device, cfg.threads[0])
     env = environment(None)
     window = make_step_window(cfg)

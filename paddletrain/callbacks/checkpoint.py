@@ -60,7 +60,11 @@ class ModelCheckpoint(Callback):
 
     def on_fit_start(self, trainer: "Trainer") -> None:
         from paddletrain.checkpoint import check_writable
+        from paddletrain.checkpoint.untrusted import check_inside
 
+        if trainer.run_dir is not None:
+            # Old checkpoints are deleted here: <run_dir>/checkpoints must not be a symlink out of the run.
+            check_inside(self.dirpath, trainer.run_dir, "checkpoint directory")
         if trainer.is_main:
             check_writable(self.dirpath)
         resumed = getattr(trainer, "resumed_from", None)

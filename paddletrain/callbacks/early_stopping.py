@@ -74,6 +74,8 @@ class EarlyStopping(Callback):
             _log.warning("EarlyStopping: checkpoint tracked %s (%s), now %s (%s); starting a fresh count",
                          state.get("monitor"), state.get("mode"), self.monitor, self.mode)
             return
-        self.best = state["best"]
-        self.best_epoch = state["best_epoch"]
-        self.wait = int(state["wait"])
+        from paddletrain.checkpoint.untrusted import checked_int, checked_number, checked_optional_int
+
+        best = checked_number(state.get("best"), "best", allow_none=True)
+        best_epoch = checked_optional_int(state.get("best_epoch"), "best_epoch")
+        self.best, self.best_epoch, self.wait = best, best_epoch, checked_int(state.get("wait"), "wait")

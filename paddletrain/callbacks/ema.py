@@ -60,6 +60,22 @@ class ModelEMA(Callback):
     def state_dict(self) -> Dict[str, Any]:
         return {"decay": self.decay, "shadow": self.shadow}
 
+    def on_load_checkpoint(self, trainer: "Trainer", checkpoint: Dict[str, Any]) -> None:
+        # The averaged weights must fit the model they will be validated in (checked before anything loads).
+        from paddletrain.checkpoint.untrusted import StateValueError, checked_mapping, show
+
+        saved = (checkpoint.get("callbacks") or {}).get(self.state_key) if isinstance(checkpoint, dict) else None
+        shadow = saved.get("shadow") if isinstance(saved, dict) else None
+        if shadow is None:
+            return
+        key = f"callbacks.{self.state_key}.shadow"
+        expected = self._floating(trainer.module)
+        for name, value in checked_mapping(shadow, key).items():
+            shape = list(getattr(value, "shape", ()))
+            if name not in expected or not hasattr(value, "dtype") or shape != list(expected[name].shape):
+                wanted = list(expected[name].shape) if name in expected else "no such weight"
+                raise StateValueError(f"{key}.{name}", f"is {show(value)} of shape {shape}: the model has {wanted}")
+
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         shadow = state.get("shadow")
         if shadow is not None:

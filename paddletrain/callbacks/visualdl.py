@@ -6,8 +6,10 @@ what was written past the checkpoint: the curves then continue without a fold-ba
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
+import stat
 from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
 
 import numpy as np
@@ -17,6 +19,8 @@ from .base import Callback, StepOutput
 
 if TYPE_CHECKING:  # pragma: no cover
     from paddletrain.trainer import Trainer
+
+log = logging.getLogger("paddletrain")
 
 SAMPLES_TAG = "train/samples"
 # Written from this logger's own per-interval measurements; the trainer's values of these are ignored.
@@ -224,12 +228,31 @@ class VisualDLLogger(Callback):
                 "epoch_keys": sorted(self._epoch_keys)}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Take the log file and size to continue from a checkpoint.
+
+        The record is untrusted (anyone can hand over a run directory): one of the wrong types (a size or step
+        that is not a non-negative integer) is ignored with a warning and the run starts a new log file. Where
+        the file lies is checked when it is opened (:meth:`_resumable_file`), so resuming never writes to or
+        cuts a file outside the log directory.
+        """
+        from paddletrain.checkpoint.untrusted import (StateValueError, checked_mapping, checked_optional_int,
+                                                      checked_str, checked_str_list)
+
         if self._writer is not None:
             raise RuntimeError("VisualDLLogger state must be loaded before the first training batch")
-        self._file_name = state.get("file_name")
-        self._resume_size = state.get("file_size")
-        self.last_step = state.get("last_step")
-        self._epoch_keys = set(state.get("epoch_keys", ()))
+        try:
+            checked_mapping(state, "(VisualDL state)")
+            file_name = checked_str(state.get("file_name"), "file_name", allow_none=True)
+            resume_size = checked_optional_int(state.get("file_size"), "file_size")
+            last_step = checked_optional_int(state.get("last_step"), "last_step")
+            epoch_keys = checked_str_list(state.get("epoch_keys", []), "epoch_keys")
+        except StateValueError as error:
+            log.warning("VisualDLLogger: the checkpoint's log-file record is unusable (%s); writing a new log file",
+                        error)
+            self._file_name = self._resume_size = self.last_step = None
+            return
+        self._file_name, self._resume_size, self.last_step = file_name, resume_size, last_step
+        self._epoch_keys = set(epoch_keys)
 
     def _resolve_logdir(self, trainer: "Trainer") -> None:
         if self.logdir is None:
@@ -239,21 +262,53 @@ class VisualDLLogger(Callback):
 
     def _open(self, trainer: "Trainer") -> bool:
         """Opens the writer; True when it appends to the file of a resumed run."""
+        from paddletrain.checkpoint.untrusted import check_inside
+
         self._resolve_logdir(trainer)
+        if trainer.run_dir is not None:
+            # <run_dir>/visualdl must not be a symlink out of the run directory (files are written into it).
+            check_inside(self.logdir, trainer.run_dir, "VisualDL log directory")
         os.makedirs(self.logdir, exist_ok=True)
         # Cut at most once: a later reopen must keep what this run has written since.
         resume_size, self._resume_size = self._resume_size, None
-        path = os.path.join(self.logdir, self._file_name) if self._file_name else None
-        if path is not None and os.path.exists(path):
+        path = self._resumable_file()
+        if path is not None:
             if resume_size is not None and os.path.getsize(path) > resume_size:
-                # Records past the checkpoint would fold the curves back when the steps repeat.
-                with open(path, "r+b") as f:
-                    f.truncate(resume_size)
+                # Records past the checkpoint would fold the curves back when the steps repeat. O_NOFOLLOW: the
+                # file checked above is the one cut, even if a symlink appeared in between.
+                fd = os.open(path, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
+                try:
+                    os.ftruncate(fd, resume_size)
+                finally:
+                    os.close(fd)
             self._writer = LogWriter(logdir=self.logdir, file_name=self._file_name)
             return True
         self._writer = LogWriter(logdir=self.logdir)
         self._file_name = os.path.basename(self._writer.file_name)
         return False
+
+    def _resumable_file(self) -> Optional[str]:
+        """The log file a resumed run appends to, if it is safe to: a regular file with a single link, inside
+        the log directory once every symlink is resolved; otherwise None (with a warning) for a new file."""
+        from paddletrain.checkpoint.untrusted import StateValueError, confined_path
+
+        if not self._file_name:
+            return None
+        try:
+            path = confined_path(self.logdir, self._file_name, "VisualDLLogger.file_name", plain_name=True)
+            if not path.name.startswith("vdlrecords."):
+                raise StateValueError("VisualDLLogger.file_name", f"is {path.name!r}: not a vdlrecords.* log file")
+            info = os.lstat(path)
+        except FileNotFoundError:
+            return None
+        except StateValueError as error:
+            log.warning("VisualDLLogger: not appending to the checkpoint's log file (%s); writing a new one", error)
+            return None
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            log.warning("VisualDLLogger: not appending to %s: it is not a regular file with a single link (a "
+                        "hard link could reach a file outside the run directory); writing a new log file", path)
+            return None
+        return str(path)
 
     def _log_samples(self, trainer: "Trainer", batch: Any) -> None:
         try:

@@ -11,10 +11,11 @@ from .legacy import load_legacy, safe_unpickle
 from .manifest import FORMAT_VERSION
 from .retention import CheckpointManager, read_pointer
 from .rng import rng_state, set_rng_state
+from .safe_pickle import PickleRefused
 from .storage import Checkpoint, is_complete, load_checkpoint, save_checkpoint
 
 __all__ = [
-    "Checkpoint", "CheckpointError", "CheckpointInfo", "CheckpointManager", "FORMAT_VERSION",
+    "Checkpoint", "CheckpointError", "CheckpointInfo", "CheckpointManager", "FORMAT_VERSION", "PickleRefused",
     "check_writable", "find_checkpoints", "find_latest", "is_complete", "load_checkpoint", "load_legacy",
     "read_pointer", "rng_state", "safe_unpickle", "save_checkpoint", "set_rng_state",
 ]

@@ -1,9 +1,12 @@
 """Durable file-system primitives: fsync files and directories, atomic small-file replace, probes."""
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import secrets
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +59,38 @@ def replace_json_atomically(path: Path, data: Any) -> None:
     fsync_dir(path.parent)
 
 
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _human(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def free_space(path: Path) -> str:
+    """Free space on the file system holding ``path`` (or its nearest existing parent), for messages."""
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            try:
+                return f"{_human(shutil.disk_usage(candidate).free)} free on {candidate}"
+            except OSError:
+                break
+    return "free space unknown"
+
+
+def write_error(path: Path, error: BaseException, what: str = "checkpoint") -> CheckpointError:
+    """The one line a failed write becomes: what, where, why and, when the disk is full, the space left."""
+    code = getattr(error, "errno", None)
+    reason = getattr(error, "strerror", None) or str(error)
+    if code in _DISK_FULL or "No space left" in str(error):  # safetensors reports ENOSPC in its message only
+        reason = f"no space left on the device ({free_space(path)})"
+    return CheckpointError(f"cannot write {what} {path}: {reason}")
+
+
 def check_writable(root: str | os.PathLike) -> Path:
     """Fail fast, before training starts, if checkpoints cannot be written under ``root``.
 
@@ -68,6 +103,10 @@ def check_writable(root: str | os.PathLike) -> Path:
         write_bytes_durably(probe, b"paddletrain write probe\n")
         probe.unlink()
     except OSError as error:
+        with contextlib.suppress(OSError):
+            probe.unlink(missing_ok=True)  # a half-written probe must not take the little space there is
+        if error.errno in _DISK_FULL:
+            raise write_error(root, error, "checkpoints to") from error
         reason = error.strerror or str(error)
         raise CheckpointError(f"checkpoint directory {root} is not writable: {reason}") from error
     return root

@@ -5,50 +5,31 @@
 
 * :func:`safe_unpickle` admits only numpy arrays, numpy scalars and plain containers, which is all a
   ``paddle.save``'d state dict references (``numpy._core.multiarray._reconstruct``, ``numpy.ndarray``,
-  ``numpy.dtype``, ``builtins.tuple``), so ordinary weights load and anything else is rejected unrun.
+  ``numpy.dtype``, ``builtins.tuple``), so ordinary weights load and anything else is rejected unrun;
+  it also refuses structures that are not plain trees, in linear time (:mod:`.safe_pickle`).
 * :func:`load_legacy` calls ``paddle.load`` and so runs whatever the file holds; it refuses unless the
   user opted in with ``trainer.checkpoint.trust_pickle=true``.
 """
 from __future__ import annotations
 
 import os
-import pickle
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from . import safe_pickle
 from .errors import CheckpointError
 
 LEGACY_SUFFIXES = (".pdparams", ".pdopt", ".pdstates")
 
-# Globals a pickle may reference: numpy array/scalar reconstruction (numpy 1 and numpy 2 module names),
-# plain containers, and _codecs.encode, which protocol-2 pickles use for bytes.
-_ALLOWED_GLOBALS = {
-    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-    ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
-    ("numpy", "ndarray"), ("numpy", "dtype"),
-    ("builtins", "tuple"), ("builtins", "list"), ("builtins", "dict"), ("builtins", "set"),
-    ("builtins", "frozenset"), ("builtins", "complex"), ("builtins", "slice"),
-    ("collections", "OrderedDict"), ("_codecs", "encode"),
-}
 # paddle.save adds this bookkeeping entry to state dicts; paddle.load drops it too.
 _PADDLE_NAME_TABLE = "StructuredToParameterName@@"
 
 
-class _ForbiddenGlobal(pickle.UnpicklingError):
-    pass
-
-
-class _AllowListUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _ALLOWED_GLOBALS:
-            return super().find_class(module, name)
-        raise _ForbiddenGlobal(f"it references {module}.{name}, which is not a numpy array or container")
-
-
 def _unwrap_tensors(obj: Any) -> Any:
-    # paddle.save stores a tensor nested below the top level as (tensor_name, ndarray).
+    # paddle.save stores a tensor nested below the top level as (tensor_name, ndarray). The tree is plain and
+    # at most safe_pickle.MAX_DEPTH deep (checked while loading), so this recursion is linear and bounded.
     if isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], str) and isinstance(obj[1], np.ndarray):
         return obj[1]
     if isinstance(obj, dict):
@@ -61,20 +42,24 @@ def _unwrap_tensors(obj: Any) -> Any:
 def safe_unpickle(path: str | os.PathLike) -> Any:
     """Load a ``paddle.save`` pickle without executing code from it; tensors come back as numpy arrays.
 
-    Only numpy arrays/scalars and plain containers are admitted; any other global (``os.system``,
-    ``builtins.eval``, ...) raises :class:`CheckpointError` before it is called. bfloat16 tensors come
-    back as their uint16 bits (the pickle does not record the dtype).
+    Only numpy arrays/scalars of plain numeric dtypes and plain containers are admitted, each built the way
+    ``paddle.save`` builds it, in time linear in the file's size (see :mod:`.safe_pickle`): any other
+    global (``os.system``, ``builtins.eval``, ...) is refused before it is called, and so are shared
+    references, nesting deeper than ``MAX_DEPTH``, more than ``MAX_OPCODES`` opcodes and arrays whose data
+    does not match their shape. bfloat16 tensors come back as their uint16 bits (the pickle does not record
+    the dtype).
+
+    Raises:
+        PickleRefused: (a :class:`CheckpointError`) naming the file and the rule it breaks; its
+            ``needs_trust`` is true when only a callable outside the allow-list stands in the way.
+        CheckpointError: the file cannot be read, is truncated or is not a pickle.
     """
     path = Path(path)
     try:
-        with open(path, "rb") as handle:
-            return _unwrap_tensors(_AllowListUnpickler(handle).load())
+        data = path.read_bytes()
     except OSError as error:
         raise CheckpointError(f"cannot read {path}: {error.strerror or error}") from error
-    except _ForbiddenGlobal as error:
-        raise CheckpointError(f"refusing to unpickle {path}: {error}") from error
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError) as error:
-        raise CheckpointError(f"{path} is truncated or not a pickle ({type(error).__name__}: {error})") from error
+    return _unwrap_tensors(safe_pickle.loads(data, str(path)))
 
 
 def legacy_files(path: str | os.PathLike) -> list[Path]:
@@ -90,12 +75,25 @@ def legacy_files(path: str | os.PathLike) -> list[Path]:
     raise CheckpointError(f"legacy checkpoint {path} does not exist")
 
 
+def _refuse_unsafe_structure(file: Path) -> None:
+    """Trust lets a pickle call more than the allow-list, never describe a structure that takes exponential
+    time or memory to walk (``paddle.load`` walks the result recursively): screen it with the safe reader."""
+    try:
+        safe_pickle.loads(file.read_bytes(), str(file))
+    except safe_pickle.PickleRefused as error:
+        if not error.needs_trust:
+            raise
+    except (CheckpointError, OSError):
+        pass  # not a plain pickle, or unreadable: paddle.load reports it in its own words
+
+
 def load_legacy(path: str | os.PathLike, trust_pickle: bool = False) -> Any:
     """Load pickled ``paddle.save`` file(s) with ``paddle.load``; only when ``trust_pickle=True``.
 
     ``path`` is a ``.pdparams``/``.pdopt`` file (returns its content) or a directory holding such files
     (returns ``{file_name: content}``). Without trust this raises :class:`CheckpointError` and reads
-    nothing: unpickling can execute arbitrary code.
+    nothing: unpickling can execute arbitrary code. With trust, a structure :func:`safe_unpickle` refuses for
+    its shape (shared references, depth, size) is still refused.
     """
     files = legacy_files(path)
     if not trust_pickle:
@@ -109,6 +107,7 @@ def load_legacy(path: str | os.PathLike, trust_pickle: bool = False) -> Any:
 
     loaded = {}
     for file in files:
+        _refuse_unsafe_structure(file)
         try:
             loaded[file.name] = paddle.load(str(file))
         except Exception as error:  # paddle.load surfaces pickle/EOF/format errors of any type

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -18,11 +19,17 @@ import paddle
 import paddletrain
 
 from .errors import CheckpointError
+from .untrusted import StateValueError, checked_int, checked_number, confined_path, show
 
 MANIFEST = "manifest.json"
 FORMAT = "paddletrain-checkpoint"
 FORMAT_VERSION = 1
 _CHUNK = 1 << 20
+# Bounds on what is read into memory before it is verified: a manifest holds a few lines of metadata; a
+# state.json the config, counters and callback states (tensors live in tensors.safetensors).
+MAX_MANIFEST_BYTES = 16 << 20
+MAX_STATE_BYTES = 256 << 20
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def sha256_of(path: Path) -> str:
@@ -67,6 +74,19 @@ def build_manifest(directory: Path, files: list[str], metadata: dict[str, Any] |
     }
 
 
+def read_small_file(directory: Path, name: str, limit: int) -> bytes:
+    """The bytes of ``directory/name``: a file of that directory (no symlink out) of at most ``limit`` bytes."""
+    try:
+        path = confined_path(directory, name, name, plain_name=True)
+    except StateValueError as error:
+        raise error.in_file(directory) from error
+    size = path.stat().st_size
+    if size > limit:
+        raise CheckpointError(f"checkpoint {directory}: {name} has {size} bytes, more than the {limit} a "
+                              f"paddletrain checkpoint writes; refusing to read it")
+    return path.read_bytes()
+
+
 def read_manifest(directory: Path) -> dict[str, Any]:
     """Parse and sanity-check ``manifest.json`` (no hashing). Raises CheckpointError naming the problem."""
     path = directory / MANIFEST
@@ -77,8 +97,8 @@ def read_manifest(directory: Path) -> dict[str, Any]:
             raise CheckpointError(f"checkpoint {directory}: missing {MANIFEST} — the save did not complete")
         raise CheckpointError(f"{directory} is not a paddletrain checkpoint: it has no {MANIFEST}")
     try:
-        manifest = json.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        manifest = json.loads(read_small_file(directory, MANIFEST, MAX_MANIFEST_BYTES).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         raise CheckpointError(f"checkpoint {directory}: {MANIFEST} is corrupt ({error})") from error
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise CheckpointError(f"{directory} is not a paddletrain checkpoint: {MANIFEST} has no format {FORMAT!r}")
@@ -89,12 +109,20 @@ def read_manifest(directory: Path) -> dict[str, Any]:
             f"({paddletrain.__version__}) reads versions 1..{FORMAT_VERSION} — upgrade paddletrain to load it"
         )
     files = manifest.get("files")
-    if not isinstance(files, dict) or not all(
-        isinstance(name, str) and "/" not in name and "\\" not in name and name not in ("", ".", "..")
-        and isinstance(entry, dict) and isinstance(entry.get("size"), int) and isinstance(entry.get("sha256"), str)
-        for name, entry in files.items()
-    ):
+    if not isinstance(files, dict) or not all(isinstance(entry, dict) for entry in files.values()):
         raise CheckpointError(f"checkpoint {directory}: {MANIFEST} has a malformed 'files' table")
+    try:
+        for name, entry in files.items():
+            # A listed name is read and hashed: it must be a file of this directory, not a path or a way out.
+            confined_path(directory, name, f"files.{name}", plain_name=True)
+            checked_int(entry.get("size"), f"files.{name}.size")
+            if not isinstance(entry.get("sha256"), str) or not _SHA256.fullmatch(entry["sha256"]):
+                raise StateValueError(f"files.{name}.sha256", f"is {show(entry.get('sha256'))}: expected 64 hex digits")
+        manifest["created"] = checked_number(manifest.get("created", 0.0), "created", finite=True)
+        if not isinstance(manifest.get("metadata", {}), dict):
+            raise StateValueError("metadata", f"is {show(manifest.get('metadata'))}: expected a JSON object")
+    except StateValueError as error:
+        raise error.in_file(path) from error
     return manifest
 
 

@@ -18,10 +18,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ._fs import replace_json_atomically
+from ._fs import replace_json_atomically, write_error
 from .errors import CheckpointError
 from .manifest import read_manifest
-from .storage import save_checkpoint
+from .storage import interrupted_save_name, save_checkpoint
+from .untrusted import (StateValueError, checked_int, checked_mapping, checked_number, checked_optional_int,
+                        confined_path, show)
 
 logger = logging.getLogger(__name__)
 
@@ -38,11 +40,21 @@ class _Record:
     created: float
 
 
-def _checked_name(name: Any) -> str:
+def _checked_name(root: Path, name: Any, key: str = "checkpoint name") -> str:
     # Names come from files and saved state; a path in one must never let pruning reach outside root.
-    if not isinstance(name, str) or not name or name.startswith(".") or "/" in name or "\\" in name:
-        raise CheckpointError(f"invalid checkpoint name {name!r}: expected a plain directory name")
-    return name
+    return confined_path(root, name, key, plain_name=True).name
+
+
+def _record(item: Any, root: Path, key: str) -> _Record:
+    """A record from saved state, every field checked (the name is pruned, the numbers rank)."""
+    checked_mapping(item, key)
+    return _Record(
+        name=_checked_name(root, item.get("name"), f"{key}.name"),
+        global_step=checked_int(item.get("global_step"), f"{key}.global_step", minimum=-1),
+        epoch=checked_optional_int(item.get("epoch"), f"{key}.epoch"),
+        metric=_as_metric(item.get("metric")),
+        created=checked_number(item.get("created"), f"{key}.created", finite=True),
+    )
 
 
 def _pointer(record: _Record) -> dict[str, Any]:
@@ -58,6 +70,10 @@ def _as_metric(value: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return None if math.isnan(metric) else metric
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class CheckpointManager:
@@ -98,7 +114,7 @@ class CheckpointManager:
             raise ValueError(f"checkpoint metadata must hold an int 'global_step', got {metadata!r}")
         if name is None:
             name = f"epoch={epoch if isinstance(epoch, int) else 0:04d}-step={step:06d}"
-        _checked_name(name)
+        _checked_name(self.root, name)
         if self.monitor is not None:
             metadata.setdefault("monitor", self.monitor)
             metadata.setdefault("monitor_mode", self.mode)
@@ -112,27 +128,31 @@ class CheckpointManager:
         return path
 
     def protect(self, path: str | os.PathLike) -> None:
-        """Never delete ``path`` (the checkpoint this run resumed from), and rank it with the others."""
+        """Never delete ``path`` (the checkpoint this run resumed from), and rank it with the others.
+
+        A hidden ``.tmp-<name>-*``/``.old-<name>-*`` path (``find_latest`` returns one when a crash left the
+        newest complete checkpoint there) stands for ``<name>``, which the next save restores it to.
+        """
         path = Path(path)
         if path.parent.resolve() != self.root.resolve():
             return  # outside root: the manager would never delete it anyway
-        self._protected = path.name
-        self._adopt(path.name)
+        self._protected = interrupted_save_name(path) or path.name
+        self._adopt(self._protected, path)
 
-    def _adopt(self, name: str) -> None:
+    def _adopt(self, name: str, path: Path | None = None) -> None:
         # A checkpoint's own state was captured before it was recorded; read its record from its manifest.
         if name in self._records:
             return
+        path = path or self.root / name
         try:
-            manifest = read_manifest(self.root / name)
+            manifest = read_manifest(path)
         except CheckpointError as error:
-            logger.warning("not tracking %s: %s", self.root / name, error)
+            logger.warning("not tracking %s: %s", path, error)
             return
         meta = manifest.get("metadata") or {}
         step, epoch = meta.get("global_step"), meta.get("epoch")
-        self._records[name] = _Record(name, step if isinstance(step, int) else -1,
-                                      epoch if isinstance(epoch, int) else None,
-                                      _as_metric(meta.get("metric")), float(manifest.get("created", 0.0)))
+        self._records[name] = _Record(name, step if _is_int(step) else -1, epoch if _is_int(epoch) else None,
+                                      _as_metric(meta.get("metric")), manifest["created"])
 
     # -- ranking --------------------------------------------------------------------------------------
     def _by_recency(self) -> list[_Record]:
@@ -158,10 +178,14 @@ class CheckpointManager:
 
     def _write_pointers(self) -> None:
         for pointer, records in ((LATEST_POINTER, self._by_recency()), (BEST_POINTER, self._by_quality())):
-            if records:
-                replace_json_atomically(self.root / pointer, _pointer(records[0]))
-            else:
-                (self.root / pointer).unlink(missing_ok=True)
+            try:
+                if records:
+                    replace_json_atomically(self.root / pointer, _pointer(records[0]))
+                else:
+                    (self.root / pointer).unlink(missing_ok=True)
+            except OSError as error:
+                # The checkpoint itself is complete; nothing is pruned, so every earlier one stays too.
+                raise write_error(self.root / pointer, error, "checkpoint pointer") from error
 
     def _prune(self) -> None:
         keep = {r.name for r in self._by_recency()[: self.keep_last]}
@@ -180,16 +204,20 @@ class CheckpointManager:
                 "records": [asdict(r) for r in self._records.values()]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore tracking from :meth:`state_dict`; checkpoints deleted since are dropped."""
+        """Restore tracking from :meth:`state_dict`; checkpoints deleted since are dropped.
+
+        Every record is checked first (``StateValueError`` names the bad one): its name must be a plain
+        directory name inside ``root`` (no path, no symlink out), its counters integers.
+        """
+        checked_mapping(state, "(manager state)")
+        items = state.get("records", [])
+        if not isinstance(items, list):
+            raise StateValueError("records", f"is {show(items)}: expected a list")
+        records = [_record(item, self.root, f"records[{i}]") for i, item in enumerate(items)]
         if state.get("monitor") != self.monitor or state.get("mode") != self.mode:
             logger.warning("checkpoint ranking changed from %s/%s to %s/%s: earlier metrics may not compare",
-                           state.get("monitor"), state.get("mode"), self.monitor, self.mode)
-        self._records = {}
-        for item in state.get("records", []):
-            record = _Record(**{**item, "metric": _as_metric(item.get("metric"))})
-            _checked_name(record.name)
-            if (self.root / record.name).is_dir():
-                self._records[record.name] = record
+                           show(state.get("monitor")), show(state.get("mode")), self.monitor, self.mode)
+        self._records = {r.name: r for r in records if (self.root / r.name).is_dir()}
         if self._protected is not None:
             self._adopt(self._protected)
 
@@ -200,8 +228,8 @@ def read_pointer(root: str | os.PathLike, which: str = "latest") -> Path | None:
         raise ValueError(f"which must be 'latest' or 'best', got {which!r}")
     pointer = Path(root) / (LATEST_POINTER if which == "latest" else BEST_POINTER)
     try:
-        name = _checked_name(json.loads(pointer.read_text("utf-8"))["name"])
-    except (OSError, ValueError, KeyError, TypeError):
+        name = _checked_name(Path(root), json.loads(pointer.read_text("utf-8"))["name"])
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
     path = Path(root) / name
     return path if path.is_dir() else None

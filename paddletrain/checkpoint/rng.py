@@ -13,6 +13,8 @@ import numpy as np
 import paddle
 from paddle.base import libpaddle
 
+from .untrusted import StateValueError, checked_int, checked_mapping, required, show
+
 GeneratorState = libpaddle.GeneratorState
 
 
@@ -23,12 +25,27 @@ def generator_state_to_dict(state: GeneratorState) -> dict[str, Any]:
     return {"device": device, "seed": seed, "offset": offset, "engine": bytes(engine).decode("latin-1")}
 
 
-def generator_state_from_dict(data: dict[str, Any]) -> GeneratorState:
-    """Inverse of :func:`generator_state_to_dict`."""
+# The engine's text form: 312 64-bit words and a position (mt19937_64). Paddle parses any text without
+# complaint and silently yields another stream, so the form is checked here; the bound leaves room for
+# engines of other builds while keeping a crafted state small.
+_MAX_ENGINE_NUMBERS = 1024
+
+
+def generator_state_from_dict(data: dict[str, Any], key: str = "paddle generator state") -> GeneratorState:
+    """Inverse of :func:`generator_state_to_dict`; a malformed ``data`` raises ``StateValueError`` naming ``key``."""
+    checked_mapping(data, key)
+    device = checked_int(required(data, "device", f"{key}.device"), f"{key}.device", minimum=-1, maximum=2**16)
+    seed = checked_int(required(data, "seed", f"{key}.seed"), f"{key}.seed", maximum=2**64 - 1)
+    offset = checked_int(required(data, "offset", f"{key}.offset"), f"{key}.offset", maximum=2**64 - 1)
+    text = required(data, "engine", f"{key}.engine")
+    numbers = text.split() if isinstance(text, str) else []
+    if (not numbers or len(numbers) > _MAX_ENGINE_NUMBERS
+            or not all(n.isascii() and n.isdigit() and int(n) < 2**64 for n in numbers)):
+        raise StateValueError(f"{key}.engine", f"is {show(text)}: expected up to {_MAX_ENGINE_NUMBERS} "
+                                               "unsigned 64-bit numbers separated by spaces")
     # GeneratorState has no Python constructor; __new__ + __setstate__ is how pickle rebuilds it too.
     state = GeneratorState.__new__(GeneratorState)
-    engine = list(data["engine"].encode("latin-1"))
-    state.__setstate__((int(data["device"]), int(data["seed"]), int(data["offset"]), engine))
+    state.__setstate__((device, seed, offset, list(text.encode("latin-1"))))
     return state
 
 
@@ -48,14 +65,62 @@ def rng_state() -> dict[str, Any]:
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore generators captured by :func:`rng_state` (missing keys are left untouched)."""
+def set_rng_state(state: dict[str, Any], key: str = "rng") -> None:
+    """Restore generators captured by :func:`rng_state` (missing keys are left untouched).
+
+    Every part is checked before any generator changes; a malformed one raises ``StateValueError`` naming it.
+    """
+    apply = _checked_steps(state, key)
+    for step in apply:
+        step()
+
+
+def check_rng_state(state: Any, key: str = "rng") -> None:
+    """Raise ``StateValueError`` naming the part of ``state`` that :func:`set_rng_state` could not restore."""
+    _checked_steps(state, key)
+
+
+def _checked_steps(state: Any, key: str) -> list:
+    checked_mapping(state, key)
+    apply = []
     if "python" in state:
-        version, internal, gauss_next = state["python"]
-        random.setstate((version, tuple(internal), gauss_next))
+        apply.append(lambda value=_python_state(state["python"], f"{key}.python"): random.setstate(value))
     if "numpy" in state:
-        np.random.set_state(tuple(state["numpy"]))
-    if "paddle_cpu" in state:
-        paddle.set_rng_state(list(state["paddle_cpu"]), "cpu")
-    if "paddle_device" in state:
-        paddle.set_rng_state(list(state["paddle_device"]))
+        apply.append(lambda value=_numpy_state(state["numpy"], f"{key}.numpy"): np.random.set_state(value))
+    for name, device in (("paddle_cpu", "cpu"), ("paddle_device", None)):
+        if name in state:
+            generators = _generator_list(state[name], f"{key}.{name}")
+            apply.append(lambda g=generators, d=device: paddle.set_rng_state(g, d) if d else paddle.set_rng_state(g))
+    return apply
+
+
+def _python_state(value: Any, key: str) -> tuple:
+    # random.getstate(): (3, 625 ints (624 words < 2**32 and a position <= 624), gauss_next float or None).
+    ok = isinstance(value, (list, tuple)) and len(value) == 3 and value[0] == 3
+    internal = value[1] if ok else None
+    ok = ok and isinstance(internal, (list, tuple)) and len(internal) == 625 and all(
+        isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**32 for v in internal) and internal[-1] <= 624
+    ok = ok and (value[2] is None or isinstance(value[2], float))
+    if not ok:
+        raise StateValueError(key, f"is {show(value)}: expected python's random.getstate() "
+                                   "(3, 625 integers, a float or null)")
+    return (3, tuple(internal), value[2])
+
+
+def _numpy_state(value: Any, key: str) -> tuple:
+    # np.random.get_state(): ("MT19937", 624 uint32 words, position <= 624, has_gauss 0/1, cached gaussian).
+    ok = isinstance(value, (list, tuple)) and len(value) == 5 and value[0] == "MT19937"
+    ok = ok and isinstance(value[1], np.ndarray) and value[1].shape == (624,) and value[1].dtype.kind in "ui"
+    ok = ok and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in value[2:4])
+    ok = ok and 0 <= int(value[2]) <= 624 and int(value[3]) in (0, 1) and isinstance(value[4], (float, np.floating))
+    if not ok:
+        raise StateValueError(key, f"is {show(value)}: expected numpy's random.get_state() "
+                                   "('MT19937', 624 words, position, has_gauss, cached gaussian)")
+    return ("MT19937", value[1].astype(np.uint32), int(value[2]), int(value[3]), float(value[4]))
+
+
+def _generator_list(value: Any, key: str) -> list[GeneratorState]:
+    if not isinstance(value, (list, tuple)) or not 1 <= len(value) <= 1024 or not all(
+            isinstance(v, GeneratorState) for v in value):
+        raise StateValueError(key, f"is {show(value)}: expected a list of paddle generator states")
+    return list(value)

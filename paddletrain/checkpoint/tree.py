@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import paddle
 
-from .errors import CheckpointError
 from .rng import GeneratorState, generator_state_from_dict, generator_state_to_dict
+from .untrusted import StateValueError, show
 
 TAG = "__pt__"
 _NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
@@ -83,49 +83,86 @@ def encode_state(state: Any) -> tuple[Any, dict[str, np.ndarray]]:
     return tree, encoder.arrays
 
 
-def decode_state(tree: Any, arrays: dict[str, np.ndarray], map_numpy: bool = False) -> Any:
-    """Rebuild the state; ``map_numpy=True`` returns tensors as numpy arrays (bfloat16 as uint16 bits)."""
+# A training state nests a handful of levels (callbacks -> ModelCheckpoint -> records -> ...); anything far
+# deeper is not one, and stopping early keeps decoding clear of Python's recursion limit.
+MAX_DEPTH = 100
 
-    def array(node: dict) -> np.ndarray:
+
+def decode_state(tree: Any, arrays: dict[str, np.ndarray], map_numpy: bool = False) -> Any:
+    """Rebuild the state; ``map_numpy=True`` returns tensors as numpy arrays (bfloat16 as uint16 bits).
+
+    Raises:
+        StateValueError: a node is malformed, nests deeper than ``MAX_DEPTH``, refers to a tensor the file
+            does not hold, or records a dtype that does not match the stored array; the key says where.
+    """
+
+    def array(node: dict, path: list[str]) -> np.ndarray:
         key = node.get("key")
-        if key not in arrays:
-            raise CheckpointError(f"state.json refers to tensor {key!r}, which tensors.safetensors does not hold")
+        if not isinstance(key, str) or key not in arrays:
+            raise StateValueError(_key(path), f"refers to tensor {show(key)}, which tensors.safetensors does not hold")
         return arrays[key]
 
-    def decode(node: Any) -> Any:
+    def decode(node: Any, path: list[str]) -> Any:
+        if len(path) > MAX_DEPTH:
+            raise StateValueError(_key(path[:3]), f"nests more than {MAX_DEPTH} levels deep")
         if isinstance(node, list):
-            return [decode(v) for v in node]
+            return [decode(v, path + [str(i)]) for i, v in enumerate(node)]
         if not isinstance(node, dict):
             return node
         kind = node.get(TAG)
         if kind is None:
-            return {k: decode(v) for k, v in node.items()}
+            return {k: decode(v, path + [k]) for k, v in node.items()}
         if kind == "float":
+            if node.get("value") not in _NON_FINITE:
+                raise StateValueError(_key(path), f"is the non-finite float {show(node.get('value'))}: expected "
+                                                  f"one of {sorted(_NON_FINITE)}")
             return _NON_FINITE[node["value"]]
         if kind == "tensor":
-            data = array(node)
+            data = array(node, path)
+            dtype = node.get("dtype")
+            # bfloat16 is stored as its uint16 bits (numpy has no bfloat16); every other dtype as itself.
+            if dtype != data.dtype.name and not (dtype == "bfloat16" and data.dtype == np.uint16):
+                raise StateValueError(_key(path), f"is a tensor of dtype {show(dtype)}, but tensors.safetensors "
+                                                  f"holds it as {data.dtype.name}")
             if map_numpy:
                 return data
-            return paddle.to_tensor(data, dtype=node["dtype"], place=paddle.CPUPlace())
+            return paddle.to_tensor(data, dtype=dtype, place=paddle.CPUPlace())
         if kind == "ndarray":
-            return array(node)
+            return array(node, path)
         if kind == "numpy_scalar":
-            return array(node)[()]
+            data = array(node, path)
+            if data.ndim != 0:
+                raise StateValueError(_key(path), f"is a numpy scalar stored with shape {list(data.shape)}")
+            return data[()]
         if kind == "paddle_generator_state":
-            return generator_state_from_dict(node)
+            return generator_state_from_dict(node, _key(path))
         if kind == "tuple":
-            return tuple(decode(v) for v in node["items"])
+            return tuple(decode(v, path + [str(i)]) for i, v in enumerate(_items(node, path)))
         if kind == "dict":
-            return {_hashable(decode(k)): decode(v) for k, v in node["items"]}
-        raise CheckpointError(f"state.json holds an unknown node type {kind!r} (written by a newer paddletrain?)")
+            pairs = _items(node, path)
+            if not all(isinstance(pair, list) and len(pair) == 2 for pair in pairs):
+                raise StateValueError(_key(path), "is a dict node whose items are not [key, value] pairs")
+            return {_hashable(decode(k, path + ["key"]), path): decode(v, path + [str(i)])
+                    for i, (k, v) in enumerate(pairs)}
+        raise StateValueError(_key(path), f"holds an unknown node type {show(kind)} (written by a newer paddletrain?)")
 
-    try:
-        return decode(tree)
-    except (KeyError, TypeError, ValueError) as error:
-        if isinstance(error, CheckpointError):
-            raise
-        raise CheckpointError(f"state.json is malformed: {type(error).__name__}: {error}") from error
+    return decode(tree, [])
 
 
-def _hashable(key: Any) -> Any:
-    return tuple(_hashable(k) for k in key) if isinstance(key, list) else key
+def _key(path: list[str]) -> str:
+    return ".".join(path) or "(the whole state)"
+
+
+def _items(node: dict, path: list[str]) -> list:
+    items = node.get("items")
+    if not isinstance(items, list):
+        raise StateValueError(_key(path), f"is a {node[TAG]} node without a list of items")
+    return items
+
+
+def _hashable(key: Any, path: list[str]) -> Any:
+    if isinstance(key, list):
+        return tuple(_hashable(k, path) for k in key)
+    if isinstance(key, dict):
+        raise StateValueError(_key(path), "has a dict as a key")
+    return key

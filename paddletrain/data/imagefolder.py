@@ -4,28 +4,276 @@ The class list is always taken from ``root/train`` (sorted directory names), so 
 the training labels even when it lacks some classes; a validation class unknown to training is an error.
 Everything that can be checked without decoding (layout, extensions, empty classes, the class-names file) is
 checked in ``__init__`` so a wrong path fails before the first epoch, not in the middle of it.
+
+The folder may come from someone else, so the scan is bounded and confined (:class:`_SplitScan`):
+
+- Nothing outside ``data.root`` is read: a symlink is followed only when its resolved target lies inside the
+  resolved root, and never into the other split (a ``train`` link into ``val`` would leak validation images).
+- No directory is walked twice (directories are tracked by ``(st_dev, st_ino)``, so loops and bind mounts end),
+  and no file is counted twice (a link to a file that is already a sample, or already linked, is a duplicate).
+  Images stay labelled by the class directory they physically live in: every class is walked without
+  following links before any link is followed.
+- Only regular files become samples; FIFOs, sockets and devices are skipped unopened.
+- The scan costs one ``scandir`` per directory, one ``stat`` per directory and per symlink, none per plain file.
+- Whatever is skipped is counted by reason; one INFO line per split says so, and the reasons a user must act on
+  (files outside the root, non-regular files, broken links, unreadable directories) also get a WARNING naming
+  examples.
 """
 from __future__ import annotations
 
+import logging
 import os
+import stat
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional, Tuple, Union
 
 from PIL import Image
 
 from paddletrain.data.datasets import BadSampleError, DatasetError, ImageDataset, Transform
+from paddletrain.data.images import IMG_EXTENSIONS, ImageReadError, file_kind, is_image_file, open_image
 
-IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+__all__ = ["IMG_EXTENSIONS", "ImageFolderDataset", "ScanReport", "is_image_file", "read_class_names"]
+
+log = logging.getLogger("paddletrain")
+
+SPLITS = ("train", "val")
 _MODES = {1: "L", 3: "RGB"}
+_EXAMPLES = 3  # paths named per skip reason in warnings and errors
+
+# Why an entry was skipped. The first three are always in the summary line, the others when they happened.
+EXTENSION = "extension"
+OUTSIDE_ROOT = "outside root"
+NON_REGULAR = "non-regular"
+OTHER_SPLIT = "other split"
+VISITED = "visited"
+BROKEN_LINK = "broken link"
+UNREADABLE = "unreadable"
+HIDDEN = "hidden"
+_REASON_TEXT = {
+    EXTENSION: "by extension",
+    OUTSIDE_ROOT: "symlinks out of root",
+    NON_REGULAR: "non-regular files",
+    OTHER_SPLIT: "leading into another split",
+    VISITED: "already visited (loops, duplicate links)",
+    BROKEN_LINK: "broken symlinks",
+    UNREADABLE: "unreadable directories",
+    HIDDEN: "hidden",
+}
+_ALWAYS_SHOWN = (EXTENSION, OUTSIDE_ROOT, NON_REGULAR)
+_WARN = {
+    OUTSIDE_ROOT: "paddletrain reads images only inside data.root; point data.root at the folder that really "
+                  "holds the images, or copy or hard-link them into it",
+    NON_REGULAR: "a FIFO, socket or device is not an image, and reading one can block forever",
+    OTHER_SPLIT: "followed, they would put the other split's images in this one",
+    BROKEN_LINK: "their targets do not exist",
+    UNREADABLE: "their images are missing from the split; check the permissions",
+}
+
+DirKey = tuple[int, int]
 
 
-def is_image_file(path: Union[str, Path]) -> bool:
-    """A visible file with one of ``IMG_EXTENSIONS`` (any case)."""
-    name = os.path.basename(path)
-    return not name.startswith(".") and name.lower().endswith(IMG_EXTENSIONS)
+@dataclass
+class ScanReport:
+    """What the scan of one split found, and what it skipped by reason, with a few example paths each."""
+
+    split: str
+    images: int = 0
+    classes: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    extensions: Counter = field(default_factory=Counter)  # the extensions of the files skipped by extension
+    examples: dict[str, list[str]] = field(default_factory=dict)
+
+    def skip(self, reason: str, path: str, detail: str = "") -> None:
+        self.skipped[reason] += 1
+        if reason == EXTENSION:
+            self.extensions[os.path.splitext(path)[1].lower() or "(no extension)"] += 1
+        shown = self.examples.setdefault(reason, [])
+        if len(shown) < _EXAMPLES:
+            shown.append(f"{path!r}{detail}")
+
+    def describe_skips(self, reasons: tuple[str, ...] = _ALWAYS_SHOWN) -> str:
+        """E.g. ``1 by extension (.gif: 1), 0 symlinks out of root, 0 non-regular files``; ``reasons`` are shown
+        even when nothing was skipped for them."""
+        parts = []
+        for reason in _REASON_TEXT:
+            count = self.skipped[reason]
+            if reason in reasons or count:
+                text = f"{count} {_REASON_TEXT[reason]}"
+                if reason == EXTENSION and count:
+                    text += " (" + ", ".join(f"{ext}: {n}" for ext, n in sorted(self.extensions.items())) + ")"
+                parts.append(text)
+        return ", ".join(parts)
+
+    def summary(self) -> str:
+        """The line logged per split, e.g. ``train: 245 images in 2 classes; skipped 1 by extension (.gif: 1), ...``."""
+        return f"{self.split}: {self.images} images in {self.classes} classes; skipped {self.describe_skips()}"
+
+    def warnings(self) -> list[str]:
+        """One line per skip reason the user should act on, naming examples and what to do."""
+        return [f"skipped {self.skipped[reason]} {_REASON_TEXT[reason]}: "
+                f"{', '.join(self.examples[reason])}{' ...' if self.skipped[reason] > _EXAMPLES else ''} "
+                f"- {advice}" for reason, advice in _WARN.items() if self.skipped[reason]]
 
 
-def _class_dirs(split_dir: Path) -> List[str]:
+def _inside(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
+
+
+def _key(st: os.stat_result) -> DirKey:
+    return st.st_dev, st.st_ino
+
+
+class _SplitScan:
+    """Walk the class directories of one split once, confined to the root; see the module docstring.
+
+    Every class is first walked without following links (so an image reached by a link as well as directly
+    keeps its own class); the links met on the way are then followed in sorted order, breadth first, each
+    linked directory walked the same way.
+    """
+
+    def __init__(self, root: Path, split: str, split_dir: Path) -> None:
+        self.report = ScanReport(split)
+        self.real_root = os.path.realpath(root)
+        real_split = os.path.realpath(split_dir)
+        if not _inside(real_split, self.real_root):
+            raise DatasetError(f"imagefolder split directory {str(split_dir)!r} is a symlink to {real_split!r}, "
+                               f"outside data.root {str(root)!r}: {_WARN[OUTSIDE_ROOT]}")
+        # The root and the split directory are ancestors of every class: a link back to them is a loop.
+        self.visited: set[DirKey] = {_key(os.stat(self.real_root)), _key(os.stat(real_split))}
+        self.walked: set[DirKey] = set()  # directories whose image files are samples
+        self.linked: set[tuple[int, int, str]] = set()  # (parent directory key, name) of files taken via links
+        self.forbidden: set[DirKey] = set()
+        self.forbidden_paths: list[str] = []
+        for other in dict.fromkeys((*SPLITS, split)):
+            other_dir = root / other
+            if other == split or not other_dir.is_dir():
+                continue
+            real_other = os.path.realpath(other_dir)
+            if _inside(real_other, real_split) or _inside(real_split, real_other):
+                raise DatasetError(f"imagefolder splits {str(split_dir)!r} and {str(other_dir)!r} overlap (one is "
+                                   "inside the other or both are the same folder): they would share images")
+            self.forbidden.add(_key(os.stat(other_dir)))
+            self.forbidden_paths.append(real_other)
+        self.files: dict[int, list[str]] = {}
+        self.class_skips: dict[int, ScanReport] = {}
+        self._links: list[tuple[str, int]] = []
+
+    def run(self, class_dirs: list[tuple[Path, int]]) -> list[tuple[str, int]]:
+        """(path, label) of every image, by label then path; class directories are ``(path, label)``."""
+        roots = []
+        for path, label in class_dirs:
+            self.files[label] = []
+            self.class_skips[label] = ScanReport(self.report.split)
+            key = self._enter_linked_class(str(path), label) if path.is_symlink() else \
+                self._enter(str(path), os.stat(path), label)
+            if key:
+                roots.append((str(path), key, label))
+        for path, key, label in roots:  # claim every class root before walking any, so links between classes are seen
+            self._walk(path, key, label)
+        while self._links:
+            links, self._links = sorted(self._links), []
+            for path, label in links:
+                self._follow(path, label)
+        self.report.classes = len(class_dirs)
+        samples = [(path, label) for label in sorted(self.files) for path in sorted(self.files[label])]
+        self.report.images = len(samples)
+        return samples
+
+    def _skip(self, reason: str, path: str, label: int, detail: str = "") -> None:
+        self.report.skip(reason, path, detail)
+        self.class_skips[label].skip(reason, path, detail)
+
+    def _enter(self, path: str, st: os.stat_result, label: int) -> DirKey | None:
+        """Mark a directory as walked and return its key, unless it is another split's or walked already."""
+        key = _key(st)
+        if key in self.forbidden:
+            self._skip(OTHER_SPLIT, path, label)
+        elif key in self.visited:
+            self._skip(VISITED, path, label)
+        else:
+            self.visited.add(key)
+            self.walked.add(key)
+            return key
+        return None
+
+    def _walk(self, top: str, top_key: DirKey, label: int) -> None:
+        """Every directory under ``top`` (without following links) adds its image files to ``label``."""
+        stack = [(top, top_key)]
+        while stack:
+            directory, (dev, ino) = stack.pop()
+            try:
+                with os.scandir(directory) as it:
+                    entries = list(it)
+            except OSError as exc:
+                self._skip(UNREADABLE, directory, label, f" ({exc.strerror})")
+                continue
+            for entry in entries:
+                if entry.name.startswith("."):
+                    self._skip(HIDDEN, entry.path, label)
+                elif entry.is_symlink():
+                    self._links.append((entry.path, label))
+                elif entry.is_dir(follow_symlinks=False):
+                    key = self._enter(entry.path, entry.stat(follow_symlinks=False), label)
+                    if key:
+                        stack.append((entry.path, key))
+                elif not entry.is_file(follow_symlinks=False):  # from d_type: plain files cost no stat
+                    kind = file_kind(entry.stat(follow_symlinks=False).st_mode)
+                    self._skip(NON_REGULAR, entry.path, label, f" ({kind})")
+                elif not is_image_file(entry.name):
+                    self._skip(EXTENSION, entry.path, label)
+                elif self.linked and (dev, ino, entry.name) in self.linked:  # taken already through a file link
+                    self._skip(VISITED, entry.path, label)
+                else:
+                    self.files[label].append(entry.path)
+
+    def _resolve(self, link: str, label: int) -> tuple[str, os.stat_result] | None:
+        """The target of ``link`` and its stat, or None (counted) when it leads out of the root, into another
+        split or nowhere. A target outside the root is never stat-ed, listed or opened."""
+        real = os.path.realpath(link)
+        if not _inside(real, self.real_root):
+            self._skip(OUTSIDE_ROOT, link, label, f" -> {real!r}")
+            return None
+        if any(_inside(real, other) for other in self.forbidden_paths):
+            self._skip(OTHER_SPLIT, link, label, f" -> {real!r}")
+            return None
+        try:
+            return real, os.stat(real)
+        except OSError as exc:
+            self._skip(BROKEN_LINK, link, label, f" ({exc.strerror})")
+            return None
+
+    def _enter_linked_class(self, link: str, label: int) -> DirKey | None:
+        """A class directory that is itself a symlink: claimed like any class root if its target is allowed."""
+        resolved = self._resolve(link, label)
+        if resolved is None:
+            return None
+        return self._enter(link, resolved[1], label)  # a class is listed only if its target is a directory
+
+    def _follow(self, link: str, label: int) -> None:
+        resolved = self._resolve(link, label)
+        if resolved is None:
+            return
+        real, st = resolved
+        if stat.S_ISDIR(st.st_mode):
+            key = self._enter(link, st, label)
+            if key:
+                self._walk(link, key, label)  # through the link, so the samples' paths stay under their class
+        elif not stat.S_ISREG(st.st_mode):
+            self._skip(NON_REGULAR, link, label, f" -> {real!r} ({file_kind(st.st_mode)})")
+        elif not is_image_file(link):
+            self._skip(EXTENSION, link, label)
+        else:
+            parent, name = os.path.split(real)
+            parent_key = _key(os.stat(parent))
+            if (parent_key in self.walked and is_image_file(name)) or (*parent_key, name) in self.linked:
+                self._skip(VISITED, link, label, f" -> {real!r}")
+            else:
+                self.linked.add((*parent_key, name))
+                self.files[label].append(link)
+
+
+def _class_dirs(split_dir: Path) -> list[str]:
     return sorted(e.name for e in os.scandir(split_dir) if e.is_dir() and not e.name.startswith("."))
 
 
@@ -41,7 +289,7 @@ def _split_dir(root: Path, split: str) -> Path:
     return split_dir
 
 
-def read_class_names(path: Union[str, Path], expected: int) -> List[str]:
+def read_class_names(path: str | Path, expected: int) -> list[str]:
     """Display names, one a line (trailing blank lines ignored); their count must be ``expected``."""
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
@@ -61,7 +309,7 @@ def read_class_names(path: Union[str, Path], expected: int) -> List[str]:
     return names
 
 
-def _resolve_class_names(class_names: Union[str, Path], root: Path) -> Path:
+def _resolve_class_names(class_names: str | Path, root: Path) -> Path:
     """A relative path is looked up from the working directory, then from the dataset root."""
     path = Path(class_names).expanduser()
     if path.is_absolute() or path.exists() or not (root / path).exists():
@@ -72,19 +320,20 @@ def _resolve_class_names(class_names: Union[str, Path], root: Path) -> Path:
 class ImageFolderDataset(ImageDataset):
     """Images under ``root/<split>/<class>/``, labelled by the sorted class directories of ``root/train``.
 
-    Files whose extension is not in ``IMG_EXTENSIONS`` (case-insensitive) and hidden files or directories are
-    ignored. ``class_names`` optionally names a text file with one display name per class (in sorted directory
-    order) that replaces the directory names in ``classes``. Images are decoded with PIL and converted to RGB
-    (``in_chans=3``) or grayscale (``in_chans=1``); a file that fails to decode raises ``BadSampleError`` naming
-    it.
+    Files with an extension in ``IMG_EXTENSIONS`` (case-insensitive) are samples; other files, hidden files or
+    directories, non-regular files and symlinks leaving ``root`` (or leading into the other split) are skipped
+    and counted in ``scan_report``, which is logged as one line per split. ``class_names`` optionally names a
+    text file with one display name per class (in sorted directory order) that replaces the directory names in
+    ``classes``. Images are decoded by :func:`paddletrain.data.images.open_image` and converted to RGB
+    (``in_chans=3``) or grayscale (``in_chans=1``); a file that fails raises ``BadSampleError`` naming it.
     """
 
     def __init__(
         self,
-        root: Union[str, Path],
+        root: str | Path,
         split: str = "train",
         transform: Transform = None,
-        class_names: Optional[Union[str, Path]] = None,
+        class_names: str | Path | None = None,
         in_chans: int = 3,
     ) -> None:
         super().__init__(transform)
@@ -97,7 +346,7 @@ class ImageFolderDataset(ImageDataset):
         self.class_dirs = _class_dirs(train_dir)
         if not self.class_dirs:
             raise DatasetError(f"no class directories in {str(train_dir)!r}; expected {str(train_dir)}/<class>/<image>")
-        self.samples = self._scan(_split_dir(self.root, split))
+        self.samples, self.scan_report = self._scan(_split_dir(self.root, split))
         self.targets = [label for _, label in self.samples]
         self.classes = (
             read_class_names(_resolve_class_names(class_names, self.root), len(self.class_dirs))
@@ -105,7 +354,7 @@ class ImageFolderDataset(ImageDataset):
             else list(self.class_dirs)
         )
 
-    def _scan(self, split_dir: Path) -> List[Tuple[str, int]]:
+    def _scan(self, split_dir: Path) -> tuple[list[tuple[str, int]], ScanReport]:
         present = _class_dirs(split_dir)
         if not present:
             raise DatasetError(f"no class directories in {str(split_dir)!r}; expected {str(split_dir)}/<class>/<image>")
@@ -116,34 +365,27 @@ class ImageFolderDataset(ImageDataset):
                 f"{str(self.root / 'train')!r}"
             )
         label_of = {name: i for i, name in enumerate(self.class_dirs)}
-        samples: List[Tuple[str, int]] = []
+        scan = _SplitScan(self.root, self.split, split_dir)
+        samples = scan.run([(split_dir / name, label_of[name]) for name in present])
         for name in present:
-            class_dir = split_dir / name
-            files = sorted(
-                os.path.join(dirpath, f)
-                for dirpath, dirnames, filenames in os.walk(class_dir, followlinks=True)
-                for f in filenames
-                if is_image_file(f) and not _hidden_below(dirpath, class_dir)
-            )
-            if not files:
-                raise DatasetError(
-                    f"class directory {str(class_dir)!r} has no images (extensions: {', '.join(IMG_EXTENSIONS)})"
-                )
-            samples.extend((path, label_of[name]) for path in files)
-        return samples
+            label = label_of[name]
+            if not scan.files[label]:
+                skips = scan.class_skips[label]
+                why = skips.warnings() or ([f"skipped {skips.describe_skips(())}"] if skips.skipped else [])
+                raise DatasetError(f"class directory {str(split_dir / name)!r} has no images (extensions: "
+                                   f"{', '.join(IMG_EXTENSIONS)}){''.join('; ' + line for line in why)}")
+        report = scan.report
+        log.info("%s", report.summary())
+        for line in report.warnings():
+            log.warning("%s: %s", self.split, line)
+        return samples, report
 
     def load_image(self, index: int) -> Image.Image:
         path = self.samples[index][0]
         try:
-            with Image.open(path) as image:
-                return image.convert(_MODES[self.in_chans])
-        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+            return open_image(path, _MODES[self.in_chans])
+        except ImageReadError as e:
             raise BadSampleError(f"cannot decode image {path!r}: {e}", index, path) from e
 
     def describe(self, index: int) -> str:
         return self.samples[index][0]
-
-
-def _hidden_below(dirpath: str, top: Path) -> bool:
-    relative = os.path.relpath(dirpath, top)
-    return relative != "." and any(part.startswith(".") for part in Path(relative).parts)

@@ -36,23 +36,41 @@ class ResumableBatchSampler(DistributedBatchSampler):
 
     ``position`` counts the batches of the current epoch already delivered to the consumer (the loader
     advances it); ``state_dict()`` saves it and ``load_state_dict()`` makes the next iteration start there.
+
+    Repeated augmentation (``num_repeats`` k > 1; Hoffer et al. 2020, "Augment Your Batch", as DeiT's and timm's
+    ``RepeatAugSampler`` define it for training): every index of the epoch's permutation is repeated k times in a
+    row, the stream is padded by wrapping to a multiple of ``num_replicas``, and rank ``r`` takes every
+    ``num_replicas``-th entry starting at ``r``. The ranks' shares are disjoint slices of that stream, and with
+    at least k ranks the k copies of an image go to k different ranks in the same step (each augmented
+    differently, since every rank and batch position seeds its own augmentation). Each rank then keeps the
+    first ``ceil(len(dataset) / num_replicas)`` entries of its share, as timm does (``num_selected_samples``,
+    without its rounding to multiples of 256): the epoch keeps its length and number of steps, so an epoch
+    shows about ``len(dataset) / k`` distinct images k times each, and the next epoch's permutation others.
     """
 
     def __init__(self, dataset: Sized, batch_size: int, *, shuffle: bool = False, drop_last: bool = False,
-                 seed: int = 0, num_replicas: int = 1, rank: int = 0) -> None:
+                 seed: int = 0, num_replicas: int = 1, rank: int = 0, num_repeats: int = 1) -> None:
         if not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ValueError(f"sampler seed must be a non-negative integer, got {seed!r}")
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank={rank} must be in [0, num_replicas={num_replicas})")
+        if isinstance(num_repeats, bool) or not isinstance(num_repeats, (int, np.integer)) or num_repeats < 1:
+            raise ValueError(f"num_repeats (repeated augmentation) must be an integer >= 1, got {num_repeats!r}")
         super().__init__(dataset, batch_size, num_replicas=num_replicas, rank=rank, shuffle=shuffle,
                          drop_last=drop_last)
         self.seed = int(seed)
+        self.num_repeats = int(num_repeats)
         self.position = 0
         self._skip = 0
 
     @property
     def num_real_samples(self) -> int:
-        """Samples of this rank that are not padding (they come first in its order)."""
+        """Samples of this rank that are not padding (they come first in its order).
+
+        With repeated augmentation every sample is a training draw: there is no padding to tell apart.
+        """
+        if self.num_repeats > 1:
+            return self.num_samples
         return len(range(self.local_rank, len(self.dataset), self.nranks))
 
     def __len__(self) -> int:
@@ -79,14 +97,25 @@ class ResumableBatchSampler(DistributedBatchSampler):
         self._skip = int(n)
         self.position = int(n)
 
-    def epoch_indices(self) -> List[int]:
-        """This rank's sample indices for the current epoch, padding included, in order."""
+    def _permutation(self) -> np.ndarray:
         n = len(self.dataset)
         if self.shuffle:
-            order = np.random.default_rng([self.seed, self.epoch]).permutation(n)
-        else:
-            order = np.arange(n)
-        order = np.resize(order, self.total_size)  # wraps around: pads with the head of the order
+            return np.random.default_rng([self.seed, self.epoch]).permutation(n)
+        return np.arange(n)
+
+    def repeated_stream(self) -> np.ndarray:
+        """The epoch's global stream with every index repeated ``num_repeats`` times in a row, padded by
+        wrapping to a multiple of ``num_replicas`` (before any rank keeps only its first entries)."""
+        stream = np.repeat(self._permutation(), self.num_repeats)
+        total = -(-len(stream) // self.nranks) * self.nranks
+        return np.resize(stream, total)
+
+    def epoch_indices(self) -> List[int]:
+        """This rank's sample indices for the current epoch, padding included, in order."""
+        if self.num_repeats > 1:
+            share = self.repeated_stream()[self.local_rank::self.nranks]
+            return share[:self.num_samples].tolist()
+        order = np.resize(self._permutation(), self.total_size)  # wraps around: pads with the head of the order
         return order[self.local_rank::self.nranks].tolist()
 
     def __iter__(self) -> Iterator[List[SampleKey]]:
@@ -100,22 +129,31 @@ class ResumableBatchSampler(DistributedBatchSampler):
     def state_dict(self) -> Dict[str, Any]:
         """Everything needed to continue this epoch's order where the consumer stopped."""
         return {"seed": self.seed, "epoch": self.epoch, "position": self.position,
-                "batch_size": self.batch_size, "num_replicas": self.nranks, "dataset_size": len(self.dataset)}
+                "batch_size": self.batch_size, "num_replicas": self.nranks, "dataset_size": len(self.dataset),
+                "num_repeats": self.num_repeats}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restore seed, epoch and position; the next iteration continues at ``position``.
 
         Raises:
-            ValueError: resuming mid-epoch with a different batch size, world size or dataset length, where
-                the saved position would point into a different order.
+            ValueError: resuming mid-epoch with a different batch size, world size, dataset length or number
+                of repeats, where the saved position would point into a different order.
         """
-        position = int(state.get("position", 0))
-        current = {"batch_size": self.batch_size, "num_replicas": self.nranks, "dataset_size": len(self.dataset)}
+        from paddletrain.checkpoint.untrusted import StateValueError, checked_int, checked_mapping, required, show
+
+        checked_mapping(state, "(sampler state)")
+        position = checked_int(state.get("position", 0), "position")
+        seed = checked_int(required(state, "seed", "seed"), "seed", maximum=2**63 - 1)
+        epoch = checked_int(required(state, "epoch", "epoch"), "epoch")
+        current = {"batch_size": self.batch_size, "num_replicas": self.nranks, "dataset_size": len(self.dataset),
+                   "num_repeats": self.num_repeats}
         changed = {k: (state[k], v) for k, v in current.items() if k in state and state[k] != v}
         if position and changed:
-            detail = ", ".join(f"{k} was {old}, now {new}" for k, (old, new) in changed.items())
+            detail = ", ".join(f"{k} was {show(old)}, now {new}" for k, (old, new) in changed.items())
             raise UserError(f"cannot resume mid-epoch (batch {position}) because the sampling changed: {detail}. "
                              "Resume from an end-of-epoch checkpoint or restore the original settings.")
-        self.seed = int(state["seed"])
-        self.epoch = int(state["epoch"])
+        if position > len(self):
+            raise StateValueError("position", f"is {position}, but an epoch has only {len(self)} batches")
+        self.seed = seed
+        self.epoch = epoch
         self.skip_batches(position)

@@ -9,13 +9,14 @@ Random transforms draw from python ``random`` and ``numpy.random`` (as paddle.vi
 """
 from __future__ import annotations
 
-import random
-from typing import Any, Callable, List, Sequence
+from typing import Any, List, Sequence
 
 import numpy as np
-from PIL import Image, ImageEnhance, ImageOps
+from PIL import Image
 from paddle.vision import transforms as T
 
+from paddletrain.data.augment import RandAugment
+from paddletrain.data.images import to_mode
 from paddletrain.errors import ConfigError
 
 PRESETS = ("imagenet", "small", "none")
@@ -26,7 +27,10 @@ SMALL_IMAGE_PADDING = 4
 
 
 class ToPILImage:
-    """Convert a uint8 HWC/HW array or any PIL image to a PIL image with ``in_chans`` channels."""
+    """Convert a uint8 HWC/HW array or any PIL image to a PIL image with ``in_chans`` channels.
+
+    16-bit images (and uint16 arrays) are scaled to 8 bits by :func:`paddletrain.data.images.to_mode`.
+    """
 
     def __init__(self, in_chans: int) -> None:
         self.mode = "L" if in_chans == 1 else "RGB"
@@ -38,7 +42,7 @@ class ToPILImage:
             image = Image.fromarray(image)
         if not isinstance(image, Image.Image):
             raise TypeError(f"expected a uint8 HWC numpy array or a PIL image, got {type(image).__name__}")
-        return image if image.mode == self.mode else image.convert(self.mode)
+        return to_mode(image, self.mode)
 
 
 class ResizeIfNeeded:
@@ -73,58 +77,6 @@ class ToNormalizedArray:
         return out
 
 
-def _shear(axis: int) -> Callable[[Image.Image, float], Image.Image]:
-    def op(image: Image.Image, m: float) -> Image.Image:
-        coeffs = (1, m * 0.3, 0, 0, 1, 0) if axis == 0 else (1, 0, 0, m * 0.3, 1, 0)
-        return image.transform(image.size, Image.Transform.AFFINE, coeffs)
-    return op
-
-
-def _translate(axis: int) -> Callable[[Image.Image, float], Image.Image]:
-    def op(image: Image.Image, m: float) -> Image.Image:
-        shift = m * 0.45 * image.size[axis]
-        coeffs = (1, 0, shift, 0, 1, 0) if axis == 0 else (1, 0, 0, 0, 1, shift)
-        return image.transform(image.size, Image.Transform.AFFINE, coeffs)
-    return op
-
-
-# Each op takes a signed magnitude m in [-1, 1]; magnitude-free ops ignore it.
-_RAND_AUGMENT_OPS: dict[str, Callable[[Image.Image, float], Image.Image]] = {
-    "identity": lambda img, m: img,
-    "autocontrast": lambda img, m: ImageOps.autocontrast(img),
-    "equalize": lambda img, m: ImageOps.equalize(img),
-    "rotate": lambda img, m: img.rotate(30 * m),
-    "solarize": lambda img, m: ImageOps.solarize(img, int(256 - 256 * abs(m))),
-    "posterize": lambda img, m: ImageOps.posterize(img, int(8 - 4 * abs(m))),
-    "brightness": lambda img, m: ImageEnhance.Brightness(img).enhance(1 + 0.9 * m),
-    "contrast": lambda img, m: ImageEnhance.Contrast(img).enhance(1 + 0.9 * m),
-    "color": lambda img, m: ImageEnhance.Color(img).enhance(1 + 0.9 * m),
-    "sharpness": lambda img, m: ImageEnhance.Sharpness(img).enhance(1 + 0.9 * m),
-    "shear_x": _shear(0),
-    "shear_y": _shear(1),
-    "translate_x": _translate(0),
-    "translate_y": _translate(1),
-}
-
-
-class RandAugment:
-    """RandAugment-style policy (Cubuk et al., 2019): ``num_ops`` random ops at a fixed magnitude.
-
-    paddle.vision 3.x ships no AutoAugment/RandAugment, so this is a compact version on PIL primitives.
-    ``magnitude`` is on the paper's 0..10 scale; the sign of each geometric/enhance op is random.
-    """
-
-    def __init__(self, num_ops: int = 2, magnitude: float = 9.0) -> None:
-        self.num_ops = num_ops
-        self.magnitude = magnitude / 10.0
-
-    def __call__(self, image: Image.Image) -> Image.Image:
-        for name in random.choices(list(_RAND_AUGMENT_OPS), k=self.num_ops):
-            signed = self.magnitude if random.random() < 0.5 else -self.magnitude
-            image = _RAND_AUGMENT_OPS[name](image, signed)
-        return image
-
-
 def _check_choice(key: str, value: str, valid: Sequence[str]) -> str:
     if value not in valid:
         raise ConfigError(f"{key}={value!r} is not supported; valid values: {', '.join(valid)}")
@@ -152,7 +104,7 @@ def _augmentations(cfg: Any) -> list:
     steps: list = []
     if cfg.hflip:
         steps.append(T.RandomHorizontalFlip())
-    if cfg.auto_augment:
+    if cfg.auto_augment:  # RandAugment rand-m9-n2-mstd0.5 (paddletrain.data.augment)
         steps.append(RandAugment())
     if cfg.color_jitter > 0:
         steps.append(T.ColorJitter(cfg.color_jitter, cfg.color_jitter, cfg.color_jitter))

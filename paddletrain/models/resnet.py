@@ -24,6 +24,7 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 
 from ..errors import ConfigError
+from .layers import DropPath, drop_path_rates
 from .registry import ModelOptionError, check_model_options, register_model
 
 __all__ = ["BasicBlock", "Bottleneck", "ResNet"]
@@ -74,10 +75,17 @@ def conv1x1(in_chs: int, out_chs: int, stride: int = 1, data_format: str = "NCHW
     return conv2d(in_chs, out_chs, 1, stride, data_format=data_format)
 
 
+def _drop_path_layer(rate: float) -> nn.Layer:
+    # nn.Identity when unused: the forward stays paddle.vision's arithmetic; neither holds parameters, so
+    # state_dict names never change.
+    return DropPath(rate) if rate > 0 else nn.Identity()
+
+
 class BasicBlock(nn.Layer):
     """Two 3x3 convs with a residual connection (ResNet-18/34, CIFAR ResNets).
 
-    ``norm_layer`` is called as ``norm_layer(channels, data_format=...)``; ``act_layer`` as ``act_layer()``.
+    ``norm_layer`` is called as ``norm_layer(channels, data_format=...)``; ``act_layer`` as ``act_layer()``;
+    ``drop_path_rate`` drops the residual branch per sample in training (stochastic depth) before the addition.
     """
 
     expansion: int = 1
@@ -93,6 +101,7 @@ class BasicBlock(nn.Layer):
         norm_layer: LayerFactory = nn.BatchNorm2D,
         act_layer: LayerFactory = nn.ReLU,
         data_format: str = "NCHW",
+        drop_path_rate: float = 0.0,
     ) -> None:
         super().__init__()
         if groups != 1 or base_width != 64:
@@ -105,6 +114,7 @@ class BasicBlock(nn.Layer):
         self.act1 = act_layer()
         self.conv2 = conv3x3(planes, planes, data_format=data_format)
         self.bn2 = norm_layer(planes, data_format=data_format)
+        self.drop_path = _drop_path_layer(drop_path_rate)
         self.downsample = downsample
         self.act2 = act_layer()
 
@@ -116,7 +126,7 @@ class BasicBlock(nn.Layer):
         shortcut = x if self.downsample is None else self.downsample(x)
         x = self.act1(self.bn1(self.conv1(x)))
         x = self.bn2(self.conv2(x))
-        return self.act2(x + shortcut)
+        return self.act2(self.drop_path(x) + shortcut)
 
 
 class Bottleneck(nn.Layer):
@@ -138,6 +148,7 @@ class Bottleneck(nn.Layer):
         norm_layer: LayerFactory = nn.BatchNorm2D,
         act_layer: LayerFactory = nn.ReLU,
         data_format: str = "NCHW",
+        drop_path_rate: float = 0.0,
     ) -> None:
         super().__init__()
         width = int(planes * (base_width / 64.0)) * groups
@@ -150,6 +161,7 @@ class Bottleneck(nn.Layer):
         self.act2 = act_layer()
         self.conv3 = conv1x1(width, outplanes, data_format=data_format)
         self.bn3 = norm_layer(outplanes, data_format=data_format)
+        self.drop_path = _drop_path_layer(drop_path_rate)
         self.downsample = downsample
         self.act3 = act_layer()
 
@@ -162,7 +174,7 @@ class Bottleneck(nn.Layer):
         x = self.act1(self.bn1(self.conv1(x)))
         x = self.act2(self.bn2(self.conv2(x)))
         x = self.bn3(self.conv3(x))
-        return self.act3(x + shortcut)
+        return self.act3(self.drop_path(x) + shortcut)
 
 
 Block = Type[Union[BasicBlock, Bottleneck]]
@@ -190,6 +202,9 @@ class ResNet(nn.Layer):
         data_format: ``"NCHW"`` or ``"NHWC"``: the layout of every conv/norm/pool (NHWC is faster for AMP on
             GPUs). The input is always NCHW.
         drop_rate: dropout probability on the pooled features, before the classifier.
+        drop_path_rate: stochastic depth (Huang et al. 2016): each block's residual branch is dropped per sample
+            with a probability rising linearly from 0 at the first block to ``drop_path_rate`` at the last
+            (timm's rule), before the addition; identity in evaluation.
         global_pool: ``"avg"``, ``"max"`` or ``"avgmax"`` (mean of both).
     """
 
@@ -211,6 +226,7 @@ class ResNet(nn.Layer):
         act_layer: Optional[LayerFactory] = None,
         data_format: str = "NCHW",
         drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
         global_pool: str = "avg",
     ) -> None:
         super().__init__()
@@ -225,9 +241,12 @@ class ResNet(nn.Layer):
             raise ConfigError(f"in_chans must be >= 1, got {in_chans}.")
         if not 0.0 <= drop_rate < 1.0:
             raise ConfigError(f"drop_rate must be in [0, 1), got {drop_rate}.")
+        if not 0.0 <= drop_path_rate < 1.0:
+            raise ConfigError(f"drop_path_rate must be in [0, 1), got {drop_path_rate}.")
 
         self.data_format = data_format
         self.drop_rate = drop_rate
+        self.drop_path_rate = drop_path_rate
         self.groups = groups
         self.base_width = base_width
         self._norm_layer = norm_layer or nn.BatchNorm2D
@@ -236,10 +255,13 @@ class ResNet(nn.Layer):
         self._build_stem(in_chans, stem_type, stem_width)
         self.inplanes = 64 if stem_type == "deep" else stem_width
         self.stage_names: list[str] = []
+        rates = drop_path_rates(drop_path_rate, sum(layers))
         for i, (planes, depth) in enumerate(zip(stage_widths, layers)):
             stride = 1 if i == 0 else 2
+            first = sum(layers[:i])
             stage = self._make_layer(
-                block, planes, depth, stride, avg_down, force_projection=project_first_shortcut and i == 0
+                block, planes, depth, stride, avg_down, force_projection=project_first_shortcut and i == 0,
+                block_drop_path_rates=rates[first:first + depth],
             )
             name = f"layer{i + 1}"
             setattr(self, name, stage)
@@ -281,9 +303,17 @@ class ResNet(nn.Layer):
             self.maxpool = nn.MaxPool2D(kernel_size=3, stride=2, padding=1, data_format=fmt)
 
     def _make_layer(
-        self, block: Block, planes: int, blocks: int, stride: int, avg_down: bool, force_projection: bool = False
+        self,
+        block: Block,
+        planes: int,
+        blocks: int,
+        stride: int,
+        avg_down: bool,
+        force_projection: bool = False,
+        block_drop_path_rates: Optional[Sequence[float]] = None,
     ) -> nn.Sequential:
         """One stage: ``blocks`` blocks, the first one strided and with a projection shortcut if needed."""
+        rates = list(block_drop_path_rates) if block_drop_path_rates is not None else [0.0] * blocks
         outplanes = planes * block.expansion
         downsample = None
         if stride != 1 or self.inplanes != outplanes or force_projection:
@@ -295,9 +325,9 @@ class ResNet(nn.Layer):
             act_layer=self._act_layer,
             data_format=self.data_format,
         )
-        stage = [block(self.inplanes, planes, stride, downsample, **options)]
+        stage = [block(self.inplanes, planes, stride, downsample, drop_path_rate=rates[0], **options)]
         self.inplanes = outplanes
-        stage += [block(self.inplanes, planes, **options) for _ in range(1, blocks)]
+        stage += [block(self.inplanes, planes, drop_path_rate=rates[i], **options) for i in range(1, blocks)]
         return nn.Sequential(*stage)
 
     def _make_shortcut(self, in_chs: int, out_chs: int, stride: int, avg_down: bool) -> nn.Sequential:

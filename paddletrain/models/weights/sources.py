@@ -30,6 +30,7 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
+from ...checkpoint.untrusted import StateValueError, checked_str_list
 from .report import PretrainedLoadError
 
 __all__ = [
@@ -216,32 +217,83 @@ def _describe_checkpoint(source: str, path: Path) -> WeightsInfo:
     except CheckpointError as err:
         raise PretrainedLoadError(f"Cannot read checkpoint {source!r}: {err}") from err
     info = WeightsInfo(source, "checkpoint", path=path)
-    data = (state.get("config") or {}).get("data") or {}
-    size = data.get("image_size")
-    if size and data.get("mean") and data.get("std"):
-        info.preprocessing = {"input_size": (len(data["mean"]), size, size), "mean": tuple(data["mean"]),
-                              "std": tuple(data["std"]), "interpolation": data.get("interpolation", "bilinear")}
-        if data.get("eval_resize"):
-            info.preprocessing["crop_pct"] = size / data["eval_resize"]
-    info.architecture = (state.get("run") or {}).get("model")
+    config = state.get("config") if isinstance(state, Mapping) else None
+    data = config.get("data") if isinstance(config, Mapping) else None
+    if isinstance(data, Mapping) and data.get("image_size") and data.get("mean") and data.get("std"):
+        try:
+            info.preprocessing = _checkpoint_preprocessing(data)
+        except StateValueError as err:
+            raise PretrainedLoadError(f"Checkpoint {source!r}: {err}") from err
+    run = state.get("run") if isinstance(state, Mapping) else None
+    architecture = run.get("model") if isinstance(run, Mapping) else None
+    info.architecture = architecture if isinstance(architecture, str) else None
     return info
 
 
+def _checkpoint_preprocessing(data: Mapping) -> dict[str, Any]:
+    """The eval preprocessing a checkpoint's resolved ``data`` config describes, checked like a file's."""
+    from ...checkpoint.untrusted import checked_int
+
+    key = "config.data"
+    found = checked_preprocessing({"mean": data["mean"], "std": data["std"],
+                                   "interpolation": data.get("interpolation", "bilinear")}, key)
+    size = checked_int(data["image_size"], f"{key}.image_size", minimum=1, maximum=1 << 16)
+    found["input_size"] = (len(found["mean"]), size, size)
+    if data.get("eval_resize"):
+        resize = checked_int(data["eval_resize"], f"{key}.eval_resize", minimum=size, maximum=1 << 16)
+        found["crop_pct"] = size / resize
+    return found
+
+
 def _read_safetensors_metadata(path: Path, info: WeightsInfo) -> None:
-    from safetensors import SafetensorError, safe_open
+    from ...checkpoint import CheckpointError
+    from ...checkpoint.tensors import read_metadata
 
     try:
-        with safe_open(str(path), framework="numpy") as handle:
-            metadata = handle.metadata() or {}
-    except (SafetensorError, OSError, ValueError) as err:
-        raise PretrainedLoadError(f"Cannot read safetensors file {str(path)!r}: {err}") from err
+        metadata = read_metadata(path)
+    except CheckpointError as err:
+        raise PretrainedLoadError(f"Cannot read safetensors weights: {err}") from err
     try:
         if META_PREPROCESSING in metadata:
-            info.preprocessing = json.loads(metadata[META_PREPROCESSING])
+            info.preprocessing = checked_preprocessing(json.loads(metadata[META_PREPROCESSING]))
         if META_LABEL_NAMES in metadata:
-            info.label_names = list(json.loads(metadata[META_LABEL_NAMES]))
-    except json.JSONDecodeError as err:
+            info.label_names = checked_str_list(json.loads(metadata[META_LABEL_NAMES]), META_LABEL_NAMES)
+    except (json.JSONDecodeError, RecursionError) as err:
         raise PretrainedLoadError(f"{str(path)!r}: corrupt paddletrain metadata ({err})") from err
+    except StateValueError as err:
+        raise PretrainedLoadError(f"{str(path)!r}: metadata {err}") from err
+
+
+def checked_preprocessing(data: Any, key: str = META_PREPROCESSING) -> dict[str, Any]:
+    """The preprocessing a weight file or checkpoint carries, every value of the type ``fit`` uses it as.
+
+    Raises:
+        StateValueError: naming the key (``paddletrain.preprocessing.mean``) and the bad value.
+    """
+    from ...checkpoint.untrusted import StateValueError, checked_int, checked_mapping, checked_number, show
+
+    data = dict(checked_mapping(data, key))
+    size = data.get("input_size")
+    if size is not None:
+        if not isinstance(size, (list, tuple)) or len(size) != 3:
+            raise StateValueError(f"{key}.input_size", f"is {show(size)}: expected [channels, height, width]")
+        data["input_size"] = tuple(checked_int(v, f"{key}.input_size[{i}]", minimum=1, maximum=1 << 16)
+                                   for i, v in enumerate(size))
+    for name in ("mean", "std"):
+        values = data.get(name)
+        if values is not None:
+            if not isinstance(values, (list, tuple)) or not 1 <= len(values) <= 64:
+                raise StateValueError(f"{key}.{name}", f"is {show(values)}: expected a list of 1 to 64 numbers")
+            data[name] = tuple(checked_number(v, f"{key}.{name}[{i}]", finite=True) for i, v in enumerate(values))
+    if any(v == 0 for v in data.get("std") or ()):
+        raise StateValueError(f"{key}.std", f"is {show(data['std'])}: a standard deviation cannot be 0")
+    if data.get("interpolation") is not None and not isinstance(data["interpolation"], str):
+        raise StateValueError(f"{key}.interpolation", f"is {show(data['interpolation'])}: expected a string")
+    if data.get("crop_pct") is not None:
+        crop = checked_number(data["crop_pct"], f"{key}.crop_pct", finite=True)
+        if not 0 < crop <= 1:
+            raise StateValueError(f"{key}.crop_pct", f"is {show(data['crop_pct'])}: expected a number in (0, 1]")
+    return data
 
 
 def _read_lines(path: Path) -> list[str]:
@@ -352,13 +404,13 @@ def read_state_dict(path: str, trust_pickle: bool = False) -> dict[str, np.ndarr
         raise PretrainedLoadError(f"Pretrained weight file not found: {path!r}")
     suffix = os.path.splitext(path)[1].lower()
     if suffix in SAFE_SUFFIXES:
-        from safetensors import SafetensorError
-        from safetensors.numpy import load_file
+        from ...checkpoint import CheckpointError
+        from ...checkpoint.tensors import read_tensors
 
         try:
-            return dict(load_file(path))
-        except (SafetensorError, OSError, ValueError) as err:
-            raise PretrainedLoadError(f"Cannot read safetensors file {path!r}: {err}") from err
+            return read_tensors(path)
+        except CheckpointError as err:
+            raise PretrainedLoadError(f"Cannot read safetensors weights: {err}") from err
     if suffix in PICKLE_SUFFIXES:
         return _read_pickle(path, trust_pickle)
     supported = ", ".join(SAFE_SUFFIXES + PICKLE_SUFFIXES)
@@ -367,13 +419,15 @@ def read_state_dict(path: str, trust_pickle: bool = False) -> dict[str, np.ndarr
 
 
 def _read_pickle(path: str, trust_pickle: bool) -> dict[str, np.ndarray]:
-    from ...checkpoint import CheckpointError, safe_unpickle
+    from ...checkpoint import CheckpointError, PickleRefused, safe_unpickle
 
     try:
         state = safe_unpickle(path)
     except CheckpointError as err:
-        if "refusing" not in str(err):
-            raise PretrainedLoadError(f"Cannot read pickled weights {path!r}: {err}") from err
+        # Only a callable outside the allow-list can be let through by trust; a structure that is not a plain
+        # tree of arrays (shared references, absurd depth or size) is refused whatever the trust.
+        if not (isinstance(err, PickleRefused) and err.needs_trust):
+            raise PretrainedLoadError(f"Cannot read pickled weights: {err}") from err
         if not trust_pickle:
             raise PretrainedLoadError(
                 f"{path!r} is a pickle that holds more than arrays ({err}); unpickling it can run code from the "

@@ -1,0 +1,29 @@
+"""Every extension point of paddletrain, one :class:`~paddletrain.registry.Registry` each.
+
+This module imports nothing that registers into it, so any module may import it without a cycle. The
+built-in entries register themselves when their modules are imported (``paddletrain.builtins`` imports them
+all); a downstream package registers its own the same way (see :mod:`paddletrain.registry` for plugins).
+
+What each registry holds (the factory's call signature):
+
+- ``OPTIMIZERS``: ``factory(param_groups, learning_rate, cfg: OptimConfig) -> paddle.optimizer.Optimizer``
+- ``SCHEDULERS``: ``factory(cfg: SchedConfig, base_lr, steps: ScheduleSteps) -> paddle.optimizer.lr.LRScheduler``
+- ``LOSSES``: ``factory(cfg: LossConfig) -> loss(logits, targets) -> scalar tensor``; targets are class indices
+  or soft targets (``[batch, classes]`` probabilities)
+- ``AUGMENTATIONS``: ``factory(**options) -> transform`` whose ``stage`` attribute says where it runs:
+  ``"image"`` (PIL image -> PIL image, before normalisation) or ``"array"`` (normalised float32 CHW array ->
+  array, after it; e.g. random erasing); random draws from python ``random`` / ``numpy.random`` (seeded per
+  batch by the loader, so augmentation resumes exactly)
+- ``CALLBACKS``: a :class:`~paddletrain.callbacks.Callback` subclass, built with keyword options
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from paddletrain.registry import Registry
+
+OPTIMIZERS: Registry[Any] = Registry("optimizer", "optim.name")
+SCHEDULERS: Registry[Any] = Registry("scheduler", "sched.name")
+LOSSES: Registry[Any] = Registry("loss", "loss.name")
+AUGMENTATIONS: Registry[Any] = Registry("augmentation", "data.augment")
+CALLBACKS: Registry[Any] = Registry("callback", "callbacks")

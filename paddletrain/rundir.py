@@ -1,0 +1,181 @@
+"""One run directory, one writer: an exclusive lock that `python -m paddletrain.fit` holds for the whole run.
+
+The lock is ``fcntl.flock`` on ``<run dir>/.paddletrain.lock``. The kernel releases it when the holding
+process ends, however it ends (``kill -9`` included), so a lock file left behind never blocks the next run:
+only a live holder does. The file records the holder's pid and host so a refused run can say who holds it.
+With ``trainer.devices=N`` the launcher holds the lock and the ranks it starts do not take it.
+
+It is taken first by :class:`RunDirGuard`, a Hydra callback that runs before Hydra writes ``.hydra/`` into
+the run directory (so a refused run cannot overwrite the running one's saved config), then again (a no-op in
+the same process) by ``fit``'s launcher and by ``fit.train``, which holds it for its own duration when called
+without the callback: sweeps, downstream Hydra apps, Python code.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import socket
+import stat
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Optional, Union
+
+from hydra.experimental.callback import Callback
+
+from paddletrain import distributed
+from paddletrain.errors import UserError
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: runs are not locked
+    fcntl = None  # type: ignore[assignment]
+
+LOCK_FILE = ".paddletrain.lock"
+# The holder record is a few dozen bytes; never read more than this from a file someone else may have made.
+MAX_RECORD_BYTES = 4096
+
+
+class RunDirBusy(UserError):
+    """Another live process holds the run directory's lock."""
+
+
+@dataclass
+class RunDirLock:
+    """A held lock: the run directory, the lock file and its open descriptor (closing it releases the lock)."""
+
+    run_dir: Path
+    path: Path
+    fd: int
+
+
+# The one run directory this process writes (a process runs one training at a time).
+_held: Optional[RunDirLock] = None
+
+
+def hold_run_dir(run_dir: Union[str, Path]) -> Optional[RunDirLock]:
+    """Take the exclusive lock on ``run_dir`` (created if needed) for the rest of this process's life.
+
+    Holding a new directory releases the one held before; returns None (unlocked, with a warning) where the
+    platform has no ``flock``. Raises :class:`RunDirBusy` naming the directory and the holder's pid and host
+    when another live process holds it, and :class:`UserError` when the lock file is not a regular file (a
+    symlink or FIFO planted in a run directory someone handed over) or the directory cannot be locked.
+    """
+    global _held
+    run_dir = Path(run_dir).resolve()
+    if _held is not None and _held.run_dir == run_dir:
+        return _held
+    if fcntl is None:  # pragma: no cover
+        logging.getLogger("paddletrain").warning("run directory %s is not locked: this platform has no flock",
+                                                 run_dir)
+        return None
+    path = run_dir / LOCK_FILE
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        # O_NOFOLLOW: a symlink planted as the lock file must not make us truncate what it points to.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        reason = "it is a symlink" if exc.errno == errno.ELOOP else exc.strerror
+        raise UserError(f"cannot open the run directory lock {path}: {reason}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UserError(f"the run directory lock {path} is not a regular file; remove it")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunDirBusy(f"run directory {run_dir} is in use by another paddletrain run "
+                             f"({describe_holder(fd)}); wait for it to end or pick another hydra.run.dir") from None
+        except OSError as exc:  # e.g. ENOLCK: a file system without locks
+            raise UserError(f"cannot lock the run directory {run_dir} ({path}: {exc.strerror}); use a run "
+                            "directory on a file system with locks") from None
+        record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()})
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, record.encode() + b"\n", 0)
+        except OSError as exc:  # e.g. a full disk: the run could not write its checkpoints either
+            raise UserError(f"cannot write the run directory lock {path}: {exc.strerror}") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    release_run_dir()
+    _held = RunDirLock(run_dir, path, fd)
+    return _held
+
+
+@contextmanager
+def holding_run_dir(run_dir: Union[str, Path]) -> Iterator[Optional[RunDirLock]]:
+    """:func:`hold_run_dir` for the ``with`` block; releases on exit only a lock it took itself."""
+    already = held_run_dir() == Path(run_dir).resolve()
+    lock = hold_run_dir(run_dir)
+    try:
+        yield lock
+    finally:
+        if not already:
+            release_run_dir()
+
+
+def release_run_dir() -> None:
+    """Release the lock this process holds, if any (the process's end releases it too)."""
+    global _held
+    if _held is not None:
+        os.close(_held.fd)
+        _held = None
+
+
+def held_run_dir() -> Optional[Path]:
+    """The run directory this process holds, or None."""
+    return _held.run_dir if _held is not None else None
+
+
+def describe_holder(fd: int) -> str:
+    """``pid 123 on host`` from the lock file's record, or why it cannot be told."""
+    try:
+        raw = os.pread(fd, MAX_RECORD_BYTES, 0)
+        record = json.loads(raw.decode("utf-8"))
+        pid, host = int(record["pid"]), str(record["host"])[:255]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "pid unknown: it is starting, or the lock file was not written by paddletrain"
+    return f"pid {pid} on {host}"
+
+
+class RunDirGuard(Callback):
+    """Hydra callback for `paddletrain.fit`: checks every value and locks the run directory before Hydra
+    creates it and writes ``.hydra/`` there, so a bad value or a busy directory stops the run before any work.
+
+    Enabled in ``conf/fit.yaml`` under ``hydra.callbacks``. Ranks of a ``trainer.devices=N`` job skip it:
+    their launcher already checked and holds the directory.
+    """
+
+    def on_run_start(self, config: Any, **kwargs: Any) -> None:
+        import copy
+
+        from hydra.core.hydra_config import HydraConfig
+        from omegaconf import OmegaConf, open_dict, read_write
+
+        from paddletrain.config import validate_config
+
+        if distributed.is_launched():
+            return
+        try:
+            # Resolving hydra.run.dir may use ${hydra:...}; Hydra sets this itself just after this hook, and
+            # resolves the same node (its ${now:...} is cached), so this is the directory the run will use.
+            HydraConfig.instance().set_config(config)
+            run_dir = Path(os.path.abspath(str(OmegaConf.select(config, "hydra.run.dir"))))
+            task = copy.deepcopy(config)  # what the task function will get, as Hydra builds it
+            with read_write(task), open_dict(task):
+                del task["hydra"]
+        except Exception:  # an odd config: fit's own checks report it once Hydra has set up logging
+            return
+        try:
+            validate_config(task)
+            # Several nodes share one run directory: node 0's launcher holds it for the whole job.
+            if not OmegaConf.select(task, "trainer.node_rank", default=0):
+                hold_run_dir(run_dir)
+        except UserError as exc:
+            print(f"[paddletrain][ERROR] - {exc}", file=sys.stderr, flush=True)
+            sys.exit(2)
+

@@ -1,0 +1,140 @@
+"""Does a saved training state fit the objects it is about to be loaded into? Checked before anything changes.
+
+Paddle's ``set_state_dict`` only warns about missing or mis-shaped weights, and an optimizer accepts moments of
+any shape until its first step fails mid-run. These checks run first and name the key; the values are
+untrusted (see :mod:`paddletrain.checkpoint.untrusted`).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import paddle
+
+from paddletrain.checkpoint.untrusted import (StateValueError, checked_bool, checked_int, checked_mapping,
+                                              checked_number, required, show)
+from paddletrain.errors import UserError
+
+# Optimizers whose every accumulator is shaped like its parameter or holds one value (beta powers, step
+# counters). Others (e.g. ASGD's per-batch history) are only checked to hold tensors.
+_PARAMETER_SHAPED = tuple(getattr(paddle.optimizer, name) for name in (
+    "SGD", "Momentum", "Adam", "AdamW", "Adamax", "Adagrad", "Adadelta", "RMSProp", "Lamb", "NAdam", "RAdam")
+    if hasattr(paddle.optimizer, name))
+
+
+def _shape(value: Any, key: str) -> list[int]:
+    if not hasattr(value, "shape") or not hasattr(value, "dtype"):
+        raise StateValueError(key, f"is {show(value)}: expected a tensor")
+    return [int(n) for n in value.shape]
+
+
+def check_state_matches(model: paddle.nn.Layer, saved: Any, key: str = "model") -> None:
+    """Raise :class:`UserError` listing missing, unexpected and shape-mismatched keys.
+
+    Paddle's ``set_state_dict`` only warns about them, which would resume a different model silently. A value
+    that is not a tensor raises :class:`StateValueError` naming it.
+    """
+    checked_mapping(saved, key)
+    expected = model.state_dict()
+    shapes = {k: _shape(v, f"{key}.{k}") for k, v in saved.items()}
+    missing = sorted(set(expected) - set(saved))
+    unexpected = sorted(set(saved) - set(expected))
+    mismatched = sorted(f"{k}: checkpoint {shapes[k]} vs model {list(expected[k].shape)}"
+                        for k in set(expected) & set(saved) if shapes[k] != list(expected[k].shape))
+    if missing or unexpected or mismatched:
+        parts = [f"{label} ({len(keys)}): {', '.join(keys[:8])}{' ...' if len(keys) > 8 else ''}"
+                 for label, keys in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", mismatched))
+                 if keys]
+        raise UserError("the checkpoint's weights do not fit this model (a different architecture or number of "
+                        "classes?): " + "; ".join(parts))
+
+
+def check_optimizer_state(optimizer: paddle.optimizer.Optimizer, model: paddle.nn.Layer, saved: Any,
+                          key: str = "optimizer") -> None:
+    """Check an optimizer ``state_dict`` against the parameters of ``model`` before ``set_state_dict``.
+
+    Accumulators are named ``<parameter name>_<kind>_<n>`` (``conv2d_0.w_0_moment1_0``); each must be a tensor
+    shaped like its parameter or holding one value, and ``master_weights`` like their parameters. The learning
+    rate scheduler's part is checked like the scheduler's own state.
+
+    Raises:
+        StateValueError: naming the accumulator, its shape and the parameter's.
+    """
+    checked_mapping(saved, key)
+    params = {p.name: p for p in model.parameters()}
+    strict = isinstance(optimizer, _PARAMETER_SHAPED)
+    for name, value in saved.items():
+        where = f"{key}.{name}"
+        if name == "LR_Scheduler":
+            learning_rate = getattr(optimizer, "_learning_rate", None)
+            if isinstance(learning_rate, paddle.optimizer.lr.LRScheduler):
+                check_scheduler_state(learning_rate, value, where)
+            continue
+        if name == "master_weights":
+            for param_name, weight in checked_mapping(value, where).items():
+                shape = _shape(weight, f"{where}.{param_name}")
+                if param_name in params and shape != list(params[param_name].shape):
+                    raise StateValueError(f"{where}.{param_name}", f"has shape {shape}, but the parameter has "
+                                                                   f"{list(params[param_name].shape)}")
+            continue
+        shape = _shape(value, where)
+        param = _owner(name, params)
+        if param is None or not strict:
+            continue  # paddle keeps state of unknown parameters aside and never uses it
+        expected = list(param.shape)
+        if shape != expected and math.prod(shape) != 1:
+            raise StateValueError(where, f"has shape {shape}, but its parameter {param.name} has shape {expected} "
+                                         "(an optimizer state of another model?)")
+
+
+def _owner(accumulator: str, params: dict[str, Any]) -> Any:
+    """The parameter an accumulator belongs to: the longest parameter name it starts with, plus ``_``."""
+    owners = [name for name in params if accumulator.startswith(name + "_")]
+    return params[max(owners, key=len)] if owners else None
+
+
+def check_scheduler_state(scheduler: paddle.optimizer.lr.LRScheduler, saved: Any, key: str = "scheduler") -> None:
+    """Every value the scheduler keeps must come back with the kind it has now (a count stays an int >= -1)."""
+    _check_like(saved, scheduler.state_dict(), key)
+
+
+def _check_like(saved: Any, current: Any, key: str) -> None:
+    if isinstance(current, Mapping):
+        saved = checked_mapping(saved, key)
+        for name, value in current.items():
+            if name in saved:
+                _check_like(saved[name], value, f"{key}.{name}")
+    elif isinstance(current, bool):
+        checked_bool(saved, key)
+    elif isinstance(current, int) and (isinstance(saved, int) or key.endswith("last_epoch")):
+        checked_int(saved, key, minimum=-1)  # a counter: last_epoch starts at -1
+    elif isinstance(current, (int, float)):  # a rate (an int base rate becomes a float after a step)
+        checked_number(saved, key, finite=True)
+    elif isinstance(current, (list, tuple)):
+        if not isinstance(saved, (list, tuple)) or len(saved) != len(current):
+            raise StateValueError(key, f"is {show(saved)}: expected a list of {len(current)} values")
+        for i, (s, c) in enumerate(zip(saved, current)):
+            _check_like(s, c, f"{key}[{i}]")
+
+
+def checked_progress(progress: Any, key: str = "progress") -> dict[str, Any]:
+    """The trainer's position (epoch, batch, step counters), every counter an int in range."""
+    checked_mapping(progress, key)
+    return {
+        "epoch": checked_int(required(progress, "epoch", f"{key}.epoch"), f"{key}.epoch"),
+        "batch_in_epoch": checked_int(progress.get("batch_in_epoch", 0), f"{key}.batch_in_epoch"),
+        "epoch_finished": checked_bool(progress.get("epoch_finished", False), f"{key}.epoch_finished"),
+        "global_step": checked_int(required(progress, "global_step", f"{key}.global_step"), f"{key}.global_step"),
+        "nonfinite_steps": checked_int(progress.get("nonfinite_steps", 0), f"{key}.nonfinite_steps"),
+    }
+
+
+def checked_metrics(metrics: Any, key: str = "metrics") -> dict[str, float]:
+    """Logged metrics: names to numbers (NaN and inf included: a diverged run logs them)."""
+    checked_mapping(metrics, key)
+    for name, value in metrics.items():
+        if not isinstance(name, str):
+            raise StateValueError(key, f"has the key {show(name)}: expected metric names")
+        checked_number(value, f"{key}.{name}")
+    return dict(metrics)
