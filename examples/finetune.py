@@ -15,7 +15,8 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_module
 
-import paddletrain.fit  # registers the config schemas
+import paddletrain.build
+import paddletrain.fit  # noqa: F401  (registers the config schemas)
 import paddletrain.models.vision  # noqa: F401  (registers model=vision)
 from paddletrain.models import create_model, load_pretrained
 from paddletrain.models.weights import describe
@@ -48,8 +49,8 @@ def main() -> None:
         "data.image_size=null", "data.mean=null", "data.std=null", "data.interpolation=null", "data.batch_size=16",
         "optim=adamw", f"optim.lr={args.lr}", "optim.head_lr_mult=10", "optim.weight_decay=0.01",
         "sched.warmup_epochs=0",
-        f"trainer.max_epochs={args.epochs}", f"trainer.finetune.freeze_backbone_epochs={args.freeze_epochs}",
-        "trainer.finetune.freeze_bn=true",
+        f"trainer.max_epochs={args.epochs}", f"+callbacks.backbone_freeze.epochs={args.freeze_epochs}",
+        "+callbacks.freeze_bn={}",
     ]
     if args.model == "vision":
         overrides.append(f"model.arch={args.arch}")
@@ -57,7 +58,7 @@ def main() -> None:
         cfg = compose("fit", overrides=overrides)
     run_dir = Path(args.out)
     run_dir.mkdir(parents=True, exist_ok=True)
-    metrics = paddletrain.fit.train(cfg, run_dir)
+    metrics = paddletrain.build.train(cfg, run_dir)
     print(f"val/top1 {metrics.get('val/top1', float('nan')):.4f} (run dir: {run_dir})")
 
 

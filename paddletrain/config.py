@@ -12,7 +12,7 @@ import dataclasses
 import math
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -79,6 +79,8 @@ class ModelConfig:
     # For model=vision: any paddle.vision.models builder name.
     arch: Optional[str] = None
     drop_rate: float = allowed(0.0, ge=0, lt=1)
+    # Stochastic depth: the residual branches' drop probability rises linearly over the blocks to this value.
+    drop_path_rate: float = allowed(0.0, ge=0, lt=1)
     zero_init_residual: bool = False
     data_format: str = allowed("NCHW", choices=("NCHW", "NHWC"))
     # Strict loading of pretrained weights (only the classifier head may differ).
@@ -137,13 +139,21 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = allowed("sgd", choices=("sgd", "adamw"))
+    # A name registered in paddletrain.registries.OPTIMIZERS: sgd, adamw, adam, rmsprop, lamb, lars, or a plugin's.
+    name: str = "sgd"
     lr: float = allowed(0.1, gt=0)
+    # sgd and lars: momentum; rmsprop: its momentum term.
     momentum: float = allowed(0.9, ge=0, lt=1)
     nesterov: bool = False
     weight_decay: float = allowed(5e-4, ge=0)
     betas: List[float] = allowed(factory=lambda: [0.9, 0.999], ge=0, lt=1)
-    eps: float = allowed(1e-8, gt=0)
+    # None: each optimizer's own default (1e-6 for lamb, 1e-8 for adam/adamw, 1e-6 for rmsprop).
+    eps: Optional[float] = allowed(None, gt=0)
+    # lars: the trust coefficient of the layer-wise rate.
+    trust_coefficient: float = allowed(0.001, gt=0)
+    # rmsprop: the decay of the squared-gradient average, and whether to centre it.
+    rho: float = allowed(0.9, gt=0, lt=1)
+    centered: bool = False
     # No weight decay on normalisation layers and biases.
     no_decay_norm_bias: bool = True
     # Multiply the classifier head's LR (fine-tuning) and decay LR per stage towards the stem.
@@ -156,7 +166,8 @@ class OptimConfig:
 
 @dataclass
 class SchedConfig:
-    name: str = allowed("cosine", choices=("cosine", "step", "multistep", "onecycle", "constant"))
+    # A name registered in paddletrain.registries.SCHEDULERS: cosine, step, multistep, onecycle, constant.
+    name: str = "cosine"
     warmup_epochs: float = allowed(0.0, ge=0)
     warmup_start_factor: float = allowed(0.01, ge=0, lt=1)
     min_lr: float = allowed(0.0, ge=0)
@@ -184,37 +195,18 @@ class AmpConfig:
     eval_in_amp: bool = False
 
 
-MODES = ("max", "min")
-
-
 @dataclass
-class CheckpointConfig:
-    enabled: bool = True
-    monitor: str = "val/top1"
-    mode: str = allowed("max", choices=MODES)
-    keep_last: int = allowed(1, ge=1)
-    keep_best: int = allowed(1, ge=0)
-    every_n_steps: Optional[int] = allowed(None, ge=1)
-    every_n_epochs: int = allowed(1, ge=1)
-    # Load legacy pickled .pdparams/.pdopt checkpoints (runs code from the file: trust it first).
-    trust_pickle: bool = False
-
-
-@dataclass
-class EarlyStoppingConfig:
-    enabled: bool = False
-    monitor: str = "val/top1"
-    mode: str = allowed("max", choices=MODES)
-    patience: int = allowed(10, ge=1)
-    min_delta: float = allowed(0.0, ge=0)
-
-
-@dataclass
-class FinetuneConfig:
-    # Freeze everything but the classifier head for this many epochs, then unfreeze.
-    freeze_backbone_epochs: int = allowed(0, ge=0)
-    # Keep BatchNorm running statistics fixed (eval-mode BN) during training.
-    freeze_bn: bool = False
+class LossConfig:
+    # A name registered in paddletrain.registries.LOSSES: cross_entropy, soft_target_cross_entropy,
+    # binary_cross_entropy, or a plugin's.
+    name: str = "cross_entropy"
+    # Label smoothing of hard labels (soft targets are smoothed where they are mixed).
+    label_smoothing: float = allowed(0.0, ge=0, lt=1)
+    # binary_cross_entropy only: targets above this become 1, the others 0 (timm's --bce-target-thresh).
+    target_threshold: Optional[float] = allowed(None, ge=0, lt=1)
+    # binary_cross_entropy only: sum over classes, then mean over the batch (timm's --bce-sum), instead of the
+    # mean over every (sample, class) element.
+    bce_sum: bool = False
 
 
 @dataclass
@@ -236,30 +228,17 @@ class TrainerConfig:
     deterministic: bool = False
     accumulate_grad_batches: int = allowed(1, ge=1)
     grad_clip_norm: Optional[float] = allowed(None, gt=0)
-    label_smoothing: float = allowed(0.0, ge=0, lt=1)
     # Validate every N epochs; 0 disables validation.
     val_every_n_epochs: int = allowed(1, ge=0)
     limit_train_batches: Optional[int] = allowed(None, ge=1)
     limit_val_batches: Optional[int] = allowed(None, ge=1)
-    log_every_n_steps: int = allowed(20, ge=1)
-    progress_bar: bool = True
-    visualdl: bool = True
-    log_images: bool = True
     # Resume: None, "auto" (newest complete checkpoint in the run dir) or a checkpoint directory.
     resume: Optional[str] = None
+    # Resume from a legacy pickled .pdparams/.pdopt checkpoint (unpickling runs code: trust the file first).
+    trust_pickle: bool = False
     # Stop after this many consecutive non-finite steps.
     max_consecutive_nonfinite: int = allowed(20, ge=1)
-    # Keep an exponential moving average of the weights (e.g. 0.999), validated with and checkpointed.
-    ema_decay: Optional[float] = allowed(None, gt=0, lt=1)
-    # paddle.profiler over steps [wait, wait + warmup + active): summary + Chrome trace in <run dir>/profiler.
-    profile: bool = False
-    profile_wait: int = allowed(2, ge=0)
-    profile_warmup: int = allowed(1, ge=0)
-    profile_active: int = allowed(5, ge=1)
     amp: AmpConfig = field(default_factory=AmpConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
-    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
 
 
 @dataclass
@@ -268,7 +247,16 @@ class FitConfig:
     data: DataConfig = MISSING
     optim: OptimConfig = MISSING
     sched: SchedConfig = MISSING
+    loss: LossConfig = MISSING
     trainer: TrainerConfig = MISSING
+    # Callbacks by name: a callback registered in paddletrain.registries.CALLBACKS under that name, with its
+    # options (`early_stopping: {patience: 5}`), or any class given by `_target_`. null switches one off.
+    callbacks: Dict[str, Any] = field(default_factory=dict)
+    # The metric that ranks checkpoints and runs (the value a sweeper optimises), and whether higher is better.
+    monitor: str = "val/top1"
+    monitor_mode: str = allowed("max", choices=("max", "min"))
+    # Modules to import before anything is built, so that they register models, datasets, ... (plugins).
+    imports: List[str] = field(default_factory=list)
     # Run name used in the run directory and the summary.
     name: str = "paddletrain"
     # Free-form tags: experiment recipes may set them; never read by the library.
@@ -285,6 +273,7 @@ SCHEMAS: dict[str, Any] = {
     "data": DataConfig,
     "optim": OptimConfig,
     "sched": SchedConfig,
+    "loss": LossConfig,
     "trainer": TrainerConfig,
 }
 
@@ -375,6 +364,14 @@ def check_values(node: Any, schema: Optional[type] = None, prefix: str = "", con
             _check(f.metadata[ALLOWED], f"{prefix}{f.name}", value, context)
 
 
+def check_option(name: str, value: Any, *, ge: Optional[float] = None, gt: Optional[float] = None,
+                 le: Optional[float] = None, lt: Optional[float] = None, choices: tuple = ()) -> None:
+    """Raise :class:`ConfigError` when ``value`` of the option ``name`` is not allowed (same rules and messages as
+    the schemas'; for constructors whose keyword arguments are their config, e.g. the callbacks)."""
+    if value is not None:
+        _check(Allowed(ge=ge, gt=gt, le=le, lt=lt, choices=tuple(choices)), name, value, "")
+
+
 def check_field(schema: type, name: str, value: Any, context: str = "") -> None:
     """Check one argument against the declaration of ``schema.name`` (for library functions that take the
     keys as plain arguments, so the CLI and the API share one rule)."""
@@ -441,6 +438,7 @@ def validate_config(cfg: Any, use: str = "fit") -> None:
         raise ConfigError(f"missing required value for data.root: data.name={cfg.data.name} reads its images from "
                           f"there (e.g. data.root=/data/my_images)")
     _check_nodes(cfg.trainer)
+    check_names(cfg)
     if cfg.data.mean is not None and cfg.data.std is not None and len(cfg.data.mean) != len(cfg.data.std):
         raise ConfigError(f"data.mean has {len(cfg.data.mean)} values but data.std has {len(cfg.data.std)}")
     if use != "export":
@@ -448,6 +446,29 @@ def validate_config(cfg: Any, use: str = "fit") -> None:
 
 
 VALIDATION_USES = ("fit", "evaluate", "export")
+
+
+def check_names(cfg: Any) -> None:
+    """Every name the config looks up in a registry is registered (plugins and ``imports`` included), and every
+    callback entry names a callback and only options it takes."""
+    import paddletrain.builtins  # noqa: F401  (registers the built-in names)
+    from paddletrain.callbacks.instantiate import check_callback_entries
+    from paddletrain.data import list_datasets
+    from paddletrain.errors import ConfigError
+    from paddletrain.models import is_model, list_models
+    from paddletrain.registries import LOSSES, OPTIMIZERS, SCHEDULERS
+    from paddletrain.registry import close_matches, import_modules
+
+    import_modules(cfg.get("imports") or ())
+    for registry, name in ((OPTIMIZERS, cfg.optim.name), (SCHEDULERS, cfg.sched.name), (LOSSES, cfg.loss.name)):
+        registry.get(name)
+    if not is_model(cfg.model.name):
+        close = close_matches(cfg.model.name, list_models())
+        raise ConfigError(f"unknown model model.name={cfg.model.name!r}"
+                          + (f"; did you mean {', '.join(close)}?" if close else "; see paddletrain.list_models()"))
+    if cfg.data.name not in list_datasets():
+        raise ConfigError(f"unknown dataset data.name={cfg.data.name!r}; valid names: {', '.join(list_datasets())}")
+    check_callback_entries(cfg.get("callbacks") or {})
 
 
 def _check_machine(cfg: Any, training: bool) -> None:

@@ -26,7 +26,10 @@ import paddle
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from paddletrain.config import allowed, check_field, check_values
+from paddletrain.build import checkpoint_config, checkpoint_model
+from paddletrain.checkpoint import load_checkpoint
+from paddletrain.config import allowed, check_field, check_values, validate_config
+from paddletrain.data import DatasetError, build_datasets, build_transform, preprocessing_info
 from paddletrain.errors import ExitCode, UserError
 from paddletrain.inference import (DEVICES, MODEL_PREFIX, PREPROCESS_FILE, PREPROCESS_FORMAT_VERSION, PRECISIONS,
                                    Predictor, Preprocessing, check_precision_runs_on)
@@ -286,37 +289,6 @@ def onnx_parity(onnx_file: Path, inputs: np.ndarray, reference: np.ndarray, tole
     return compare_logits(np.concatenate(outputs), reference, tolerance)
 
 
-def checkpoint_config(saved: dict, data_root: Optional[str] = None) -> DictConfig:
-    """The training config stored in a checkpoint, validated against the fit schema."""
-    from paddletrain.config import FitConfig, validate_config
-
-    if not saved:
-        raise UserError("the checkpoint holds no config; it was not written by paddletrain.fit")
-    keys = set(FitConfig.__dataclass_fields__)
-    try:
-        cfg = OmegaConf.merge(OmegaConf.structured(FitConfig), {k: v for k, v in saved.items() if k in keys})
-    except Exception as exc:  # omegaconf's ValidationError/ConfigKeyError name the key
-        raise UserError(f"the checkpoint's config does not match this paddletrain version's schema: {exc}") from exc
-    if data_root is not None:
-        cfg.data.root = data_root
-    validate_config(cfg, use="export")
-    cfg.model.pretrained = None  # the checkpoint's weights replace any pretrained ones: don't fetch them
-    return cfg
-
-
-def _load_weights(model: paddle.nn.Layer, state: dict, checkpoint_dir: Path) -> None:
-    """Load the checkpoint's weights, refusing any key that is missing, unexpected or of another shape."""
-    from paddletrain.trainer import check_state_matches
-
-    if "model" not in state:
-        raise UserError(f"checkpoint={checkpoint_dir} holds no model weights (no 'model' entry)")
-    try:
-        check_state_matches(model, state["model"])
-    except UserError as exc:
-        raise UserError(f"checkpoint={checkpoint_dir}: {exc}") from None
-    model.set_state_dict(state["model"])
-
-
 def _check_images(splits: Any, eval_transform: Any, preprocessing: Preprocessing,
                   count: int) -> Tuple[np.ndarray, float]:
     """``count`` validation images spread over the split, through the eval transform, plus how far the
@@ -344,29 +316,27 @@ class _Rebuilt:
 
 
 def _rebuild(checkpoint_dir: Path, data_root: Optional[str]) -> _Rebuilt:
-    from paddletrain.checkpoint import load_checkpoint
-    from paddletrain.data import DatasetError, build_datasets, build_transform, preprocessing_info
-    from paddletrain.fit import build_model
-
     if not checkpoint_dir.is_dir():
         raise UserError(f"checkpoint={str(checkpoint_dir)!r} is not a directory")
     checkpoint = load_checkpoint(checkpoint_dir)
-    cfg = checkpoint_config(checkpoint.state.get("config", {}), data_root)
+    source = f"checkpoint={checkpoint_dir}"
+    cfg = checkpoint_config(checkpoint.state.get("config"), source=source)
+    if data_root is not None:
+        cfg.data.root = data_root
+    validate_config(cfg, use="export")
     try:
         splits = build_datasets(cfg.data)
         eval_tf = build_transform(cfg.data, train=False, in_chans=splits.in_chans)
     except DatasetError as exc:
         raise UserError(f"cannot open the checkpoint's dataset ({exc}); if it moved, pass data_root=<dir>") from exc
-    model = build_model(cfg, splits.classes, splits.in_chans)
-    _load_weights(model, checkpoint.state, checkpoint_dir)
+    model = checkpoint_model(cfg, checkpoint.state, len(splits.classes), splits.in_chans, source)
     exportable = model
     if cfg.model.data_format != "NCHW":
         # oneDNN in Paddle Inference 3.3 cannot run NHWC convolutions; weights do not depend on the layout,
         # so the NCHW twin is exported and the parity check compares it with the model as trained.
         log.info("model.data_format=%s: exporting the NCHW layout of the same weights", cfg.model.data_format)
-        exportable = build_model(OmegaConf.merge(cfg, {"model": {"data_format": "NCHW"}}), splits.classes,
-                                 splits.in_chans)
-        _load_weights(exportable, checkpoint.state, checkpoint_dir)
+        exportable = checkpoint_model(OmegaConf.merge(cfg, {"model": {"data_format": "NCHW"}}), checkpoint.state,
+                                      len(splits.classes), splits.in_chans, source)
     return _Rebuilt(model, exportable, splits, eval_tf, preprocessing_info(cfg.data, in_chans=splits.in_chans))
 
 

@@ -16,29 +16,15 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import paddle
 import paddle.nn.functional as F
 
+from paddletrain.config import LossConfig
 from paddletrain.errors import ConfigError
 from paddletrain.registries import LOSSES
 
 LossFn = Callable[[paddle.Tensor, paddle.Tensor], paddle.Tensor]
-
-
-@dataclass
-class LossConfig:
-    """The ``loss`` config group (to move into :mod:`paddletrain.config` with the other schemas)."""
-
-    name: str = "cross_entropy"
-    # Label smoothing eps for hard labels, in [0, 1).
-    label_smoothing: float = 0.0
-    # binary_cross_entropy only: targets above this become 1, the others 0 (timm --bce-target-thresh).
-    target_threshold: float | None = None
-    # binary_cross_entropy only: sum over classes then mean over the batch (timm --bce-sum) instead of the
-    # mean over every (sample, class) element, timm's default.
-    bce_sum: bool = False
 
 
 # ---------------------------------------------------------------------------------------------- targets

@@ -1,9 +1,44 @@
-"""Classification metrics accumulated on the device, synchronised to the host once per epoch."""
+"""Classification metrics accumulated on the device, synchronised to the host once per epoch, and the one
+definition of training throughput."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Dict, Optional, Sequence
 
 import paddle
+
+
+@dataclass
+class Throughput:
+    """Training throughput: images per second of training steps.
+
+    The time of a step is the wait for its batch plus its compute (forward, backward, optimizer); what runs
+    between steps (validation, checkpoints, logging) is not part of it. The progress bar, the log, VisualDL,
+    ``summary.json`` and ``bench`` all report this one figure; wall time is reported beside it, separately.
+    """
+
+    images: int = 0
+    data_time: float = 0.0
+    compute_time: float = 0.0
+
+    def add(self, images: int, data_time: float, compute_time: float) -> None:
+        self.images += images
+        self.data_time += data_time
+        self.compute_time += compute_time
+
+    @property
+    def seconds(self) -> float:
+        """Time spent in training steps."""
+        return self.data_time + self.compute_time
+
+    @property
+    def images_per_second(self) -> float:
+        return self.images / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def data_share(self) -> float:
+        """Fraction of the step time spent waiting for data (high: the loader is the bottleneck)."""
+        return self.data_time / self.seconds if self.seconds > 0 else 0.0
 
 
 def topk_correct(logits: paddle.Tensor, labels: paddle.Tensor, ks: Sequence[int]) -> paddle.Tensor:

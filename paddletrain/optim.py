@@ -1,4 +1,4 @@
-"""Parameter groups, optimizers and per-iteration learning-rate schedules (with linear warmup).
+"""Parameter groups and optimizers (the learning-rate schedules are in :mod:`paddletrain.schedules`).
 
 Paddle parameter groups are dicts ``{"params": [...], "weight_decay": float, "learning_rate": mult}``; a group's
 ``learning_rate`` multiplies the optimizer's (scheduled) learning rate, and its ``weight_decay`` replaces the
@@ -21,15 +21,13 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Un
 import paddle
 from paddle import nn
 from paddle.incubate.optimizer import LarsMomentumOptimizer
-from paddle.optimizer.lr import LambdaDecay, LinearWarmup, LRScheduler, MultiStepDecay, OneCycleLR
+from paddle.optimizer.lr import LRScheduler
 
 from paddletrain.errors import ConfigError
 from paddletrain.registries import OPTIMIZERS
 
 if TYPE_CHECKING:  # pragma: no cover
-    from paddletrain.config import OptimConfig, SchedConfig
-
-SCHEDULERS = ("cosine", "step", "multistep", "onecycle", "constant")
+    from paddletrain.config import OptimConfig
 
 NORM_LAYERS: Tuple[type, ...] = (
     nn.BatchNorm,
@@ -404,92 +402,3 @@ def scaled_lr(lr: float, global_batch: int, base_batch_size: int) -> float:
     if base_batch_size <= 0:
         raise ConfigError(f"optim.base_batch_size must be > 0, got {base_batch_size!r}")
     return lr * global_batch / base_batch_size
-
-
-# ---------------------------------------------------------------------------------------------- schedules
-def build_scheduler(cfg: "SchedConfig", base_lr: float, steps_per_epoch: int, max_epochs: int) -> LRScheduler:
-    """A schedule stepped once per optimizer step (``scheduler.step()`` after each ``optimizer.step()``).
-
-    ``steps_per_epoch`` counts optimizer steps (batches / accumulation). Warmup ramps linearly over
-    ``warmup_epochs`` (fractional allowed) from ``warmup_start_factor`` x the schedule's first LR; the main
-    schedule starts counting after warmup. ``cosine`` and ``onecycle`` span the steps left after warmup;
-    ``step``/``multistep`` drop at absolute epochs (a milestone of 30 drops when epoch 30 starts). Past the
-    last step, cosine stays at ``min_lr``.
-    """
-    name = str(cfg.name).lower()
-    if name not in SCHEDULERS:
-        raise ConfigError(f"sched.name must be one of {list(SCHEDULERS)}, got {cfg.name!r}")
-    if not base_lr > 0:
-        raise ConfigError(f"the learning rate (optim.lr) must be > 0, got {base_lr!r}")
-    if steps_per_epoch <= 0 or max_epochs <= 0:
-        raise ConfigError(f"need steps_per_epoch > 0 and max_epochs > 0, got {steps_per_epoch} and {max_epochs}")
-    total = steps_per_epoch * max_epochs
-    if cfg.warmup_epochs < 0:
-        raise ConfigError(f"sched.warmup_epochs must be >= 0, got {cfg.warmup_epochs!r}")
-    warmup = int(round(cfg.warmup_epochs * steps_per_epoch))
-    if warmup >= total:
-        raise ConfigError(
-            f"sched.warmup_epochs={cfg.warmup_epochs} covers the whole run ({max_epochs} epochs): make it shorter"
-        )
-    main = _main_schedule(name, cfg, base_lr, steps_per_epoch, total, warmup)
-    if warmup == 0:
-        return main
-    if not 0 <= cfg.warmup_start_factor < 1:
-        raise ConfigError(f"sched.warmup_start_factor must be in [0, 1), got {cfg.warmup_start_factor!r}")
-    first_lr = main()
-    return LinearWarmup(main, warmup_steps=warmup, start_lr=cfg.warmup_start_factor * first_lr, end_lr=first_lr)
-
-
-def _main_schedule(
-    name: str, cfg: "SchedConfig", base_lr: float, steps_per_epoch: int, total: int, warmup: int
-) -> LRScheduler:
-    steps = total - warmup
-    if name == "constant":
-        return LambdaDecay(base_lr, lambda step: 1.0)
-    if name == "cosine":
-        if not 0 <= cfg.min_lr <= base_lr:
-            raise ConfigError(f"sched.min_lr must be in [0, optim.lr={base_lr}], got {cfg.min_lr!r}")
-        floor = cfg.min_lr / base_lr
-        # Paddle's CosineAnnealingDecay is periodic (it climbs back after T_max); this one holds min_lr.
-        return LambdaDecay(
-            base_lr, lambda step: floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(step, steps) / steps))
-        )
-    if name == "onecycle":
-        if not 0 < cfg.pct_start < 1:
-            raise ConfigError(f"sched.pct_start must be in (0, 1), got {cfg.pct_start!r}")
-        if not cfg.max_lr_factor > 0:
-            raise ConfigError(f"sched.max_lr_factor must be > 0, got {cfg.max_lr_factor!r}")
-        # Paddle divides by the length of the warm phase (pct_start * steps - 1): it must be at least one step.
-        if cfg.pct_start * steps < 2 or (1 - cfg.pct_start) * steps < 2:
-            raise ConfigError(
-                f"sched.pct_start={cfg.pct_start} leaves a phase under 2 steps of the {steps}-step schedule"
-            )
-        return OneCycleLR(
-            max_learning_rate=base_lr * cfg.max_lr_factor,
-            total_steps=steps,
-            phase_pct=float(cfg.pct_start),
-            end_learning_rate=cfg.min_lr,
-        )
-    if name == "step":
-        if cfg.step_size <= 0:
-            raise ConfigError(f"sched.step_size must be > 0 epochs, got {cfg.step_size!r}")
-        epochs = list(range(cfg.step_size, total // steps_per_epoch, cfg.step_size))
-        return _drops_at_epochs(epochs, "sched.step_size", cfg.gamma, base_lr, steps_per_epoch, warmup)
-    milestones = list(cfg.milestones)
-    if not milestones or any(b <= a for a, b in zip(milestones, milestones[1:])) or milestones[0] <= 0:
-        raise ConfigError(f"sched.milestones must be strictly increasing positive epochs, got {cfg.milestones!r}")
-    return _drops_at_epochs(milestones, "sched.milestones", cfg.gamma, base_lr, steps_per_epoch, warmup)
-
-
-def _drops_at_epochs(
-    epochs: Sequence[int], key: str, gamma: float, base_lr: float, steps_per_epoch: int, warmup: int
-) -> LRScheduler:
-    if not 0 < gamma <= 1:
-        raise ConfigError(f"sched.gamma must be in (0, 1], got {gamma!r}")
-    # The main schedule counts from the end of warmup, so shift the absolute epochs back by the warmup.
-    steps = [e * steps_per_epoch - warmup for e in epochs]
-    if steps and steps[0] <= 0:
-        raise ConfigError(f"{key}: a drop at epoch {epochs[0]} falls inside the warmup; shorten sched.warmup_epochs")
-    if not steps:  # no drop within the run
-        return LambdaDecay(base_lr, lambda step: 1.0)
-    return MultiStepDecay(base_lr, milestones=steps, gamma=gamma)

@@ -68,7 +68,7 @@ def is_legacy_checkpoint(path: Path) -> bool:
 def warm_start_from_legacy(path: Path, model: paddle.nn.Layer, optimizer: Any, trust_pickle: bool) -> None:
     """Start from a legacy pickled checkpoint's weights (and optimizer state from a ``.pdopt``).
 
-    Unpickling runs code from the file, so this needs ``trainer.checkpoint.trust_pickle=true``. A legacy file
+    Unpickling runs code from the file, so this needs ``trainer.trust_pickle=true``. A legacy file
     records no epoch, RNG or sampler state: training starts at epoch 0 with these weights.
     """
     from paddletrain.checkpoint import load_legacy

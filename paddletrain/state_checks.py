@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import paddle
@@ -29,6 +30,31 @@ def _shape(value: Any, key: str) -> list[int]:
     return [int(n) for n in value.shape]
 
 
+@dataclass
+class StateDiff:
+    """How a saved state dict differs from a model's: the one comparison behind resuming, exporting,
+    evaluating and loading pretrained weights."""
+
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    # (key, saved shape, model shape)
+    mismatched: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.missing or self.unexpected or self.mismatched)
+
+
+def compare_state(expected: Mapping[str, Any], saved: Mapping[str, Any]) -> StateDiff:
+    """Keys of ``expected`` (a model's state dict) missing from ``saved``, keys of ``saved`` it does not have,
+    and common keys whose shapes differ, each sorted."""
+    diff = StateDiff(missing=sorted(set(expected) - set(saved)), unexpected=sorted(set(saved) - set(expected)))
+    for key in sorted(set(expected) & set(saved)):
+        have, want = tuple(int(n) for n in saved[key].shape), tuple(int(n) for n in expected[key].shape)
+        if have != want:
+            diff.mismatched.append((key, have, want))
+    return diff
+
+
 def check_state_matches(model: paddle.nn.Layer, saved: Any, key: str = "model") -> None:
     """Raise :class:`UserError` listing missing, unexpected and shape-mismatched keys.
 
@@ -36,16 +62,14 @@ def check_state_matches(model: paddle.nn.Layer, saved: Any, key: str = "model") 
     that is not a tensor raises :class:`StateValueError` naming it.
     """
     checked_mapping(saved, key)
-    expected = model.state_dict()
-    shapes = {k: _shape(v, f"{key}.{k}") for k, v in saved.items()}
-    missing = sorted(set(expected) - set(saved))
-    unexpected = sorted(set(saved) - set(expected))
-    mismatched = sorted(f"{k}: checkpoint {shapes[k]} vs model {list(expected[k].shape)}"
-                        for k in set(expected) & set(saved) if shapes[k] != list(expected[k].shape))
-    if missing or unexpected or mismatched:
+    for name, value in saved.items():
+        _shape(value, f"{key}.{name}")
+    diff = compare_state(model.state_dict(), saved)
+    if diff:
+        mismatched = [f"{k}: checkpoint {list(have)} vs model {list(want)}" for k, have, want in diff.mismatched]
         parts = [f"{label} ({len(keys)}): {', '.join(keys[:8])}{' ...' if len(keys) > 8 else ''}"
-                 for label, keys in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", mismatched))
-                 if keys]
+                 for label, keys in (("missing", diff.missing), ("unexpected", diff.unexpected),
+                                     ("shape mismatch", mismatched)) if keys]
         raise UserError("the checkpoint's weights do not fit this model (a different architecture or number of "
                         "classes?): " + "; ".join(parts))
 

@@ -19,7 +19,7 @@ from paddletrain import distributed
 from paddletrain.callbacks.base import Callback, StepOutput
 from paddletrain.checkpoint.untrusted import StateValueError
 from paddletrain.errors import NonFiniteLossError, TrainingInterrupted, UserError
-from paddletrain.metrics import ClassificationMeter
+from paddletrain.metrics import ClassificationMeter, Throughput
 from paddletrain.precision import Precision
 from paddletrain.processes import stop_request
 from paddletrain.state_checks import (check_optimizer_state, check_scheduler_state, check_state_matches,
@@ -47,7 +47,11 @@ class Trainer:
         num_classes: for top-k metrics (top-5 only when there are at least 5 classes).
         run_dir: where callbacks write (logs, checkpoints); ``None`` for none.
         hparams: a flat dict of hyper-parameters for loggers.
-        rank / world_size: this process's place in data-parallel training.
+        checkpoint_extras: JSON-serialisable entries stored in every checkpoint beside the state (e.g. the
+            resolved config).
+        rank / world_size: this process's place in data-parallel training. With ``world_size > 1`` in a job
+            started by ``paddle.distributed.launch`` the trainer wraps the model in ``paddle.DataParallel``
+            (after any O2 cast), converting BatchNorm to SyncBatchNorm with ``sync_bn``.
         handle_signals: on SIGTERM/SIGINT finish the current optimizer step, let callbacks save (see
             :class:`~paddletrain.errors.TrainingInterrupted`) and stop; a second signal, at least a second
             after the first, exits at once.
@@ -72,12 +76,18 @@ class Trainer:
         num_classes: Optional[int] = None,
         run_dir: Optional[str] = None,
         hparams: Optional[Dict[str, Any]] = None,
+        checkpoint_extras: Optional[Dict[str, Any]] = None,
         rank: int = 0,
         world_size: int = 1,
+        sync_bn: bool = False,
+        find_unused_parameters: bool = False,
         handle_signals: bool = True,
     ) -> None:
         if accumulate_grad_batches < 1:
             raise ValueError(f"accumulate_grad_batches must be >= 1, got {accumulate_grad_batches}")
+        keys = [cb.state_key for cb in callbacks]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"two callbacks share a state_key (their state would collide in checkpoints): {keys}")
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -96,8 +106,12 @@ class Trainer:
         self.num_classes = num_classes
         self.run_dir = run_dir
         self.hparams = hparams
+        self.checkpoint_extras = dict(checkpoint_extras or {})
         self.rank = rank
         self.world_size = world_size
+        self.sync_bn = sync_bn
+        self.find_unused_parameters = find_unused_parameters
+        self._is_setup = False
         self.logger = log
 
         # Progress: the position to continue from is (epoch, batch_in_epoch); epoch_finished marks that the
@@ -115,6 +129,9 @@ class Trainer:
         self.handle_signals = handle_signals
         self.resumed_from: Optional[str] = None
         self._train_meter: Optional[ClassificationMeter] = None
+        # Training throughput (paddletrain.metrics.Throughput) of the current epoch and of this fit so far.
+        self.epoch_throughput = Throughput()
+        self.run_throughput = Throughput()
         self._restored_meter: Optional[Dict[str, Any]] = None
 
     # ------------------------------------------------------------------ properties
@@ -157,8 +174,15 @@ class Trainer:
 
     # ------------------------------------------------------------------ fit
     def setup(self) -> None:
-        """Apply precision wrapping (O2 decorate) before the first step or restore (a no-op if already done)."""
+        """Prepare the model once, before the first step or restore: the precision's casts (O2), then the
+        data-parallel wrapper in a launched job (which must wrap the cast model)."""
+        if self._is_setup:
+            return
+        self._is_setup = True
         self.model, self.optimizer = self.precision.setup(self.model, self.optimizer)
+        if self.world_size > 1 and not isinstance(self.model, paddle.DataParallel):
+            self.model = distributed.wrap(self.model, find_unused_parameters=self.find_unused_parameters,
+                                          sync_bn=self.sync_bn)
 
     def fit(self, train_loader: Iterable, val_loader: Optional[Iterable] = None,
             ckpt_path: Optional[Any] = None) -> Dict[str, float]:
@@ -173,6 +197,7 @@ class Trainer:
         self._parameters = list(self.module.parameters())
         self.train_loader = train_loader
         self.num_train_batches = count_batches(train_loader, self.limit_train_batches)
+        self._call("setup")
         if ckpt_path is not None:
             self.restore(ckpt_path)
         with self._stop_handling():
@@ -248,8 +273,7 @@ class Trainer:
             self._restored_meter = None
         accumulate = self.accumulate_grad_batches
         limit = self.num_train_batches
-        images_seen, time_data, time_compute = 0, 0.0, 0.0
-        epoch_start = time.perf_counter()
+        throughput = self.epoch_throughput = Throughput()
         batch_idx = self.batch_in_epoch
         batches = _flag_last(iter(loader), limit, batch_idx)
         exhausted = True
@@ -274,9 +298,8 @@ class Trainer:
                 meter.update(loss, logits, labels, len(labels))
             t2 = time.perf_counter()
             batch_size = int(batch[0].shape[0])
-            images_seen += batch_size
-            time_data += t1 - t0
-            time_compute += t2 - t1
+            throughput.add(batch_size, t1 - t0, t2 - t1)
+            self.run_throughput.add(batch_size, t1 - t0, t2 - t1)
             self.batch_in_epoch = batch_idx + 1
             out = StepOutput(loss=loss_value, batch_size=batch_size, lr=lr, stepped=stepped,
                              data_time=t1 - t0, compute_time=t2 - t1, finite=finite)
@@ -289,14 +312,13 @@ class Trainer:
             if self.should_stop or (self.max_steps is not None and self.global_step >= self.max_steps):
                 exhausted = is_last
                 break
-        elapsed = time.perf_counter() - epoch_start
         sums = meter.sums()
         if self.world_size > 1:
             paddle.distributed.all_reduce(sums)
         metrics = meter.compute("train", sums)
-        if images_seen:
-            metrics["train/throughput"] = images_seen / max(elapsed, 1e-9)
-            metrics["train/data_time_share"] = time_data / max(time_data + time_compute, 1e-9)
+        if throughput.images:
+            metrics["train/throughput"] = throughput.images_per_second
+            metrics["train/data_time_share"] = throughput.data_share
         metrics["train/lr"] = self.current_lr
         return metrics, exhausted
 
@@ -412,6 +434,15 @@ class Trainer:
         sampler = getattr(self.train_loader, "batch_sampler", None)
         if hasattr(sampler, "state_dict"):
             state["sampler"] = sampler.state_dict()
+        return state
+
+    def checkpoint_state(self) -> Dict[str, Any]:
+        """What a checkpoint holds: :meth:`state_dict`, the ``checkpoint_extras``, and whatever each callback's
+        ``on_save_checkpoint`` adds (callbacks on the main process only write there)."""
+        state = self.state_dict()
+        state.update(self.checkpoint_extras)
+        if self.is_main:
+            self._call("on_save_checkpoint", state)
         return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:

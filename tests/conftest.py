@@ -18,7 +18,7 @@ TINY = [
     "data.image_size=16",
     "data.batch_size=16",
     "trainer.max_epochs=1",
-    "trainer.progress_bar=false",
+    "callbacks.progress_bar.enabled=false",
     "trainer.cpu_threads=1",
 ]
 

@@ -70,14 +70,14 @@ def test_rejects_bad_window(tmp_path, kwargs):
 
 
 def test_fit_config_wires_profile_into_the_run_dir(tmp_path, tiny_overrides):
-    from paddletrain.fit import build_callbacks
+    from paddletrain.build import build_callbacks
 
     from .conftest import compose_fit
 
-    cfg = compose_fit(tiny_overrides + ["trainer.profile=true", "trainer.profile_wait=3", "trainer.profile_active=4"])
-    callbacks = build_callbacks(cfg, tmp_path, [0.5] * 3, [0.5] * 3, {})
+    cfg = compose_fit(tiny_overrides + ["+callbacks.profiler.wait=3", "+callbacks.profiler.active=4"])
+    callbacks = build_callbacks(cfg)
     (profiler,) = [c for c in callbacks if isinstance(c, ProfilerCallback)]
-    assert profiler.out_dir == tmp_path / "profiler"
+    assert profiler.out_dir is None  # the run directory's, known when the fit starts
     assert (profiler.wait, profiler.warmup, profiler.active) == (3, 1, 4)
-    off = build_callbacks(compose_fit(tiny_overrides), tmp_path, [0.5] * 3, [0.5] * 3, {})
+    off = build_callbacks(compose_fit(tiny_overrides))
     assert not any(isinstance(c, ProfilerCallback) for c in off)

@@ -53,7 +53,7 @@ def test_malicious_pickle_never_runs(tmp_path, payload_type, protocol):
     path, marker = _malicious(tmp_path, payload_type, protocol)
     with pytest.raises(CheckpointError, match=r"refusing to unpickle .*model.pdparams.*not a numpy array"):
         safe_unpickle(path)
-    with pytest.raises(CheckpointError, match="trainer.checkpoint.trust_pickle=true"):
+    with pytest.raises(CheckpointError, match="trainer.trust_pickle=true"):
         load_legacy(path)
     with pytest.raises(CheckpointError, match="trust_pickle"):
         load_legacy(tmp_path)  # the directory form refuses too

@@ -13,7 +13,7 @@ from paddletrain.data import build_datasets
 from paddletrain.errors import UserError
 from paddletrain.export import (TOLERANCE, ExportConfig, check_parity, compare_logits, export_checkpoint, parse_batch,
                                 reference_logits, run)
-from paddletrain.fit import train
+from paddletrain.build import train
 from paddletrain.inference import Predictor, cpu_bf16_support
 from paddletrain.models import create_model
 from tests.conftest import TINY, compose_fit, run_module
@@ -29,7 +29,7 @@ def data_cfg():
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("run")
-    train(compose_fit([*TINY, "trainer.visualdl=false"]), run_dir)
+    train(compose_fit([*TINY, "callbacks.visualdl=null"]), run_dir)
     return find_latest(run_dir / "checkpoints")
 
 

@@ -37,10 +37,10 @@ def test_unknown_key_fails_at_startup_with_one_line(tmp_path):
 
 
 def test_bad_choice_fails_before_building_anything(tmp_path):
-    result = run_module("paddletrain.fit", [*TINY, "optim.name=rmsprop", f"hydra.run.dir={tmp_path}"], cwd=tmp_path)
+    result = run_module("paddletrain.fit", [*TINY, "optim.name=rmsprob", f"hydra.run.dir={tmp_path}"], cwd=tmp_path)
     output = result.stdout + result.stderr
     assert result.returncode == 2
-    assert "optim.name='rmsprop'" in output and "Traceback" not in output
+    assert "optim.name='rmsprob'; did you mean rmsprop?" in output and "Traceback" not in output
     assert "Device" not in output  # stopped before the runtime was even set up
 
 
@@ -51,8 +51,8 @@ def test_missing_data_root_names_the_key(tmp_path):
 
 
 def test_multirun_sweep(tmp_path):
-    result = run_module("paddletrain.fit", ["-m", *TINY, "optim.lr=0.1,0.05", "trainer.checkpoint.enabled=false",
-                                            "trainer.visualdl=false", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+    result = run_module("paddletrain.fit", ["-m", *TINY, "optim.lr=0.1,0.05", "callbacks.checkpoint=null",
+                                            "callbacks.visualdl=null", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
                         cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     summaries = sorted((tmp_path / "sweep").glob("*/summary.json"))
@@ -87,7 +87,7 @@ def test_train_accepts_a_user_builder_extra_callbacks_and_a_trainer_subclass(tmp
     import paddle
 
     from paddletrain.callbacks import Callback
-    from paddletrain.fit import train
+    from paddletrain.build import train
     from paddletrain.models import register_model
     from paddletrain.models.registry import list_models
     from paddletrain.trainer import Trainer
@@ -108,7 +108,7 @@ def test_train_accepts_a_user_builder_extra_callbacks_and_a_trainer_subclass(tmp
             self.steps = trainer.steps_seen
 
     ends = Ends()
-    cfg = compose_fit([*TINY, "model.name=user_mlp", "trainer.visualdl=false", "trainer.checkpoint.enabled=false",
+    cfg = compose_fit([*TINY, "model.name=user_mlp", "callbacks.visualdl=null", "callbacks.checkpoint=null",
                        "data.num_workers=0"])
     metrics = train(cfg, tmp_path, callbacks=[ends], trainer_cls=Counting)
     assert ends.steps == 4 and "val/top1" in metrics
@@ -122,7 +122,7 @@ def test_the_last_optimizer_step_trains_with_the_schedules_last_learning_rate(tm
     import math
 
     from paddletrain.callbacks import Callback
-    from paddletrain.fit import train
+    from paddletrain.build import train
     from tests.conftest import compose_fit
 
     class RecordLR(Callback):
@@ -139,8 +139,8 @@ def test_the_last_optimizer_step_trains_with_the_schedules_last_learning_rate(tm
     cfg = compose_fit([*TINY, "data.shapes.num_train=70", f"data.drop_last={drop_last}", "trainer.max_epochs=2",
                        f"trainer.accumulate_grad_batches={accumulate}",
                        f"trainer.limit_train_batches={limit or 'null'}",
-                       "sched.warmup_epochs=0", "sched.min_lr=0", "optim.lr=0.1", "trainer.visualdl=false",
-                       "trainer.checkpoint.enabled=false", "trainer.val_every_n_epochs=0"])
+                       "sched.warmup_epochs=0", "sched.min_lr=0", "optim.lr=0.1", "callbacks.visualdl=null",
+                       "callbacks.checkpoint=null", "trainer.val_every_n_epochs=0"])
     train(cfg, tmp_path, callbacks=[record])
     assert len(record.lrs) == expected_steps
     # Cosine from 0.1 to 0 over exactly those steps: strictly falling, the last one at step T - 1 of T.

@@ -71,7 +71,7 @@ def test_list_vision_archs_holds_builders_only():
 
 def test_fit_finetunes_a_vision_model_with_the_weights_preprocessing(tmp_path):
     """model=vision through fit: weights' preprocessing fills null data keys; freeze + head LR are wired."""
-    from paddletrain.fit import resolve_preprocessing, train
+    from paddletrain.build import resolve_preprocessing, train
 
     paddle.seed(0)
     source = create_model("vision", arch="shufflenet_v2_x0_25", num_classes=1000)
@@ -82,8 +82,8 @@ def test_fit_finetunes_a_vision_model_with_the_weights_preprocessing(tmp_path):
     overrides = [o for o in TINY if not o.startswith("data.image_size")] + [
         "model=vision", "model.arch=shufflenet_v2_x0_25", f"model.pretrained={weights}",
         "data.image_size=null", "data.mean=null", "data.std=null",
-        "trainer.max_epochs=2", "trainer.finetune.freeze_backbone_epochs=1", "trainer.finetune.freeze_bn=true",
-        "optim.head_lr_mult=10", "trainer.visualdl=false", "trainer.checkpoint.enabled=false",
+        "trainer.max_epochs=2", "+callbacks.backbone_freeze.epochs=1", "+callbacks.freeze_bn={}",
+        "optim.head_lr_mult=10", "callbacks.visualdl=null", "callbacks.checkpoint=null",
     ]
     cfg = compose_fit(overrides)
     resolved = resolve_preprocessing(cfg)
@@ -92,9 +92,9 @@ def test_fit_finetunes_a_vision_model_with_the_weights_preprocessing(tmp_path):
     assert list(resolve_preprocessing(compose_fit([*overrides, "model.pretrained=null"])).data.mean) == [0.5] * 3
 
     from paddletrain.callbacks import BackboneFreeze, FreezeBatchNorm
-    from paddletrain.fit import build_callbacks
+    from paddletrain.build import build_callbacks
 
-    built = build_callbacks(resolved, tmp_path, [0.5] * 3, [0.5] * 3, {})
+    built = build_callbacks(resolved)
     assert [type(c) for c in built if isinstance(c, (BackboneFreeze, FreezeBatchNorm))] == [BackboneFreeze,
                                                                                           FreezeBatchNorm]
     assert next(c for c in built if isinstance(c, BackboneFreeze)).epochs == 1
@@ -115,5 +115,5 @@ def test_finetune_experiments_compose_and_validate(experiment):
     configs = Path(__file__).resolve().parents[1] / "configs"
     cfg = compose_fit([f"hydra.searchpath=[file://{configs}]", f"+experiment={experiment}", "data.root=/data/x"])
     validate_config(cfg)
-    assert cfg.model.pretrained and cfg.trainer.finetune.freeze_backbone_epochs >= 1
+    assert cfg.model.pretrained and cfg.callbacks.backbone_freeze.epochs >= 1
     assert cfg.data.mean is None and cfg.data.image_size is None  # taken from the weights

@@ -19,8 +19,8 @@ from tests.conftest import TINY, run_module
 
 # 64 training images / batch 16 = 4 optimizer steps per epoch.
 STEPS_PER_EPOCH = 4
-RANDOM = [*TINY, "trainer.max_epochs=4", "model.drop_rate=0.3", "data.num_workers=2", "trainer.visualdl=true",
-          "trainer.checkpoint.keep_last=2", "trainer.ema_decay=0.9"]
+RANDOM = [*TINY, "trainer.max_epochs=4", "model.drop_rate=0.3", "data.num_workers=2", "callbacks.visualdl.log_images=true",
+          "callbacks.checkpoint.keep_last=2", "+callbacks.ema.decay=0.9"]
 
 
 def fit(run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -95,7 +95,7 @@ def test_resume_mid_epoch_is_exact(straight, tmp_path):
 
 def test_resume_from_periodic_step_checkpoint(straight, tmp_path):
     run_dir = tmp_path / "run"
-    fit(run_dir, "trainer.checkpoint.every_n_steps=3", "trainer.checkpoint.keep_last=10")
+    fit(run_dir, "callbacks.checkpoint.every_n_steps=3", "callbacks.checkpoint.keep_last=10")
     mid = [p for p in (run_dir / "checkpoints").iterdir() if p.name.endswith("step0000009")]
     assert len(mid) == 1, sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     other = tmp_path / "other"
@@ -158,8 +158,8 @@ def test_legacy_pickled_checkpoint_needs_trust_and_then_warm_starts(tmp_path):
     args = [*TINY, f"trainer.resume={legacy}", f"hydra.run.dir={tmp_path / 'run'}"]
     refused = run_module("paddletrain.fit", args, cwd=tmp_path)
     output = refused.stdout + refused.stderr
-    assert refused.returncode == 2 and "trainer.checkpoint.trust_pickle=true" in output and "Traceback" not in output
-    trusted = run_module("paddletrain.fit", [*args, "trainer.checkpoint.trust_pickle=true"], cwd=tmp_path)
+    assert refused.returncode == 2 and "trainer.trust_pickle=true" in output and "Traceback" not in output
+    trusted = run_module("paddletrain.fit", [*args, "trainer.trust_pickle=true"], cwd=tmp_path)
     output = trusted.stdout + trusted.stderr
     assert trusted.returncode == 0, output[-3000:]
     assert "Started from the legacy checkpoint" in output

@@ -11,7 +11,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from paddletrain.config import register_configs
-from paddletrain.fit import train
+from paddletrain.build import train
 from paddletrain.models import BasicBlock, ResNet, register_model
 
 

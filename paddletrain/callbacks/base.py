@@ -2,6 +2,7 @@
 
 Order of hooks during ``Trainer.fit``::
 
+    setup                                 (before a checkpoint is restored)
     on_fit_start
       for each epoch:
         on_train_epoch_start
@@ -54,6 +55,10 @@ class Callback:
         """Key under which this callback's state is stored in a checkpoint."""
         return type(self).__name__
 
+    def setup(self, trainer: "Trainer") -> None:
+        """Called once when ``fit`` starts, before a checkpoint is restored (e.g. to resolve paths from
+        ``trainer.run_dir``)."""
+
     def on_fit_start(self, trainer: "Trainer") -> None: ...
 
     def on_fit_end(self, trainer: "Trainer") -> None: ...
@@ -84,6 +89,10 @@ class Callback:
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
+
+
+# How a monitored metric improves: it rises ("max", e.g. accuracy) or falls ("min", e.g. loss).
+MODES = ("max", "min")
 
 
 def metric_improved(value: Optional[float], best: Optional[float], mode: str, min_delta: float = 0.0) -> bool:

@@ -10,7 +10,11 @@ from typing import TYPE_CHECKING, Any, Dict, Optional
 import paddle
 
 from paddletrain import distributed
-from paddletrain.callbacks.base import Callback, StepOutput
+from paddletrain.callbacks.base import MODES, Callback, StepOutput
+from paddletrain.checkpoint import CheckpointManager, check_writable
+from paddletrain.config import check_option
+from paddletrain.errors import ConfigError, TrainingInterrupted
+from paddletrain.registries import CALLBACKS
 
 if TYPE_CHECKING:  # pragma: no cover
     from paddletrain.trainer import Trainer
@@ -23,48 +27,59 @@ def _params_finite(model: paddle.nn.Layer) -> bool:
     return bool(paddle.stack(flags).all()) if flags else True
 
 
+@CALLBACKS.register("checkpoint")
 class ModelCheckpoint(Callback):
     """Save complete, verifiable checkpoints of the trainer into ``dirpath``.
 
+    What is saved is :meth:`Trainer.checkpoint_state <paddletrain.trainer.Trainer.checkpoint_state>`: the state
+    of every stateful object, every callback's included, plus the trainer's ``checkpoint_extras`` (the
+    resolved config and run facts under ``fit``) and this callback's ``extra_state``.
+
     Args:
-        dirpath: directory holding one sub-directory per checkpoint.
+        dirpath: directory holding one sub-directory per checkpoint; None: ``<trainer.run_dir>/checkpoints``.
         monitor / mode: metric ranking the best checkpoints (``val/top1``, ``max``).
         keep_last / keep_best: how many of the newest and of the best to keep.
         every_n_steps: also save mid-epoch every N optimizer steps.
         every_n_epochs: save at the end of every N-th epoch.
-        extra_state: JSON-serialisable data stored alongside (e.g. the resolved config).
+        extra_state: JSON-serialisable data stored alongside.
     """
 
     # Every rank takes part (the trainer's state gathers all ranks' RNG streams); only rank 0 writes.
     main_process_only = False
     run_last = True
-    # Writes a checkpoint when a signal stops training (on_exception): the trainer's stop message says so.
+    # A stop request (SIGTERM/SIGINT) makes this callback save where the training stopped.
     saves_on_interrupt = True
 
-    def __init__(self, dirpath: str | Path, monitor: Optional[str] = "val/top1", mode: str = "max",
+    def __init__(self, dirpath: str | Path | None = None, monitor: Optional[str] = "val/top1", mode: str = "max",
                  keep_last: int = 1, keep_best: int = 1, every_n_steps: Optional[int] = None,
                  every_n_epochs: int = 1, extra_state: Optional[Dict[str, Any]] = None) -> None:
-        from paddletrain.checkpoint import CheckpointManager
-
-        self.dirpath = Path(dirpath)
+        check_option("mode", mode, choices=MODES)
+        check_option("keep_last", keep_last, ge=1)
+        check_option("keep_best", keep_best, ge=0)
+        check_option("every_n_steps", every_n_steps, ge=1)
+        check_option("every_n_epochs", every_n_epochs, ge=1)
+        self.dirpath = Path(dirpath) if dirpath is not None else None
         self.monitor = monitor
+        self.mode = mode
+        self.keep_last, self.keep_best = keep_last, keep_best
         self.every_n_steps = every_n_steps
         self.every_n_epochs = every_n_epochs
         self.extra_state = extra_state or {}
-        self.config_hash = hashlib.sha256(json.dumps(self.extra_state, sort_keys=True, default=str)
-                                          .encode()).hexdigest()[:16]
-        self.manager = CheckpointManager(self.dirpath, keep_last=keep_last, keep_best=keep_best,
-                                         monitor=monitor, mode=mode)
+        self.manager: Optional[CheckpointManager] = None
         self.last_path: Optional[Path] = None
         self._warned_missing_monitor = False
+        self._saved_manager_state: Optional[Dict[str, Any]] = None
+
+    def setup(self, trainer: "Trainer") -> None:
+        if self.dirpath is None:
+            if trainer.run_dir is None:
+                raise ConfigError("ModelCheckpoint needs dirpath when the trainer has no run_dir")
+            self.dirpath = Path(trainer.run_dir) / "checkpoints"
+        if self.manager is None:
+            self.manager = CheckpointManager(self.dirpath, keep_last=self.keep_last, keep_best=self.keep_best,
+                                             monitor=self.monitor, mode=self.mode)
 
     def on_fit_start(self, trainer: "Trainer") -> None:
-        from paddletrain.checkpoint import check_writable
-        from paddletrain.checkpoint.untrusted import check_inside
-
-        if trainer.run_dir is not None:
-            # Old checkpoints are deleted here: <run_dir>/checkpoints must not be a symlink out of the run.
-            check_inside(self.dirpath, trainer.run_dir, "checkpoint directory")
         if trainer.is_main:
             check_writable(self.dirpath)
         resumed = getattr(trainer, "resumed_from", None)
@@ -85,8 +100,6 @@ class ModelCheckpoint(Callback):
             self.save(trainer, metric=metric)
 
     def on_exception(self, trainer: "Trainer", exception: BaseException) -> None:
-        from paddletrain.errors import TrainingInterrupted
-
         # A signal stops training on a step boundary: save there so `trainer.resume=auto` continues exactly.
         if isinstance(exception, TrainingInterrupted):
             self.save(trainer, metric=None)
@@ -97,20 +110,16 @@ class ModelCheckpoint(Callback):
             log.error("Not saving a checkpoint at global step %d: the model has non-finite parameters; "
                       "the existing checkpoints are kept", trainer.global_step)
             return None
-        state = trainer.state_dict()
+        state = trainer.checkpoint_state()
         if not trainer.is_main:
             distributed.barrier()  # rank 0 writes; the others wait so no rank runs ahead of a checkpoint
             return None
         state.update(self.extra_state)
-        for cb in trainer.callbacks:
-            cb.on_save_checkpoint(trainer, state)
         metadata = {"epoch": trainer.epoch, "global_step": trainer.global_step,
                     "batch_in_epoch": trainer.batch_in_epoch, "epoch_finished": trainer.epoch_finished,
-                    "monitor": self.monitor, "metric": metric, "config_hash": self.config_hash}
-        # No "=" in the name: Hydra would read it as an override when the path is passed on the command line.
-        name = f"epoch{trainer.epoch:04d}-step{trainer.global_step:07d}"
+                    "monitor": self.monitor, "metric": metric, "config_hash": config_hash(state)}
         try:
-            self.last_path = self.manager.save(state, name=name, metadata=metadata, metric=metric)
+            self.last_path = self.manager.save(state, metadata=metadata, metric=metric)
         finally:
             if trainer.world_size > 1:
                 distributed.barrier()
@@ -119,7 +128,12 @@ class ModelCheckpoint(Callback):
         return self.last_path
 
     def state_dict(self) -> Dict[str, Any]:
-        return self.manager.state_dict()
+        return self.manager.state_dict() if self.manager is not None else {}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.manager.load_state_dict(state)
+
+
+def config_hash(state: Dict[str, Any]) -> str:
+    """A short digest of the config a checkpoint was trained with (its ``config`` entry), to compare runs."""
+    return hashlib.sha256(json.dumps(state.get("config"), sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -4,7 +4,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
-from .base import Callback, metric_improved
+from paddletrain.callbacks.base import MODES, Callback, metric_improved
+from paddletrain.config import check_option
+from paddletrain.registries import CALLBACKS
 
 if TYPE_CHECKING:  # pragma: no cover
     from paddletrain.trainer import Trainer
@@ -12,6 +14,7 @@ if TYPE_CHECKING:  # pragma: no cover
 _log = logging.getLogger(__name__)
 
 
+@CALLBACKS.register("early_stopping")
 class EarlyStopping(Callback):
     """Sets ``trainer.should_stop`` after ``patience`` consecutive validations without improvement.
 
@@ -28,12 +31,9 @@ class EarlyStopping(Callback):
 
     def __init__(self, monitor: str = "val/top1", mode: str = "max", patience: int = 10,
                  min_delta: float = 0.0) -> None:
-        if mode not in ("max", "min"):
-            raise ValueError(f"EarlyStopping mode must be 'max' or 'min', got {mode!r}")
-        if patience < 1:
-            raise ValueError(f"EarlyStopping patience must be >= 1, got {patience}")
-        if min_delta < 0:
-            raise ValueError(f"EarlyStopping min_delta must be >= 0, got {min_delta}")
+        check_option("mode", mode, choices=MODES)
+        check_option("patience", patience, ge=1)
+        check_option("min_delta", min_delta, ge=0)
         self.monitor = monitor
         self.mode = mode
         self.patience = patience

@@ -6,11 +6,14 @@ from typing import TYPE_CHECKING, Any, Dict, Optional
 import paddle
 
 from paddletrain.callbacks.base import Callback, StepOutput
+from paddletrain.config import check_option
+from paddletrain.registries import CALLBACKS
 
 if TYPE_CHECKING:  # pragma: no cover
     from paddletrain.trainer import Trainer
 
 
+@CALLBACKS.register("ema")
 class ModelEMA(Callback):
     """Keep ``ema = decay * ema + (1 - decay) * weights`` after every optimizer step (like timm's ModelEmaV2).
 
@@ -21,8 +24,7 @@ class ModelEMA(Callback):
     """
 
     def __init__(self, decay: float = 0.9999, validate_with_ema: bool = True) -> None:
-        if not 0.0 < decay < 1.0:
-            raise ValueError(f"trainer.ema_decay must be in (0, 1), got {decay}")
+        check_option("decay", decay, gt=0, lt=1)
         self.decay = decay
         self.validate_with_ema = validate_with_ema
         self.shadow: Optional[Dict[str, paddle.Tensor]] = None

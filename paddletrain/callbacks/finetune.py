@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Any, List, Optional
 import paddle
 from paddle import nn
 
-from .base import Callback
+from paddletrain.callbacks.base import Callback
+from paddletrain.config import check_option
+from paddletrain.registries import CALLBACKS
 
 if TYPE_CHECKING:  # pragma: no cover
     from paddletrain.trainer import Trainer
@@ -38,6 +40,7 @@ def head_parameters(model: nn.Layer) -> List[paddle.Tensor]:
                      f"from its backbone")
 
 
+@CALLBACKS.register("backbone_freeze")
 class BackboneFreeze(Callback):
     """Train only the classifier head for the first ``epochs`` epochs, then the whole model.
 
@@ -52,8 +55,7 @@ class BackboneFreeze(Callback):
     """
 
     def __init__(self, epochs: int) -> None:
-        if epochs < 0:
-            raise ValueError(f"trainer.finetune.freeze_backbone_epochs must be >= 0, got {epochs}")
+        check_option("epochs", epochs, ge=0)
         self.epochs = epochs
         self._frozen: List[paddle.Tensor] = []
 
@@ -88,6 +90,7 @@ class BackboneFreeze(Callback):
         self._frozen = []
 
 
+@CALLBACKS.register("freeze_bn")
 class FreezeBatchNorm(Callback):
     """Keep every BatchNorm in eval mode during training: running statistics stay those of the weights.
 

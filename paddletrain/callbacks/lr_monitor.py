@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, List
 
-from .base import Callback
+from paddletrain.callbacks.base import Callback
+from paddletrain.registries import CALLBACKS
 
 if TYPE_CHECKING:  # pragma: no cover
     from paddletrain.trainer import Trainer
@@ -21,6 +22,7 @@ def group_lr_multipliers(optimizer: Any) -> List[float]:
     return [float(group.get("learning_rate", 1.0)) for group in groups]
 
 
+@CALLBACKS.register("lr_monitor")
 class LearningRateMonitor(Callback):
     """Publishes each parameter group's effective learning rate when the groups' multipliers differ.
 

@@ -10,7 +10,10 @@ from typing import TYPE_CHECKING, Any, List, Optional, Union
 
 import paddle
 
-from .base import Callback, StepOutput
+from paddletrain.callbacks.base import Callback, StepOutput
+from paddletrain.config import check_option
+from paddletrain.errors import ConfigError
+from paddletrain.registries import CALLBACKS
 
 if TYPE_CHECKING:  # pragma: no cover
     from paddletrain.trainer import Trainer
@@ -21,6 +24,7 @@ SUMMARY_FILE = "summary.txt"
 TRACE_FILE = "trace.json"
 
 
+@CALLBACKS.register("profiler")
 class ProfilerCallback(Callback):
     """Profile training steps ``[wait, wait + warmup + active)`` and write what they spent time on.
 
@@ -41,12 +45,14 @@ class ProfilerCallback(Callback):
 
     main_process_only = True
 
-    def __init__(self, out_dir: Union[str, Path], wait: int = 2, warmup: int = 1, active: int = 5,
+    def __init__(self, out_dir: Union[str, Path, None] = None, wait: int = 2, warmup: int = 1, active: int = 5,
                  record_shapes: bool = False) -> None:
         for name, value, minimum in (("wait", wait, 0), ("warmup", warmup, 0), ("active", active, 1)):
-            if int(value) != value or value < minimum:
-                raise ValueError(f"ProfilerCallback: {name}={value!r} must be an integer >= {minimum}")
-        self.out_dir = Path(out_dir)
+            if int(value) != value:
+                raise ConfigError(f"{name}={value!r} must be an integer")
+            check_option(name, value, ge=minimum)
+        # None: <run dir>/profiler, known when the fit starts.
+        self.out_dir = Path(out_dir) if out_dir is not None else None
         self.wait, self.warmup, self.active = int(wait), int(warmup), int(active)
         self.record_shapes = record_shapes
         self._profiler: Optional[paddle.profiler.Profiler] = None
@@ -65,6 +71,10 @@ class ProfilerCallback(Callback):
     def on_fit_start(self, trainer: "Trainer") -> None:
         if self.done or self._profiler is not None:
             return
+        if self.out_dir is None:
+            if trainer.run_dir is None:
+                raise ConfigError("ProfilerCallback needs out_dir when the trainer has no run_dir")
+            self.out_dir = Path(trainer.run_dir) / "profiler"
         from paddle import profiler
 
         targets = [profiler.ProfilerTarget.CPU]

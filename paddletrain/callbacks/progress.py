@@ -7,7 +7,9 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, TextIO
 
 from tqdm import tqdm
 
-from .base import Callback, StepOutput
+from paddletrain.callbacks.base import Callback, StepOutput
+from paddletrain.config import check_option
+from paddletrain.registries import CALLBACKS
 
 if TYPE_CHECKING:  # pragma: no cover
     from paddletrain.trainer import Trainer
@@ -22,18 +24,12 @@ class _EpochStats:
     def __init__(self, smoothing: float) -> None:
         self.smoothing = smoothing
         self.start = time.perf_counter()
-        self.samples = 0
-        self.data_time = 0.0
-        self.compute_time = 0.0
         self.loss_sum = 0.0
         self.loss_count = 0
         self._ema = 0.0
         self._ema_weight = 0.0
 
     def update(self, output: StepOutput) -> None:
-        self.samples += output.batch_size
-        self.data_time += output.data_time
-        self.compute_time += output.compute_time
         if output.finite and output.loss == output.loss:
             self.loss_sum += output.loss
             self.loss_count += 1
@@ -51,24 +47,15 @@ class _EpochStats:
 
     @property
     def elapsed(self) -> float:
+        """Wall time of the epoch so far (steps and everything between them)."""
         return time.perf_counter() - self.start
-
-    @property
-    def throughput(self) -> float:
-        elapsed = self.elapsed
-        return self.samples / elapsed if elapsed > 0 else 0.0
-
-    @property
-    def data_share(self) -> float:
-        """Fraction of the measured batch time spent waiting for data (high: the loader is the bottleneck)."""
-        total = self.data_time + self.compute_time
-        return self.data_time / total if total > 0 else 0.0
 
 
 def _format_value(value: float) -> str:
     return f"{value:.4g}"
 
 
+@CALLBACKS.register("progress_bar")
 class ProgressBar(Callback):
     """Shows epoch i/N, step, smoothed loss, lr, img/s, ETA and data-wait share; logs an epoch summary.
 
@@ -92,10 +79,9 @@ class ProgressBar(Callback):
         file: Optional[TextIO] = None,
         mininterval: float = 0.5,
     ) -> None:
-        if refresh_every < 1:
-            raise ValueError(f"ProgressBar refresh_every must be >= 1, got {refresh_every}")
-        if not 0.0 <= smoothing < 1.0:
-            raise ValueError(f"ProgressBar smoothing must be in [0, 1), got {smoothing}")
+        check_option("refresh_every", refresh_every, ge=1)
+        check_option("smoothing", smoothing, ge=0, lt=1)
+        check_option("mininterval", mininterval, ge=0)
         self.refresh_every = refresh_every
         self.smoothing = smoothing
         self.enabled = enabled
@@ -149,10 +135,11 @@ class ProgressBar(Callback):
         if "train/loss" not in values and stats.mean_loss is not None:
             values["train/loss"] = stats.mean_loss
         parts = [f"{key} {_format_value(values[key])}" for key in _SUMMARY_KEYS if key in values]
+        throughput = trainer.epoch_throughput
         parts += [
-            f"{stats.throughput:.1f} img/s",
-            f"{stats.elapsed:.1f}s",
-            f"data wait {stats.data_share:.0%}",
+            f"train {throughput.images_per_second:.1f} img/s",
+            f"wall {stats.elapsed:.1f}s",
+            f"data wait {throughput.data_share:.0%}",
         ]
         loss_scale = trainer.precision.loss_scale
         if loss_scale is not None:
@@ -169,8 +156,8 @@ class ProgressBar(Callback):
             f"step={trainer.global_step}",
             f"loss={_format_value(loss) if loss is not None else 'nan'}",
             f"lr={output.lr:.3g}",
-            f"img/s={stats.throughput:.0f}",
-            f"data={stats.data_share:.0%}",
+            f"img/s={trainer.epoch_throughput.images_per_second:.0f}",
+            f"data={trainer.epoch_throughput.data_share:.0%}",
         ]
         if trainer.nonfinite_steps:
             fields.append(f"skipped={trainer.nonfinite_steps}")

@@ -15,7 +15,10 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
 import numpy as np
 from visualdl import LogWriter
 
-from .base import Callback, StepOutput
+from paddletrain.callbacks.base import Callback, StepOutput
+from paddletrain.config import check_option
+from paddletrain.metrics import Throughput
+from paddletrain.registries import CALLBACKS
 
 if TYPE_CHECKING:  # pragma: no cover
     from paddletrain.trainer import Trainer
@@ -79,14 +82,10 @@ class _Interval:
     def __init__(self) -> None:
         self.loss_sum = 0.0
         self.loss_count = 0
-        self.samples = 0
-        self.data_time = 0.0
-        self.compute_time = 0.0
+        self.throughput = Throughput()
 
     def update(self, output: StepOutput) -> None:
-        self.samples += output.batch_size
-        self.data_time += output.data_time
-        self.compute_time += output.compute_time
+        self.throughput.add(output.batch_size, output.data_time, output.compute_time)
         if output.finite and math.isfinite(output.loss):
             self.loss_sum += output.loss
             self.loss_count += 1
@@ -95,14 +94,13 @@ class _Interval:
         values: Dict[str, float] = {}
         if self.loss_count:
             values["train/loss"] = self.loss_sum / self.loss_count
-        busy = self.data_time + self.compute_time
-        if busy > 0:
-            # Measured batch time only: validation and checkpointing do not dent the curve.
-            values["train/throughput"] = self.samples / busy
-            values["train/data_time_share"] = self.data_time / busy
+        if self.throughput.seconds > 0:
+            values["train/throughput"] = self.throughput.images_per_second
+            values["train/data_time_share"] = self.throughput.data_share
         return values
 
 
+@CALLBACKS.register("visualdl")
 class VisualDLLogger(Callback):
     """Writes scalars, hyper-parameters and a grid of sample training images with ``visualdl.LogWriter``.
 
@@ -135,8 +133,8 @@ class VisualDLLogger(Callback):
         max_images: int = 16,
         hparam_metrics: Sequence[str] = ("val/top1", "val/loss"),
     ) -> None:
-        if log_every_n_steps < 1:
-            raise ValueError(f"VisualDLLogger log_every_n_steps must be >= 1, got {log_every_n_steps}")
+        check_option("log_every_n_steps", log_every_n_steps, ge=1)
+        check_option("max_images", max_images, ge=1)
         self.logdir = logdir
         self.log_every_n_steps = log_every_n_steps
         self.log_images = log_images

@@ -8,7 +8,7 @@
   ``numpy.dtype``, ``builtins.tuple``), so ordinary weights load and anything else is rejected unrun;
   it also refuses structures that are not plain trees, in linear time (:mod:`.safe_pickle`).
 * :func:`load_legacy` calls ``paddle.load`` and so runs whatever the file holds; it refuses unless the
-  user opted in with ``trainer.checkpoint.trust_pickle=true``.
+  user opted in with ``trainer.trust_pickle=true``.
 """
 from __future__ import annotations
 
@@ -99,7 +99,7 @@ def load_legacy(path: str | os.PathLike, trust_pickle: bool = False) -> Any:
     if not trust_pickle:
         raise CheckpointError(
             f"{path} is a pickled paddle checkpoint: loading it can execute arbitrary code from the file. "
-            "If you trust its source, enable it with trainer.checkpoint.trust_pickle=true "
+            "If you trust its source, enable it with trainer.trust_pickle=true "
             "(load_legacy(..., trust_pickle=True)); plain weights also load safely with "
             "paddletrain.checkpoint.safe_unpickle()"
         )

@@ -40,6 +40,14 @@ class _Record:
     created: float
 
 
+def checkpoint_name(epoch: int, global_step: int) -> str:
+    """The one naming scheme of checkpoint directories: ``epoch0003-step0000120`` (sorts by time).
+
+    No ``=`` in it: Hydra would read a path holding one as an override when it is given on the command line.
+    """
+    return f"epoch{epoch:04d}-step{global_step:07d}"
+
+
 def _checked_name(root: Path, name: Any, key: str = "checkpoint name") -> str:
     # Names come from files and saved state; a path in one must never let pruning reach outside root.
     return confined_path(root, name, key, plain_name=True).name
@@ -106,14 +114,14 @@ class CheckpointManager:
         """Save ``state`` as a new checkpoint, update the pointers, then prune. Returns its path.
 
         ``metadata`` must hold ``global_step`` (and should hold ``epoch``); the default name is
-        ``epoch=0003-step=000120``. ``metric`` is the value of ``monitor`` for this checkpoint.
+        :func:`checkpoint_name` (``epoch0003-step0000120``). ``metric`` is the value of ``monitor`` for this checkpoint.
         """
         metadata = dict(metadata or {})
         step, epoch = metadata.get("global_step"), metadata.get("epoch")
         if not isinstance(step, int):
             raise ValueError(f"checkpoint metadata must hold an int 'global_step', got {metadata!r}")
         if name is None:
-            name = f"epoch={epoch if isinstance(epoch, int) else 0:04d}-step={step:06d}"
+            name = checkpoint_name(epoch if isinstance(epoch, int) else 0, step)
         _checked_name(self.root, name)
         if self.monitor is not None:
             metadata.setdefault("monitor", self.monitor)

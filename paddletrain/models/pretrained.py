@@ -17,6 +17,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 import paddle
 
+from ..state_checks import compare_state
 from .weights.adapt import adapt_input_conv
 from .weights.mapping import FIRST_PROJECTION_PREFIXES, HEAD_PREFIXES, IDENTITY, convert_state
 from .weights.report import LoadReport, PretrainedLoadError, abbreviate
@@ -73,22 +74,21 @@ def load_state(
     conversion = convert_state(state, model)
     report = LoadReport(source=info.source, path=str(info.path or ""), scheme=conversion.scheme)
 
-    to_load: dict[str, np.ndarray] = {}
-    for key, param in model.state_dict().items():
-        if key not in conversion.state:
-            report.missing.append(key)
-            continue
-        value = np.asarray(conversion.state[key])
-        model_shape = tuple(param.shape)
-        if key == first_conv and _differs_in_channels_only(value.shape, model_shape):
-            value, how = adapt_input_conv(value, model_shape[1])
-            report.input_conv_adapted = f"{key}: {how}"
-        if tuple(value.shape) != model_shape:
-            report.shape_mismatched.append((key, tuple(value.shape), model_shape))
-            continue
-        to_load[key] = value.astype(_numpy_dtype(param), copy=False)
-        report.matched.append(key)
-    report.unexpected = list(conversion.unmapped)
+    expected = model.state_dict()
+    arrays = {key: np.asarray(value) for key, value in conversion.state.items()}
+    if first_conv in arrays and first_conv in expected:
+        model_shape = tuple(expected[first_conv].shape)
+        if _differs_in_channels_only(arrays[first_conv].shape, model_shape):
+            arrays[first_conv], how = adapt_input_conv(arrays[first_conv], model_shape[1])
+            report.input_conv_adapted = f"{first_conv}: {how}"
+    diff = compare_state(expected, arrays)
+    report.missing = diff.missing
+    report.shape_mismatched = diff.mismatched
+    report.unexpected = list(conversion.unmapped) + diff.unexpected
+    unfit = {key for key, _, _ in diff.mismatched}
+    to_load = {key: arrays[key].astype(_numpy_dtype(param), copy=False)
+               for key, param in expected.items() if key in arrays and key not in unfit}
+    report.matched = list(to_load)
 
     def is_head(key: str) -> bool:
         return bool(classifier) and (key == classifier or key.startswith(classifier + "."))

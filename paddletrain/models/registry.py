@@ -115,7 +115,9 @@ def create_model(
             unexpected or of another shape.
         trust_pickle: allow unpickling ``.pdparams`` files that hold more than numpy arrays (pickles can run
             code: trust the file first).
-        **kwargs: builder options, e.g. ``drop_rate``, ``zero_init_residual``, ``data_format``.
+        **kwargs: builder options, e.g. ``drop_rate``, ``zero_init_residual``, ``data_format``. A weight source
+            adds the options its weights need (e.g. ``project_first_shortcut`` for ``paddleclas:`` ResNets);
+            options given here win.
 
     Raises:
         UnknownModelError: no model is registered under ``name`` (the message lists close names).
@@ -128,10 +130,14 @@ def create_model(
             f"Unknown model {name!r}.{hint} See paddletrain.models.list_models() for the "
             f"{len(_BUILDERS)} registered names."
         )
-    model = _BUILDERS[name](num_classes=num_classes, in_chans=in_chans, **kwargs)
     if pretrained:
         # Imported here so the registry stays importable without the loaders' dependencies.
         from .pretrained import load_pretrained
+        from .weights import describe
 
+        # Options the weights need (e.g. PaddleClas' projection shortcut), unless the caller sets them.
+        kwargs = {**describe(pretrained).model_options, **kwargs}
+    model = _BUILDERS[name](num_classes=num_classes, in_chans=in_chans, **kwargs)
+    if pretrained:
         load_pretrained(model, pretrained, strict=strict, trust_pickle=trust_pickle)
     return model

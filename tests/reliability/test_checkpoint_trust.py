@@ -21,13 +21,13 @@ from paddletrain.checkpoint import CheckpointError, CheckpointManager, load_chec
 from paddletrain.checkpoint.storage import STATE, TENSORS
 from paddletrain.checkpoint.untrusted import StateValueError, confined_path
 from paddletrain.errors import UserError
-from paddletrain.fit import train
+from paddletrain.build import train
 from paddletrain.resume import load_resume_checkpoint
 from tests.conftest import TINY, compose_fit
 from tests.reliability.checkpoint_craft import (BAD_TENSOR_FILES, assert_one_error_line, fit_cli, latest, output,
                                                 reseal, rewrite_state)
 
-VDL = ["trainer.visualdl=true"]
+VDL = ["callbacks.visualdl.log_images=true"]
 
 
 def _copy_run(template: Path, tmp_path: Path) -> Path:

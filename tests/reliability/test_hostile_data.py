@@ -245,7 +245,7 @@ def test_fit_on_a_folder_with_a_fifo_finishes(root: Path, tmp_path: Path) -> Non
     os.mkfifo(root / "train/a/x.jpg")
     result = run_module("paddletrain.fit", [
         "data.name=imagefolder", f"data.root={root}", "data.image_size=8", "data.batch_size=4",
-        "data.num_workers=0", "trainer.max_epochs=1", "trainer.progress_bar=false", "trainer.cpu_threads=1",
+        "data.num_workers=0", "trainer.max_epochs=1", "callbacks.progress_bar.enabled=false", "trainer.cpu_threads=1",
         f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, timeout=90)
     assert result.returncode == 0, result.stderr[-2000:]
     log = result.stdout + result.stderr

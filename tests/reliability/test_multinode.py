@@ -43,7 +43,7 @@ def test_two_nodes_train_exactly_like_two_devices_on_one_and_resume_on_one(tmp_p
     assert codes == [0, 0], "\n".join(node.output[-2000:] for node in nodes)
     run_dir = tmp_path / "nodes"  # both nodes were given it (a shared filesystem on real machines)
 
-    reference = run_module("paddletrain.fit", ["trainer.devices=2", *SEED, "trainer.progress_bar=false",
+    reference = run_module("paddletrain.fit", ["trainer.devices=2", *SEED, "callbacks.progress_bar.enabled=false",
                                                "trainer.cpu_threads=1", "data.shapes.num_train=64",
                                                "data.shapes.num_val=32", "data.image_size=16", "data.batch_size=16",
                                                f"hydra.run.dir={tmp_path / 'one'}"], cwd=tmp_path, timeout=240)
@@ -70,7 +70,7 @@ def test_two_nodes_train_exactly_like_two_devices_on_one_and_resume_on_one(tmp_p
 
     # The two-node checkpoint resumes on one node with two devices.
     resumed = run_module("paddletrain.fit", ["trainer.devices=2", "trainer.seed=7", "trainer.max_epochs=3",
-                                             "trainer.resume=auto", "trainer.progress_bar=false",
+                                             "trainer.resume=auto", "callbacks.progress_bar.enabled=false",
                                              "trainer.cpu_threads=1", "data.shapes.num_train=64",
                                              "data.shapes.num_val=32", "data.image_size=16", "data.batch_size=16",
                                              f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=240)

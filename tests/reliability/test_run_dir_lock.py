@@ -17,7 +17,7 @@ from paddletrain.rundir import LOCK_FILE, held_run_dir, hold_run_dir, holding_ru
 from tests.conftest import TINY, run_module
 
 # Enough epochs that the first run is still training while the second one starts; it is killed anyway.
-LONG = [*TINY, "trainer.max_epochs=10000", "trainer.visualdl=false"]
+LONG = [*TINY, "trainer.max_epochs=10000", "callbacks.visualdl=null"]
 
 HOLD_SCRIPT = """
 import sys, time

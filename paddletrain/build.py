@@ -1,0 +1,291 @@
+"""The composition root: a validated config becomes a model, data, loss, optimizer, schedule, precision,
+callbacks and a :class:`~paddletrain.trainer.Trainer`.
+
+Every command line (``fit``, ``evaluate``, ``export``, ``predict``), the examples and the tests build through
+here; nothing else reads the config. The Trainer receives built objects.
+
+    run = build_run(cfg, run_dir)            # everything, nothing started
+    run.trainer.fit(run.train_loader, run.val_loader, ckpt_path=run.resume_from)
+
+or, with the run directory locked and ``summary.json`` written: ``train(cfg, run_dir)``.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import paddle
+from omegaconf import DictConfig, OmegaConf
+
+from paddletrain import distributed
+from paddletrain.callbacks.base import Callback
+from paddletrain.callbacks.instantiate import instantiate_callbacks
+from paddletrain.config import DataConfig, FitConfig, validate_config
+from paddletrain.data import build_datasets, build_loader, build_transform
+from paddletrain.errors import TrainingInterrupted, UserError
+from paddletrain.losses import build_loss
+from paddletrain.models import create_model
+from paddletrain.models.weights import describe
+from paddletrain.optim import build_optimizer, scaled_lr
+from paddletrain.precision import Precision
+from paddletrain.resume import is_legacy_checkpoint, load_resume_checkpoint, warm_start_from_legacy
+from paddletrain.rundir import holding_run_dir
+from paddletrain.runtime import seed_everything, setup_runtime
+from paddletrain.schedules import build_scheduler, schedule_steps
+from paddletrain.state_checks import check_state_matches
+from paddletrain.summary import write_summary
+from paddletrain.trainer import Trainer, count_batches, optimizer_steps_per_epoch
+
+log = logging.getLogger("paddletrain")
+
+
+@dataclass
+class DataBundle:
+    """What the data config builds: loaders plus what the model must know about the data."""
+
+    train_loader: Any
+    val_loader: Any
+    classes: list[str]
+    in_chans: int
+
+
+def build_data(cfg: DictConfig, seed: int, rank: int = 0, world_size: int = 1) -> DataBundle:
+    """Datasets, transforms and loaders from the ``data`` config."""
+    # Transforms need the channel count the dataset reports, so the loaders apply them (per seeded sample).
+    splits = build_datasets(cfg.data)
+    train_tf = build_transform(cfg.data, train=True, in_chans=splits.in_chans)
+    eval_tf = build_transform(cfg.data, train=False, in_chans=splits.in_chans)
+    if len(splits.train) == 0:
+        raise UserError(f"data.name={cfg.data.name}: the training split is empty")
+    num_classes = cfg.model.num_classes
+    if num_classes is not None and num_classes < len(splits.classes):
+        raise UserError(f"model.num_classes={num_classes} is smaller than the {len(splits.classes)} classes "
+                        f"of data.name={cfg.data.name}")
+    per_rank = -(-len(splits.train) // world_size)
+    if cfg.data.drop_last and per_rank < cfg.data.batch_size:
+        raise UserError(f"data.batch_size={cfg.data.batch_size} is larger than the {per_rank} training samples each "
+                        f"of the {world_size} process(es) gets from data.name={cfg.data.name}: with "
+                        "data.drop_last=true no training step would run. Lower data.batch_size.")
+    train_loader = build_loader(splits.train, cfg.data, train=True, seed=seed, num_replicas=world_size, rank=rank,
+                                transform=train_tf)
+    val_loader = build_loader(splits.val, cfg.data, train=False, seed=seed, num_replicas=world_size, rank=rank,
+                              transform=eval_tf)
+    return DataBundle(train_loader, val_loader, list(splits.classes), splits.in_chans)
+
+
+# Model options passed to the builder only when the config changes them, so a user's builder need not take them.
+_MODEL_OPTIONS = {"drop_rate": 0.0, "drop_path_rate": 0.0, "zero_init_residual": False, "data_format": "NCHW"}
+
+
+def build_model(cfg: DictConfig, num_classes: int, in_chans: int) -> paddle.nn.Layer:
+    """The model from the ``model`` config; ``num_classes``/``in_chans`` are the data's, unless the config sets them.
+
+    ``model.arch`` is passed only when set (``model=vision``); options the weights need (e.g. PaddleClas'
+    first-block projection shortcut) come from the weight source, inside :func:`create_model`.
+    """
+    m = cfg.model
+    options: dict[str, Any] = {"arch": m.arch} if m.arch else {}
+    options.update({key: m[key] for key, default in _MODEL_OPTIONS.items() if m[key] != default})
+    return create_model(
+        m.name,
+        num_classes=m.num_classes if m.num_classes is not None else num_classes,
+        in_chans=m.in_chans if m.in_chans is not None else in_chans,
+        pretrained=m.pretrained,
+        strict=m.strict,
+        trust_pickle=m.trust_pickle,
+        **options,
+    )
+
+
+# data keys that null hands to the pretrained weights; without weights (or without that value) the schema
+# default applies.
+PREPROCESSING_FROM_WEIGHTS = ("image_size", "interpolation", "mean", "std")
+
+
+def resolve_preprocessing(cfg: DictConfig) -> DictConfig:
+    """``cfg`` with every null ``data.image_size/interpolation/mean/std`` filled from ``model.pretrained``.
+
+    Values set in the config always win. A size taken from the weights also takes their crop ratio for
+    ``data.eval_resize`` when that is null.
+    """
+    unset = [key for key in PREPROCESSING_FROM_WEIGHTS if cfg.data.get(key) is None]
+    if not unset:
+        return cfg
+    weights: dict[str, Any] = describe(cfg.model.pretrained).preprocessing if cfg.model.pretrained else {}
+    found = {"image_size": weights["input_size"][-1] if weights.get("input_size") else None,
+             "interpolation": weights.get("interpolation"),
+             "mean": list(weights["mean"]) if weights.get("mean") else None,
+             "std": list(weights["std"]) if weights.get("std") else None}
+    defaults = DataConfig()
+    resolved = copy.deepcopy(cfg)
+    for key in unset:
+        from_weights = found[key] is not None
+        resolved.data[key] = found[key] if from_weights else getattr(defaults, key)
+        log.info("data.%s=%s (from %s)", key, resolved.data[key],
+                 cfg.model.pretrained if from_weights else "the schema default")
+    if "image_size" in unset and found["image_size"] and weights.get("crop_pct") and cfg.data.eval_resize is None:
+        resolved.data.eval_resize = int(round(found["image_size"] / weights["crop_pct"]))
+    return resolved
+
+
+def build_optimization(cfg: DictConfig, model: paddle.nn.Layer, train_loader: Any,
+                       world_size: int = 1) -> tuple[paddle.optimizer.Optimizer, paddle.optimizer.lr.LRScheduler]:
+    """The optimizer and its schedule, whose length is the run's optimizer steps (the loop's own count)."""
+    t = cfg.trainer
+    per_epoch = optimizer_steps_per_epoch(count_batches(train_loader, t.limit_train_batches),
+                                          t.accumulate_grad_batches)
+    steps = schedule_steps(per_epoch, t.max_epochs, cfg.sched.warmup_epochs, t.max_steps)
+    global_batch = cfg.data.batch_size * world_size * t.accumulate_grad_batches
+    lr = scaled_lr(cfg.optim.lr, global_batch, cfg.optim.base_batch_size) if cfg.optim.scale_lr else cfg.optim.lr
+    log.info("Global batch %d (%d per process x %d process(es) x %d accumulation), learning rate %g%s, "
+             "%d optimizer steps", global_batch, cfg.data.batch_size, world_size, t.accumulate_grad_batches, lr,
+             f" (optim.lr={cfg.optim.lr:g} scaled by {global_batch}/{cfg.optim.base_batch_size})"
+             if cfg.optim.scale_lr else "", steps.total)
+    scheduler = build_scheduler(cfg.sched, lr, steps)
+    return build_optimizer(model, cfg.optim, scheduler), scheduler
+
+
+def build_precision(cfg: DictConfig, device: str) -> Precision:
+    """fp32 or AMP from ``trainer.amp``, for ``device``."""
+    return Precision.from_config(cfg.trainer.amp, device=device)
+
+
+def build_callbacks(cfg: DictConfig) -> list[Callback]:
+    """The ``callbacks`` config node, built (see :mod:`paddletrain.callbacks.instantiate`)."""
+    return instantiate_callbacks(cfg.get("callbacks") or {})
+
+
+def saves_checkpoints(cfg: DictConfig) -> bool:
+    """Whether the run's callbacks write checkpoints (a stop request then saves one)."""
+    return (cfg.get("callbacks") or {}).get("checkpoint") is not None
+
+
+def run_facts(cfg: DictConfig, num_classes: int, world_size: int) -> dict[str, Any]:
+    """What a resumed run must share with its checkpoint (model, classes) or is warned about (batch, world)."""
+    return {"model": cfg.model.name, "num_classes": num_classes, "batch_size": cfg.data.batch_size,
+            "world_size": world_size}
+
+
+def flat_hparams(cfg: DictConfig) -> dict[str, Any]:
+    """Scalar hyper-parameters as a flat dict (``optim.lr`` -> 0.1) for loggers."""
+    flat: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{prefix}{key}.")
+        elif isinstance(node, (int, float, str, bool)):
+            flat[prefix[:-1]] = node
+
+    walk(OmegaConf.to_container(cfg, resolve=True), "")
+    return flat
+
+
+@dataclass
+class Run:
+    """A built training run: call ``trainer.fit(train_loader, val_loader, ckpt_path=resume_from)``."""
+
+    trainer: Trainer
+    train_loader: Any
+    val_loader: Any
+    resume_from: Any
+    config: DictConfig
+
+
+def build_run(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = (),
+              trainer_cls: type[Trainer] | None = None) -> Run:
+    """Build everything a training run needs from a validated ``cfg``, in the order that fails cheapest first.
+
+    ``callbacks`` are added after the configured ones; ``trainer_cls`` replaces the Trainer (e.g. a subclass
+    with its own ``training_step``).
+    """
+    cfg = resolve_preprocessing(cfg)
+    t = cfg.trainer
+    rank, world_size = distributed.rank(), distributed.world_size()
+    configured = build_callbacks(cfg)  # their options are checked before any data or model work
+    runtime = setup_runtime(t.device, t.cpu_threads, deterministic=t.deterministic)
+    seed_everything(t.seed + rank)  # dropout differs per rank; the data order comes from t.seed alone
+    data = build_data(cfg, seed=t.seed, rank=rank, world_size=world_size)
+    model = build_model(cfg, len(data.classes), data.in_chans)
+    optimizer, scheduler = build_optimization(cfg, model, data.train_loader, world_size)
+    facts = run_facts(cfg, len(data.classes), world_size)
+    resume_from = None
+    if t.resume and is_legacy_checkpoint(Path(t.resume)):
+        warm_start_from_legacy(Path(t.resume), model, optimizer, t.trust_pickle)
+    else:
+        resume_from = load_resume_checkpoint(t.resume, run_dir, facts)
+    trainer = (trainer_cls or Trainer)(
+        model, optimizer, scheduler=scheduler, rank=rank, world_size=world_size,
+        loss_fn=build_loss(cfg.loss), precision=build_precision(cfg, runtime.device),
+        callbacks=[*configured, *callbacks],
+        max_epochs=t.max_epochs, max_steps=t.max_steps, accumulate_grad_batches=t.accumulate_grad_batches,
+        grad_clip_norm=t.grad_clip_norm, limit_train_batches=t.limit_train_batches,
+        limit_val_batches=t.limit_val_batches, val_every_n_epochs=t.val_every_n_epochs,
+        max_consecutive_nonfinite=t.max_consecutive_nonfinite, num_classes=len(data.classes),
+        run_dir=str(run_dir), hparams=flat_hparams(cfg), sync_bn=cfg.model.sync_bn,
+        find_unused_parameters=t.find_unused_parameters,
+        checkpoint_extras={"config": OmegaConf.to_container(cfg, resolve=True), "run": facts},
+    )
+    return Run(trainer, data.train_loader, data.val_loader, resume_from, cfg)
+
+
+def train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = (),
+          trainer_cls: type[Trainer] | None = None) -> dict[str, float]:
+    """Validate ``cfg``, build the run, train it; returns the final metrics (also in ``summary.json``).
+
+    The run directory is locked while training (a launcher holds it for its ranks). A stop request names the
+    checkpoint it wrote on the :class:`~paddletrain.errors.TrainingInterrupted` it raises.
+    """
+    validate_config(cfg)  # before the lock: a bad value does no work in the run directory
+    with nullcontext() if distributed.is_launched() else holding_run_dir(run_dir):
+        run = build_run(cfg, run_dir, callbacks, trainer_cls)
+        trainer = run.trainer
+        try:
+            metrics = trainer.fit(run.train_loader, run.val_loader, ckpt_path=run.resume_from)
+        except TrainingInterrupted as exc:  # say which checkpoint the stop wrote, not whichever is newest on disk
+            saved = [cb.last_path for cb in trainer.callbacks if getattr(cb, "saves_on_interrupt", False)]
+            exc.checkpoint = str(saved[0]) if saved and saved[0] else None
+            raise
+        if trainer.is_main:
+            write_summary(run_dir, metrics, trainer)
+        distributed.barrier()
+        return metrics
+
+
+def checkpoint_config(saved: Any, overrides: Sequence[str] = (), base: DictConfig | None = None,
+                      source: str = "the checkpoint") -> DictConfig:
+    """The training config ``saved`` in a checkpoint, on top of ``base`` (default: the fit schema's defaults),
+    with the dotlist ``overrides`` on top of it; pretrained weights are not fetched again.
+
+    Keys of this version's schema only; a saved value the schema refuses is one error naming it.
+    """
+    if not saved or not isinstance(saved, dict):
+        raise UserError(f"{source} holds no config; it was not written by paddletrain.fit")
+    base = base if base is not None else OmegaConf.structured(FitConfig)
+    try:
+        cfg = OmegaConf.merge(base, {k: v for k, v in saved.items() if k in base})
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+    except Exception as exc:  # omegaconf's ValidationError/ConfigKeyError name the key
+        raise UserError(f"the config saved in {source} does not match this paddletrain version's schema: "
+                        f"{exc}") from None
+    cfg.model.pretrained = None  # the checkpoint's weights replace any pretrained ones
+    return cfg
+
+
+def checkpoint_model(cfg: DictConfig, state: Any, num_classes: int, in_chans: int,
+                     source: str = "the checkpoint") -> paddle.nn.Layer:
+    """The model of ``cfg`` with the weights of a checkpoint's ``state``; any key that does not fit is refused."""
+    if not isinstance(state, dict) or "model" not in state:
+        raise UserError(f"{source} holds no model weights (no 'model' entry)")
+    model = build_model(cfg, num_classes, in_chans)
+    try:
+        check_state_matches(model, state["model"])
+    except UserError as exc:
+        raise UserError(f"{source}: {exc}") from None
+    model.set_state_dict(state["model"])
+    return model

@@ -1,0 +1,122 @@
+"""Learning-rate schedules stepped once per optimizer step, with linear warmup, in the ``SCHEDULERS`` registry.
+
+A schedule factory is ``factory(cfg: SchedConfig, base_lr, steps: ScheduleSteps) -> LRScheduler`` for the
+steps after warmup; :func:`build_scheduler` adds the warmup in front. Its length comes from
+:func:`schedule_steps`, computed from the same :func:`paddletrain.trainer.optimizer_steps_per_epoch` the
+training loop follows, so the schedule ends exactly on the run's last optimizer step.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from paddle.optimizer.lr import LambdaDecay, LinearWarmup, LRScheduler, MultiStepDecay, OneCycleLR
+
+from paddletrain.config import SchedConfig, check_values
+from paddletrain.errors import ConfigError
+from paddletrain.registries import SCHEDULERS
+
+
+@dataclass(frozen=True)
+class ScheduleSteps:
+    """How long a schedule runs, in optimizer steps."""
+
+    # Optimizer steps in one epoch.
+    per_epoch: int
+    # Optimizer steps of the whole run (max_epochs, capped by max_steps).
+    total: int
+    # Warmup steps at the start (part of total).
+    warmup: int
+
+    @property
+    def after_warmup(self) -> int:
+        return self.total - self.warmup
+
+
+def schedule_steps(steps_per_epoch: int, max_epochs: int, warmup_epochs: float = 0.0,
+                   max_steps: int | None = None) -> ScheduleSteps:
+    """The schedule's length: every optimizer step of ``max_epochs`` epochs, or ``max_steps`` when fewer."""
+    if steps_per_epoch <= 0 or max_epochs <= 0:
+        raise ConfigError(f"need steps_per_epoch > 0 and max_epochs > 0, got {steps_per_epoch} and {max_epochs}")
+    total = steps_per_epoch * max_epochs
+    if max_steps is not None:
+        total = min(total, max_steps)
+    warmup = int(round(warmup_epochs * steps_per_epoch))
+    if warmup >= total:
+        raise ConfigError(f"sched.warmup_epochs={warmup_epochs} covers the whole run ({total} optimizer steps): "
+                          "make it shorter")
+    return ScheduleSteps(per_epoch=steps_per_epoch, total=total, warmup=warmup)
+
+
+def build_scheduler(cfg: SchedConfig, base_lr: float, steps: ScheduleSteps) -> LRScheduler:
+    """The schedule registered as ``sched.name``, after a linear warmup over ``steps.warmup`` steps.
+
+    The warmup ramps from ``sched.warmup_start_factor`` x the schedule's first rate to it; the schedule itself
+    starts counting after the warmup. Past its last step a schedule holds its final rate.
+    """
+    if not base_lr > 0:
+        raise ConfigError(f"the learning rate (optim.lr) must be > 0, got {base_lr!r}")
+    check_values(cfg, SchedConfig, prefix="sched.")  # the schema's rules, for callers that skip validate_config
+    main = SCHEDULERS.get(str(cfg.name).lower())(cfg, base_lr, steps)
+    if steps.warmup == 0:
+        return main
+    first_lr = main()
+    return LinearWarmup(main, warmup_steps=steps.warmup, start_lr=cfg.warmup_start_factor * first_lr,
+                        end_lr=first_lr)
+
+
+@SCHEDULERS.register("constant")
+def constant(cfg: SchedConfig, base_lr: float, steps: ScheduleSteps) -> LRScheduler:
+    """``optim.lr`` throughout."""
+    return LambdaDecay(base_lr, lambda step: 1.0)
+
+
+@SCHEDULERS.register("cosine")
+def cosine(cfg: SchedConfig, base_lr: float, steps: ScheduleSteps) -> LRScheduler:
+    """Half a cosine from ``optim.lr`` down to ``sched.min_lr`` over the steps after warmup, then ``min_lr``."""
+    if cfg.min_lr > base_lr:
+        raise ConfigError(f"sched.min_lr={cfg.min_lr} must be <= optim.lr={base_lr}")
+    floor, length = cfg.min_lr / base_lr, steps.after_warmup
+    # Paddle's CosineAnnealingDecay is periodic (it climbs back after T_max); this one holds min_lr.
+    return LambdaDecay(base_lr, lambda step: floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(step, length)
+                                                                                        / length)))
+
+
+@SCHEDULERS.register("onecycle")
+def onecycle(cfg: SchedConfig, base_lr: float, steps: ScheduleSteps) -> LRScheduler:
+    """One cycle (Smith): up to ``optim.lr * sched.max_lr_factor`` over ``sched.pct_start``, then down."""
+    length = steps.after_warmup
+    # Paddle divides by the length of the warm phase (pct_start * steps - 1): it must be at least one step.
+    if cfg.pct_start * length < 2 or (1 - cfg.pct_start) * length < 2:
+        raise ConfigError(f"sched.pct_start={cfg.pct_start} leaves a phase under 2 steps of the {length}-step "
+                          "schedule")
+    return OneCycleLR(max_learning_rate=base_lr * cfg.max_lr_factor, total_steps=length,
+                      phase_pct=float(cfg.pct_start), end_learning_rate=cfg.min_lr)
+
+
+@SCHEDULERS.register("step")
+def step(cfg: SchedConfig, base_lr: float, steps: ScheduleSteps) -> LRScheduler:
+    """Multiply by ``sched.gamma`` every ``sched.step_size`` epochs."""
+    epochs = list(range(cfg.step_size, -(-steps.total // steps.per_epoch), cfg.step_size))
+    return _drops_at_epochs(epochs, "sched.step_size", cfg.gamma, base_lr, steps)
+
+
+@SCHEDULERS.register("multistep")
+def multistep(cfg: SchedConfig, base_lr: float, steps: ScheduleSteps) -> LRScheduler:
+    """Multiply by ``sched.gamma`` when each epoch of ``sched.milestones`` starts."""
+    milestones = list(cfg.milestones)
+    if not milestones or any(b <= a for a, b in zip(milestones, milestones[1:])):
+        raise ConfigError(f"sched.milestones must be strictly increasing epochs, got {list(cfg.milestones)}")
+    return _drops_at_epochs(milestones, "sched.milestones", cfg.gamma, base_lr, steps)
+
+
+def _drops_at_epochs(epochs: Sequence[int], key: str, gamma: float, base_lr: float,
+                     steps: ScheduleSteps) -> LRScheduler:
+    # The schedule counts from the end of warmup, so shift the absolute epochs back by the warmup.
+    at = [e * steps.per_epoch - steps.warmup for e in epochs]
+    if at and at[0] <= 0:
+        raise ConfigError(f"{key}: a drop at epoch {epochs[0]} falls inside the warmup; shorten sched.warmup_epochs")
+    if not at:  # no drop within the run
+        return LambdaDecay(base_lr, lambda step: 1.0)
+    return MultiStepDecay(base_lr, milestones=at, gamma=gamma)
