@@ -12,7 +12,9 @@ from paddletrain import Precision, Trainer, create_model
 from paddletrain.callbacks import EarlyStopping, ModelCheckpoint, ProgressBar
 from paddletrain.config import DataConfig, OptimConfig, SchedConfig
 from paddletrain.data import ShapesDataset, build_loader, build_transform
-from paddletrain.optim import build_optimizer, build_scheduler
+from paddletrain.optim import build_optimizer
+from paddletrain.schedules import build_scheduler, schedule_steps
+from paddletrain.trainer import optimizer_steps_per_epoch
 
 
 def main() -> None:
@@ -30,11 +32,13 @@ def main() -> None:
     val_loader = build_loader(val_set, data_cfg, train=False, seed=0, transform=build_transform(data_cfg, False))
 
     model = create_model("resnet20", num_classes=len(train_set.classes))
-    scheduler = build_scheduler(SchedConfig(name="cosine", warmup_epochs=0.5), 0.1, len(train_loader), args.epochs)
+    sched_cfg = SchedConfig(name="cosine", warmup_epochs=0.5)
+    steps = schedule_steps(optimizer_steps_per_epoch(len(train_loader), 1), args.epochs, sched_cfg.warmup_epochs)
+    scheduler = build_scheduler(sched_cfg, 0.1, steps)
     optimizer = build_optimizer(model, OptimConfig(name="sgd", lr=0.1), scheduler)
     trainer = Trainer(
         model, optimizer, scheduler=scheduler, precision=Precision(),  # Precision(enabled=True) for AMP on GPUs
-        callbacks=[ProgressBar(), EarlyStopping(patience=3), ModelCheckpoint(args.out / "checkpoints")],
+        callbacks=[ProgressBar(), EarlyStopping(patience=3), ModelCheckpoint()],  # checkpoints in <run_dir>
         max_epochs=args.epochs, num_classes=len(train_set.classes), run_dir=str(args.out),
     )
     metrics = trainer.fit(train_loader, val_loader)

@@ -139,7 +139,7 @@ def build_optimization(cfg: DictConfig, model: paddle.nn.Layer, train_loader: An
     t = cfg.trainer
     per_epoch = optimizer_steps_per_epoch(count_batches(train_loader, t.limit_train_batches),
                                           t.accumulate_grad_batches)
-    steps = schedule_steps(per_epoch, t.max_epochs, cfg.sched.warmup_epochs, t.max_steps)
+    steps = schedule_steps(per_epoch, t.max_epochs, cfg.sched.warmup_epochs)
     global_batch = cfg.data.batch_size * world_size * t.accumulate_grad_batches
     lr = scaled_lr(cfg.optim.lr, global_batch, cfg.optim.base_batch_size) if cfg.optim.scale_lr else cfg.optim.lr
     log.info("Global batch %d (%d per process x %d process(es) x %d accumulation), learning rate %g%s, "
@@ -267,8 +267,9 @@ def checkpoint_config(saved: Any, overrides: Sequence[str] = (), base: DictConfi
     if not saved or not isinstance(saved, dict):
         raise UserError(f"{source} holds no config; it was not written by paddletrain.fit")
     base = base if base is not None else OmegaConf.structured(FitConfig)
+    known = set(base.keys())  # `in` would skip the schema's mandatory (missing) groups
     try:
-        cfg = OmegaConf.merge(base, {k: v for k, v in saved.items() if k in base})
+        cfg = OmegaConf.merge(base, {k: v for k, v in saved.items() if k in known})
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
     except Exception as exc:  # omegaconf's ValidationError/ConfigKeyError name the key
         raise UserError(f"the config saved in {source} does not match this paddletrain version's schema: "

@@ -24,7 +24,7 @@ class ScheduleSteps:
 
     # Optimizer steps in one epoch.
     per_epoch: int
-    # Optimizer steps of the whole run (max_epochs, capped by max_steps).
+    # Optimizer steps of max_epochs epochs.
     total: int
     # Warmup steps at the start (part of total).
     warmup: int
@@ -34,14 +34,15 @@ class ScheduleSteps:
         return self.total - self.warmup
 
 
-def schedule_steps(steps_per_epoch: int, max_epochs: int, warmup_epochs: float = 0.0,
-                   max_steps: int | None = None) -> ScheduleSteps:
-    """The schedule's length: every optimizer step of ``max_epochs`` epochs, or ``max_steps`` when fewer."""
+def schedule_steps(steps_per_epoch: int, max_epochs: int, warmup_epochs: float = 0.0) -> ScheduleSteps:
+    """The schedule's length: every optimizer step of ``max_epochs`` epochs.
+
+    ``trainer.max_steps`` only stops a run early; it does not shorten the schedule, so a run stopped by it and
+    resumed with a larger one follows the same curve.
+    """
     if steps_per_epoch <= 0 or max_epochs <= 0:
         raise ConfigError(f"need steps_per_epoch > 0 and max_epochs > 0, got {steps_per_epoch} and {max_epochs}")
     total = steps_per_epoch * max_epochs
-    if max_steps is not None:
-        total = min(total, max_steps)
     warmup = int(round(warmup_epochs * steps_per_epoch))
     if warmup >= total:
         raise ConfigError(f"sched.warmup_epochs={warmup_epochs} covers the whole run ({total} optimizer steps): "

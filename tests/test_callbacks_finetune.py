@@ -95,7 +95,7 @@ def test_head_parameters_need_a_head():
     assert [p.shape for p in head_parameters(tiny_model())] == [[8, 3], [3]]
     with pytest.raises(ValueError, match="get_classifier"):
         head_parameters(paddle.nn.Sequential(paddle.nn.Linear(2, 2)))
-    with pytest.raises(ValueError, match="freeze_backbone_epochs"):
+    with pytest.raises(ValueError, match="epochs=-1 must be >= 0"):
         BackboneFreeze(-1)
 
 

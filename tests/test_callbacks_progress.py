@@ -5,6 +5,7 @@ import types
 import pytest
 
 from paddletrain.callbacks import ProgressBar, StepOutput
+from paddletrain.metrics import Throughput
 
 
 def make_trainer(**overrides):
@@ -17,6 +18,7 @@ def make_trainer(**overrides):
         precision=types.SimpleNamespace(loss_scale=None),
         metrics={},
         logger=logging.getLogger("paddletrain.test.progress"),
+        epoch_throughput=Throughput(),
     )
     state.update(overrides)
     return types.SimpleNamespace(**state)
@@ -29,9 +31,12 @@ def step(loss, lr=0.1, batch_size=8, data_time=0.01, compute_time=0.03, finite=T
 
 def run_epoch(bar, trainer, losses, **step_kwargs):
     bar.on_train_epoch_start(trainer)
+    trainer.epoch_throughput = Throughput()
     for i, loss in enumerate(losses):
         trainer.global_step += 1
-        bar.on_train_batch_end(trainer, step(loss, **step_kwargs), batch=None, batch_idx=i)
+        output = step(loss, **step_kwargs)
+        trainer.epoch_throughput.add(output.batch_size, output.data_time, output.compute_time)  # as the Trainer does
+        bar.on_train_batch_end(trainer, output, batch=None, batch_idx=i)
 
 
 def test_bar_shows_epoch_step_loss_and_lr():

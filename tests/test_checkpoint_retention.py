@@ -19,7 +19,7 @@ def _names(root):
 
 
 def _epochs(root):
-    return sorted(int(name.split("-")[0].split("=")[1]) for name in _names(root))
+    return sorted(int(name.split("-")[0][len("epoch"):]) for name in _names(root))
 
 
 def test_six_epochs_keep_last_two_best_one_and_the_protected_one(tmp_path):
@@ -30,7 +30,7 @@ def test_six_epochs_keep_last_two_best_one_and_the_protected_one(tmp_path):
     for epoch in range(3):
         paths.append(_save(first, epoch, metrics[epoch]))
         after.append(_epochs(tmp_path))
-    assert paths[0].name == "epoch=0000-step=000010"
+    assert paths[0].name == "epoch0000-step0000010"
     assert after == [[0], [0, 1], [1, 2]]  # 0.1 is neither last-2 nor best once 0.5 arrives
 
     # A new process resumes from epoch 2: the state saved in it predates epoch 2's own record.
@@ -43,8 +43,8 @@ def test_six_epochs_keep_last_two_best_one_and_the_protected_one(tmp_path):
         after.append(_epochs(tmp_path))
     # epoch 2 (NaN) is protected; epoch 1 (0.5) stays the best; 3 (0.3) goes once it is not among the last 2.
     assert after[3:] == [[1, 2, 3], [1, 2, 3, 4], [1, 2, 4, 5]]
-    assert second.best_path.name == "epoch=0001-step=000020" == read_pointer(tmp_path, "best").name
-    assert second.last_path.name == "epoch=0005-step=000060" == read_pointer(tmp_path, "latest").name
+    assert second.best_path.name == "epoch0001-step0000020" == read_pointer(tmp_path, "best").name
+    assert second.last_path.name == "epoch0005-step0000060" == read_pointer(tmp_path, "latest").name
     best = json.loads((tmp_path / "best.json").read_text())
     assert best["metric"] == 0.5 and best["global_step"] == 20
     assert load_checkpoint(second.best_path).metadata["metric"] == 0.5
@@ -57,7 +57,7 @@ def test_min_mode_nan_is_worst_and_no_best_without_a_finite_metric(tmp_path):
     for epoch, loss in [(1, 3.0), (2, 1.0), (3, 2.0), (4, math.nan)]:
         _save(manager, epoch, loss)
     assert _epochs(tmp_path) == [2, 4]
-    assert read_pointer(tmp_path, "best").name.startswith("epoch=0002")
+    assert read_pointer(tmp_path, "best").name.startswith("epoch0002")
 
 
 def test_keep_best_two_and_ties_keep_the_earlier(tmp_path):
@@ -97,7 +97,7 @@ def test_load_state_dict_drops_deleted_and_rejects_paths_outside_root(tmp_path):
     gone.rmdir()
     restored = CheckpointManager(tmp_path, keep_last=2, monitor="acc")
     restored.load_state_dict(state)
-    assert [r["name"] for r in restored.state_dict()["records"]] == ["epoch=0001-step=000020"]
+    assert [r["name"] for r in restored.state_dict()["records"]] == ["epoch0001-step0000020"]
 
     outside = tmp_path.parent / f"{tmp_path.name}-victim"
     outside.mkdir()

@@ -52,7 +52,10 @@ def test_bad_override_names_the_key(override, key):
 
 
 @pytest.mark.parametrize("override, key", [
-    ("optim.name=rmsprop", "optim.name"),
+    ("optim.name=rmsprob", "optim.name"),
+    ("sched.name=cosin", "sched.name"),
+    ("loss.name=bce", "loss.name"),
+    ("+callbacks.early_stoping.patience=3", "callbacks.early_stoping"),
     ("trainer.amp.level=O3", "trainer.amp.level"),
     ("model.data_format=NWHC", "model.data_format"),
     ("data.batch_size=0", "data.batch_size"),

@@ -101,12 +101,17 @@ def test_download_goes_to_the_cache_and_its_failure_says_where_to_put_the_file(t
         load_pretrained(create_model("resnet34"), "paddleclas:ResNet34")
 
 
-def test_paddleclas_weights_need_the_first_block_projection_and_say_so(tmp_path):
+def test_paddleclas_weights_bring_the_first_block_projection_they_need(tmp_path):
+    """The Python API and the CLI behave alike: the weight source adds the builder option its weights need."""
     source = _source_resnet18(project_first_shortcut=True)
     paddle.save(_renamed(source, "paddleclas"), str(tmp_path / "weights" / "ResNet18_pretrained.pdparams"))
     assert describe("paddleclas:ResNet18").model_options == {"project_first_shortcut": True}
+    model = create_model("resnet18", pretrained="paddleclas:ResNet18")
+    assert model.layer1[0].downsample is not None
+    np.testing.assert_array_equal(model.conv1.weight.numpy(), source.conv1.weight.numpy())
+    # A caller who overrides the option gets the load error that says why.
     with pytest.raises(PretrainedLoadError, match="blocks.0.short.conv.weight.*project_first_shortcut=True"):
-        create_model("resnet18", pretrained="paddleclas:ResNet18")
+        create_model("resnet18", pretrained="paddleclas:ResNet18", project_first_shortcut=False)
 
 
 def test_unknown_names_list_the_available_ones():

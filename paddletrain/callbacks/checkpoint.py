@@ -12,6 +12,7 @@ import paddle
 from paddletrain import distributed
 from paddletrain.callbacks.base import MODES, Callback, StepOutput
 from paddletrain.checkpoint import CheckpointManager, check_writable
+from paddletrain.checkpoint.untrusted import check_inside
 from paddletrain.config import check_option
 from paddletrain.errors import ConfigError, TrainingInterrupted
 from paddletrain.registries import CALLBACKS
@@ -80,6 +81,10 @@ class ModelCheckpoint(Callback):
                                              monitor=self.monitor, mode=self.mode)
 
     def on_fit_start(self, trainer: "Trainer") -> None:
+        self.setup(trainer)  # a no-op after Trainer.fit's setup hook; here for callers that drive hooks by hand
+        if trainer.run_dir is not None:
+            # Old checkpoints are deleted here: <run_dir>/checkpoints must not be a symlink out of the run.
+            check_inside(self.dirpath, trainer.run_dir, "checkpoint directory")
         if trainer.is_main:
             check_writable(self.dirpath)
         resumed = getattr(trainer, "resumed_from", None)
