@@ -100,7 +100,9 @@ class ShapesConfig:
     seed: int = allowed(0, ge=0, le=MAX_SEED)
 
 
+# Transform presets (paddletrain.data.transforms) and the resampling filters PIL resizes with.
 TRANSFORMS = ("imagenet", "small", "none")
+INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "box", "lanczos", "hamming")
 
 
 @dataclass
@@ -115,7 +117,7 @@ class DataConfig:
     image_size: Optional[int] = allowed(32, ge=1)
     # Side of the resize before the centre crop at evaluation (imagenet preset); None = image_size / 0.875.
     eval_resize: Optional[int] = allowed(None, ge=1)
-    interpolation: Optional[str] = allowed("bilinear", choices=("nearest", "bilinear", "bicubic", "lanczos"))
+    interpolation: Optional[str] = allowed("bilinear", choices=INTERPOLATIONS)
     # Per channel, in the 0..1 range of the image.
     mean: Optional[List[float]] = allowed(factory=lambda: [0.5, 0.5, 0.5])
     std: Optional[List[float]] = allowed(factory=lambda: [0.5, 0.5, 0.5], gt=0)

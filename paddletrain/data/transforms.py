@@ -15,12 +15,12 @@ import numpy as np
 from PIL import Image
 from paddle.vision import transforms as T
 
+from paddletrain.config import INTERPOLATIONS, TRANSFORMS
 from paddletrain.data.augment import RandAugment
 from paddletrain.data.images import to_mode
 from paddletrain.errors import ConfigError
 
-PRESETS = ("imagenet", "small", "none")
-INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "box", "lanczos", "hamming")
+PRESETS = TRANSFORMS
 # The usual ImageNet evaluation ratio: resize to image_size / 0.875, then centre-crop image_size.
 DEFAULT_CROP_PCT = 0.875
 SMALL_IMAGE_PADDING = 4
