@@ -273,6 +273,9 @@ class FitConfig:
     name: str = "paddletrain"
     # Free-form tags: experiment recipes may set them; never read by the library.
     tags: List[str] = field(default_factory=list)
+    # Modules imported before anything is built, so that they register their models, datasets, ... (e.g.
+    # imports=[my_package.models]). Installed plugins (the paddletrain.plugins entry points) need no entry.
+    imports: List[str] = field(default_factory=list)
 
 
 @dataclass

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from paddletrain.config import register_configs, validate_config
 from paddletrain.errors import ExitCode, UserError
+from paddletrain.registry import prepare
 
 if TYPE_CHECKING:  # pragma: no cover
     from paddletrain.checkpoint import Checkpoint
@@ -70,6 +71,7 @@ def main(cfg: DictConfig) -> None:
         if OmegaConf.is_missing(cfg, "checkpoint"):
             raise UserError("missing required value for checkpoint (e.g. checkpoint=outputs/<run>/checkpoints/<dir>)")
         checkpoint = load_checkpoint(cfg.checkpoint)
+        prepare(cfg, checkpoint)  # the checkpoint's `imports` and the command line's
         overrides = list(HydraConfig.get().overrides.task)
         evaluate(checkpoint_config(cfg, checkpoint.state.get("config", {}), overrides), checkpoint)
     except UserError as exc:

@@ -32,6 +32,7 @@ from paddletrain import distributed  # noqa: E402
 from paddletrain.config import register_configs, validate_config  # noqa: E402
 from paddletrain.errors import ExitCode, NonFiniteLossError, TrainingInterrupted, UserError  # noqa: E402
 from paddletrain.processes import own_stop_signals, stop_request  # noqa: E402
+from paddletrain.registry import prepare  # noqa: E402
 from paddletrain.resume import is_legacy_checkpoint, load_resume_checkpoint, warm_start_from_legacy  # noqa: E402
 from paddletrain.rundir import hold_run_dir, holding_run_dir  # noqa: E402
 
@@ -185,6 +186,7 @@ def train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Any] = (),
     (``trainer_cls``) with their own ``training_step``. The run directory is locked while training (a
     launcher holds it for its ranks).
     """
+    prepare(cfg)  # import the config's `imports`, which register the names it uses
     validate_config(cfg)  # before the lock: a bad value does no work in the run directory
     with nullcontext() if distributed.is_launched() else holding_run_dir(run_dir):
         return _train(cfg, run_dir, callbacks, trainer_cls)
