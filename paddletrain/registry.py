@@ -173,7 +173,9 @@ def import_modules(modules: Iterable[str], config_key: str = "imports") -> None:
         try:
             importlib.import_module(module)
         except ImportError as exc:
-            raise PluginError(f"{config_key}: cannot import {module!r}: {exc}") from exc
+            hint = ("; make it importable: the working directory, PYTHONPATH or an installed package"
+                    if isinstance(exc, ModuleNotFoundError) else "")
+            raise PluginError(f"{config_key}: cannot import {module!r}: {exc}{hint}") from exc
 
 
 def prepare(cfg: Any, checkpoint: Checkpoint | None = None) -> list[str]:

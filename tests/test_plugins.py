@@ -102,6 +102,12 @@ def plugin_venv(tmp_path_factory) -> str:
     return python
 
 
+def test_the_docs_show_the_examples_real_pyproject():
+    docs = (ROOT / "docs" / "extending.md").read_text()
+    snippet = docs.split("```toml\n", 1)[1].split("```", 1)[0]
+    assert snippet == (EXAMPLE / "pyproject.toml").read_text()
+
+
 def test_the_installed_example_app_serves_fit_evaluate_and_export(plugin_venv, tmp_path):
     # cwd and PYTHONPATH hold no copy of the app: only the installed package's entry point can find it
     fit_evaluate_export(plugin_venv, tmp_path, ["model.name=tiny_resnet", "data.name=bars"])
