@@ -128,8 +128,9 @@ PLUGIN_MODULE = """
 
     @register_model
     def imported_net(num_classes: int = 10, in_chans: int = 3) -> paddle.nn.Layer:
-        return paddle.nn.Sequential(paddle.nn.Conv2D(in_chans, 8, 3, padding=1), paddle.nn.ReLU(),
-                                    paddle.nn.AdaptiveAvgPool2D(1), paddle.nn.Flatten(), paddle.nn.Linear(8, num_classes))
+        nn = paddle.nn
+        return nn.Sequential(nn.Conv2D(in_chans, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2D(1), nn.Flatten(),
+                             nn.Linear(8, num_classes))
 """
 
 
@@ -162,7 +163,8 @@ def test_an_unknown_dataset_names_data_name_and_is_a_dataset_error():
     from paddletrain.config import DataConfig
     from paddletrain.data import DatasetError, UnknownDatasetError, build_datasets
 
-    with pytest.raises(UnknownDatasetError, match=r"^unknown dataset data.name='shapez'; did you mean shapes\?") as info:
+    with pytest.raises(UnknownDatasetError, match=r"^unknown dataset data.name='shapez'; did you mean shapes\?") \
+            as info:
         build_datasets(DataConfig(name="shapez"))
     assert isinstance(info.value, DatasetError) and isinstance(info.value, ConfigError)
 

@@ -11,11 +11,11 @@ paddletrain.fit model.name=tiny_resnet``, ``paddletrain.evaluate`` and ``paddlet
 """
 from pathlib import Path
 
+import downstream_app  # noqa: F401  (registers "tiny_resnet" and "bars")
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-import downstream_app  # noqa: F401  (registers "tiny_resnet" and "bars")
 from paddletrain.config import register_configs
 from paddletrain.fit import train
 

@@ -6,8 +6,15 @@ registry (:mod:`paddletrain.data.datasets`) imports none of them.
 from __future__ import annotations
 
 from paddletrain.data import cifar, mnist  # noqa: F401  (register cifar10/cifar100, mnist/fashion_mnist)
-from paddletrain.data.datasets import (BadSampleError, DatasetError, DatasetSplits, UnknownDatasetError,
-                                       build_datasets, list_datasets, register_dataset)
+from paddletrain.data.datasets import (
+    BadSampleError,
+    DatasetError,
+    DatasetSplits,
+    UnknownDatasetError,
+    build_datasets,
+    list_datasets,
+    register_dataset,
+)
 from paddletrain.data.imagefolder import ImageFolderDataset
 from paddletrain.data.loaders import CheckedDataLoader, SeededDataset, build_loader
 from paddletrain.data.sampler import ResumableBatchSampler, SampleKey

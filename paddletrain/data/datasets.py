@@ -13,8 +13,8 @@ Each dataset module registers its own builder next to its dataset class (``shape
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
