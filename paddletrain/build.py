@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from paddletrain import distributed
 from paddletrain.callbacks.base import Callback
 from paddletrain.callbacks.instantiate import instantiate_callbacks
-from paddletrain.config import DataConfig, FitConfig, validate_config
+from paddletrain.config import DataConfig, FitConfig
 from paddletrain.data import build_datasets, build_loader, build_transform
 from paddletrain.errors import TrainingInterrupted, UserError
 from paddletrain.losses import build_loss
@@ -33,6 +33,7 @@ from paddletrain.models import create_model
 from paddletrain.models.weights import describe
 from paddletrain.optim import build_optimizer, scaled_lr
 from paddletrain.precision import Precision
+from paddletrain.registry import prepare
 from paddletrain.resume import is_legacy_checkpoint, load_resume_checkpoint, warm_start_from_legacy
 from paddletrain.rundir import holding_run_dir
 from paddletrain.runtime import seed_everything, setup_runtime
@@ -40,6 +41,7 @@ from paddletrain.schedules import build_scheduler, schedule_steps
 from paddletrain.state_checks import check_state_matches
 from paddletrain.summary import write_summary
 from paddletrain.trainer import Trainer, count_batches, optimizer_steps_per_epoch
+from paddletrain.validation import validate_config
 
 log = logging.getLogger("paddletrain")
 
@@ -241,6 +243,7 @@ def train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = (),
     The run directory is locked while training (a launcher holds it for its ranks). A stop request names the
     checkpoint it wrote on the :class:`~paddletrain.errors.TrainingInterrupted` it raises.
     """
+    prepare(cfg)  # the config's `imports`: plugins register their names first
     validate_config(cfg)  # before the lock: a bad value does no work in the run directory
     with nullcontext() if distributed.is_launched() else holding_run_dir(run_dir):
         run = build_run(cfg, run_dir, callbacks, trainer_cls)

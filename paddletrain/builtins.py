@@ -1,10 +1,14 @@
-"""Import every built-in module that registers into :mod:`paddletrain.registries` (and the model and dataset
-registries), so their names are known. Importing this module is all it takes."""
+"""Import every built-in module that registers a name, so that every built-in name is known.
+
+Registries (:mod:`paddletrain.registries`, and the model and dataset registries on top of them) import nothing
+that registers into them; the packages below register their own entries when imported. A composition root
+imports this module once; a plugin's names come from :func:`paddletrain.registry.prepare` and entry points.
+"""
 from __future__ import annotations
 
 import paddletrain.callbacks  # noqa: F401  (callbacks)
-import paddletrain.data  # noqa: F401  (datasets, augmentations)
-import paddletrain.data.augment  # noqa: F401
+import paddletrain.data  # noqa: F401  (datasets)
+import paddletrain.data.augment  # noqa: F401  (augmentations)
 import paddletrain.losses  # noqa: F401  (losses)
 import paddletrain.models  # noqa: F401  (models)
 import paddletrain.optim  # noqa: F401  (optimizers, schedulers)

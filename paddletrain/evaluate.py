@@ -16,10 +16,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from paddletrain.build import build_data, checkpoint_config, checkpoint_model, resolve_preprocessing
 from paddletrain.checkpoint import Checkpoint, load_checkpoint
-from paddletrain.config import register_configs, validate_config
+from paddletrain.config import register_configs
 from paddletrain.errors import ExitCode, UserError
+from paddletrain.registry import prepare
 from paddletrain.runtime import seed_everything, setup_runtime
 from paddletrain.trainer import Trainer
+from paddletrain.validation import validate_config
 
 log = logging.getLogger("paddletrain")
 
@@ -51,6 +53,7 @@ def main(cfg: DictConfig) -> None:
         if OmegaConf.is_missing(cfg, "checkpoint"):
             raise UserError("missing required value for checkpoint (e.g. checkpoint=outputs/<run>/checkpoints/<dir>)")
         checkpoint = load_checkpoint(cfg.checkpoint)
+        prepare(cfg, checkpoint)  # the checkpoint's `imports` and the command line's
         # The command line's own overrides go on top of the saved config.
         overrides = [o.lstrip("+~") for o in HydraConfig.get().overrides.task
                      if not o.lstrip("+~").startswith(("checkpoint=", "hydra"))]

@@ -18,7 +18,7 @@ import logging
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import hydra
 import numpy as np
@@ -28,11 +28,21 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from paddletrain.build import checkpoint_config, checkpoint_model
 from paddletrain.checkpoint import load_checkpoint
-from paddletrain.config import allowed, check_field, check_values, validate_config
+from paddletrain.config import allowed, check_field, check_values
 from paddletrain.data import DatasetError, build_datasets, build_transform, preprocessing_info
 from paddletrain.errors import ExitCode, UserError
-from paddletrain.inference import (DEVICES, MODEL_PREFIX, PREPROCESS_FILE, PREPROCESS_FORMAT_VERSION, PRECISIONS,
-                                   Predictor, Preprocessing, check_precision_runs_on)
+from paddletrain.inference import (
+    DEVICES,
+    MODEL_PREFIX,
+    PRECISIONS,
+    PREPROCESS_FILE,
+    PREPROCESS_FORMAT_VERSION,
+    Predictor,
+    Preprocessing,
+    check_precision_runs_on,
+)
+from paddletrain.registry import prepare
+from paddletrain.validation import validate_config
 
 log = logging.getLogger("paddletrain")
 
@@ -76,6 +86,8 @@ class ExportConfig:
     data_root: Optional[str] = None
     device: str = allowed("auto", choices=DEVICES)
     cpu_threads: Optional[int] = allowed(None, ge=1)
+    # Modules to import besides the ones the checkpoint's config names (see FitConfig.imports).
+    imports: List[str] = field(default_factory=list)
 
 
 ConfigStore.instance().store(name="export_schema", node=ExportConfig)
@@ -315,10 +327,11 @@ class _Rebuilt:
     preprocessing: dict
 
 
-def _rebuild(checkpoint_dir: Path, data_root: Optional[str]) -> _Rebuilt:
+def _rebuild(checkpoint_dir: Path, data_root: Optional[str], imports: Sequence[str] = ()) -> _Rebuilt:
     if not checkpoint_dir.is_dir():
         raise UserError(f"checkpoint={str(checkpoint_dir)!r} is not a directory")
     checkpoint = load_checkpoint(checkpoint_dir)
+    prepare({"imports": list(imports)}, checkpoint)  # the checkpoint's `imports` and these
     source = f"checkpoint={checkpoint_dir}"
     cfg = checkpoint_config(checkpoint.state.get("config"), source=source)
     if data_root is not None:
@@ -343,11 +356,12 @@ def _rebuild(checkpoint_dir: Path, data_root: Optional[str]) -> _Rebuilt:
 def export_checkpoint(checkpoint_dir: Union[str, Path], out_dir: Union[str, Path], format: str = "paddle",
                       batch: Union[None, int, str] = None, precision: str = "fp32", check: bool = True,
                       num_check_images: int = 16, data_root: Optional[str] = None, device: str = "auto",
-                      cpu_threads: Optional[int] = None) -> ExportResult:
+                      cpu_threads: Optional[int] = None, imports: Sequence[str] = ()) -> ExportResult:
     """Rebuild the model of a training checkpoint, export it, and (``check=True``) verify the export.
 
     The dataset of the checkpoint's config is opened for the class names, the channel count and the
-    validation images of the parity check (``data_root`` points at it if it moved). ``format="onnx"`` also
+    validation images of the parity check (``data_root`` points at it if it moved). The modules the checkpoint's
+    config names in ``imports`` are imported, plus ``imports``. ``format="onnx"`` also
     writes ``model.onnx`` (verified with onnxruntime when ``check``). The parity result is in
     ``result.parity``; this function does not raise when parity fails, the CLI turns that into exit status 3.
     """
@@ -361,7 +375,7 @@ def export_checkpoint(checkpoint_dir: Union[str, Path], out_dir: Union[str, Path
     if format == "onnx":
         require_paddle2onnx()  # fail before the slow part
     set_cpu_threads(cpu_threads)
-    rebuilt = _rebuild(Path(checkpoint_dir), data_root)
+    rebuilt = _rebuild(Path(checkpoint_dir), data_root, imports)
     labels = list(rebuilt.splits.classes)
     out = export_model(rebuilt.exportable, out_dir, input_size=tuple(rebuilt.preprocessing["input_size"]),
                        batch=fixed_batch, precision=precision, preprocessing=rebuilt.preprocessing, labels=labels)
@@ -411,7 +425,8 @@ def run(cfg: DictConfig, default_out_dir: Optional[str] = None) -> int:
             raise UserError("missing required value for out_dir")
         result = export_checkpoint(cfg.checkpoint, out_dir, format=cfg.format, batch=cfg.batch,
                                    precision=cfg.precision, check=cfg.check, num_check_images=cfg.num_check_images,
-                                   data_root=cfg.data_root, device=cfg.device, cpu_threads=cfg.cpu_threads)
+                                   data_root=cfg.data_root, device=cfg.device, cpu_threads=cfg.cpu_threads,
+                                   imports=list(cfg.imports))
     except UserError as exc:
         log.error("%s", exc)
         return EXIT_USER_ERROR

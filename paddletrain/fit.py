@@ -28,11 +28,12 @@ from omegaconf import DictConfig  # noqa: E402
 
 from paddletrain import distributed  # noqa: E402
 from paddletrain.build import saves_checkpoints, train  # noqa: E402
-from paddletrain.config import register_configs, validate_config  # noqa: E402
+from paddletrain.config import register_configs  # noqa: E402
 from paddletrain.errors import ExitCode, NonFiniteLossError, TrainingInterrupted, UserError  # noqa: E402
 from paddletrain.launcher import Launcher, NodeSpec  # noqa: E402
 from paddletrain.processes import own_stop_signals, stop_request  # noqa: E402
 from paddletrain.rundir import hold_run_dir  # noqa: E402
+from paddletrain.validation import validate_config  # noqa: E402
 
 if __name__ == "__main__":
     own_stop_signals()

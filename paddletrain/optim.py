@@ -14,7 +14,6 @@ unscaled gradients itself.
 """
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
 

@@ -34,6 +34,7 @@ from paddletrain.config import allowed, check_field, check_values
 from paddletrain.decoding import decoded_batches
 from paddletrain.errors import ExitCode, UserError
 from paddletrain.inference import DEVICES, PRECISIONS, Predictor, label_names, softmax
+from paddletrain.registry import prepare
 
 log = logging.getLogger("paddletrain")
 
@@ -66,6 +67,8 @@ class PredictConfig:
     progress_bar: bool = True
     # A text file with one class name per line (output order); None = the labels the export recorded.
     labels: Optional[str] = None
+    # Modules to import first (e.g. ones that load custom Paddle operators the exported graph uses).
+    imports: List[str] = field(default_factory=list)
 
 
 ConfigStore.instance().store(name="predict_schema", node=PredictConfig)
@@ -255,6 +258,7 @@ def run(cfg: DictConfig) -> int:
             raise UserError(f"missing required value for {', '.join(missing)} "
                             f"(e.g. model_dir=<export dir> input=<folder|list file|glob>)")
         check_values(cfg, PredictConfig)
+        prepare(cfg)
         if cfg.output is not None:
             check_output_location(cfg.output, cfg.input)
         paths = resolve_inputs(cfg.input)

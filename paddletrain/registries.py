@@ -6,6 +6,10 @@ all); a downstream package registers its own the same way (see :mod:`paddletrain
 
 What each registry holds (the factory's call signature):
 
+- ``MODELS``: ``builder(num_classes=..., in_chans=..., **options) -> paddle.nn.Layer``, registered under its
+  ``__name__`` by :func:`paddletrain.models.register_model`
+- ``DATASETS``: ``builder(cfg: DataConfig, train_transform, eval_transform) -> DatasetSplits``, registered by
+  :func:`paddletrain.data.register_dataset`
 - ``OPTIMIZERS``: ``factory(param_groups, learning_rate, cfg: OptimConfig) -> paddle.optimizer.Optimizer``
 - ``SCHEDULERS``: ``factory(cfg: SchedConfig, base_lr, steps: ScheduleSteps) -> paddle.optimizer.lr.LRScheduler``
 - ``LOSSES``: ``factory(cfg: LossConfig) -> loss(logits, targets) -> scalar tensor``; targets are class indices
@@ -22,6 +26,8 @@ from typing import Any
 
 from paddletrain.registry import Registry
 
+MODELS: Registry[Any] = Registry("model", "model.name", listing="paddletrain.models.list_models()")
+DATASETS: Registry[Any] = Registry("dataset", "data.name", listing="paddletrain.data.list_datasets()")
 OPTIMIZERS: Registry[Any] = Registry("optimizer", "optim.name")
 SCHEDULERS: Registry[Any] = Registry("scheduler", "sched.name")
 LOSSES: Registry[Any] = Registry("loss", "loss.name")

@@ -14,23 +14,36 @@ Downstream packages make their names visible to every paddletrain command line (
 
 * or the ``imports`` config key: ``python -m paddletrain.fit imports=[my_package.models] model.name=my_net``.
 
-A name that is not registered loads the installed plugins once before it is reported unknown.
+A lookup of a name that is not registered, and a listing of the names, load the installed plugins (once per
+process) first. Every command line calls :func:`prepare` once with its config before it builds anything.
 """
 from __future__ import annotations
 
 import difflib
 import fnmatch
 import importlib
+import importlib.util
 import logging
-from collections.abc import Callable, Iterable
+import re
+import sys
+from collections.abc import Callable, Iterable, Mapping
 from importlib.metadata import entry_points
-from typing import Generic, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from paddletrain.errors import ConfigError, UserError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from paddletrain.checkpoint import Checkpoint
 
 log = logging.getLogger("paddletrain")
 
 PLUGIN_GROUP = "paddletrain.plugins"
+# An unknown-name message lists every registered name up to this many; beyond it, it says how to list them.
+MAX_LISTED = 12
+# Bounds on the ``imports`` of a config (it may come from someone else's checkpoint).
+MAX_IMPORTS = 64
+_MODULE_NAME = re.compile(r"[A-Za-z_]\w{0,99}(\.[A-Za-z_]\w{0,99}){0,15}")
 
 T = TypeVar("T")
 
@@ -54,11 +67,14 @@ class Registry(Generic[T]):
     Args:
         kind: what is registered, for messages ("model", "optimizer", ...).
         config_key: the config key that selects a name (e.g. ``optim.name``), for messages.
+        listing: how a user lists the names (e.g. ``paddletrain.models.list_models()``); an unknown-name
+            message points there instead of listing more than :data:`MAX_LISTED` names.
     """
 
-    def __init__(self, kind: str, config_key: str) -> None:
+    def __init__(self, kind: str, config_key: str, listing: str | None = None) -> None:
         self.kind = kind
         self.config_key = config_key
+        self.listing = listing
         self._entries: dict[str, T] = {}
 
     def register(self, name: str | None = None) -> Callable[[T], T]:
@@ -81,22 +97,39 @@ class Registry(Generic[T]):
 
         return decorator
 
+    def unregister(self, name: str) -> None:
+        """Forget ``name`` (a test's temporary entry); an unknown name is ignored."""
+        self._entries.pop(name, None)
+
     def get(self, name: str) -> T:
         """The factory registered as ``name``; unknown names load the installed plugins once, then fail."""
         if name not in self._entries:
             load_plugins()
         if name not in self._entries:
-            close = close_matches(name, self._entries)
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise UnknownNameError(f"unknown {self.kind} {self.config_key}={name!r}{hint} "
-                                   f"(registered: {', '.join(self.names()) or 'none'})")
+            raise UnknownNameError(self._unknown(name))
         return self._entries[name]
 
+    def _unknown(self, name: str) -> str:
+        """One line: the key and value, close names (else how another package's name becomes known), the names."""
+        names = self.names()
+        close = close_matches(name, names)
+        if self.listing and len(names) > MAX_LISTED:
+            known = f"{len(names)} registered, listed by {self.listing}"
+        else:
+            known = f"registered: {', '.join(names) or 'none'}"
+        if close:
+            return f"unknown {self.kind} {self.config_key}={name!r}; did you mean {', '.join(close)}? ({known})"
+        # No close name: more likely another package's name than a typo.
+        return (f"unknown {self.kind} {self.config_key}={name!r} ({known}); a {self.kind} of another package needs "
+                f"that package installed (a paddletrain plugin) or its module in imports=[...]")
+
     def names(self, pattern: str = "*") -> list[str]:
-        """Sorted registered names matching the shell-style ``pattern``."""
+        """Sorted registered names matching the shell-style ``pattern``, the installed plugins' included."""
+        load_plugins()
         return sorted(fnmatch.filter(self._entries, pattern))
 
     def __contains__(self, name: object) -> bool:
+        """Registered so far (a cheap check: plugins not loaded yet are not searched; :meth:`names` does)."""
         return name in self._entries
 
     def __len__(self) -> int:
@@ -140,4 +173,79 @@ def import_modules(modules: Iterable[str], config_key: str = "imports") -> None:
         try:
             importlib.import_module(module)
         except ImportError as exc:
-            raise PluginError(f"{config_key}: cannot import {module!r}: {exc}") from exc
+            hint = ("; make it importable: the working directory, PYTHONPATH or an installed package"
+                    if isinstance(exc, ModuleNotFoundError) else "")
+            raise PluginError(f"{config_key}: cannot import {module!r}: {exc}{hint}") from exc
+
+
+def prepare(cfg: Any, checkpoint: Checkpoint | None = None) -> list[str]:
+    """Import the modules that register the names a run refers to; every command line calls it once, first.
+
+    Imports the config's ``imports`` and, when a checkpoint is rebuilt (evaluate, export), the ``imports`` of
+    the config saved in it too: those are checked not to bring code from the checkpoint's own directory (see
+    :func:`check_importable_from_outside`). Installed plugins need no call: registries load them on the
+    first name they do not know. Returns the modules named, in import order.
+    """
+    given = _imports_of(cfg, "imports")
+    import_modules(given)
+    saved: list[str] = []
+    if checkpoint is not None:
+        config = checkpoint.state.get("config") if isinstance(checkpoint.state, Mapping) else None
+        saved = [m for m in _imports_of(config or {}, f"the imports of checkpoint={checkpoint.path}")
+                 if m not in given]
+        for module in saved:
+            check_importable_from_outside(module, Path(checkpoint.path), f"checkpoint={checkpoint.path}")
+        if saved:
+            log.info("Importing %s (the imports of the checkpoint's config)", ", ".join(saved))
+        import_modules(saved, config_key=f"the imports saved in checkpoint={checkpoint.path}")
+    return [*given, *saved]
+
+
+def _imports_of(cfg: Any, what: str) -> list[str]:
+    """The ``imports`` list of a config (DictConfig, dict or dataclass), checked to be plain module names."""
+    modules = cfg.get("imports") if isinstance(cfg, Mapping) else getattr(cfg, "imports", None)
+    if modules is None:
+        return []
+    if isinstance(modules, (str, bytes)) or not isinstance(modules, Iterable):
+        raise ConfigError(f"{what} must be a list of module names, e.g. imports=[my_package.models]; "
+                          f"got {modules!r}")
+    modules = list(modules)
+    if len(modules) > MAX_IMPORTS:
+        raise ConfigError(f"{what} names {len(modules)} modules; at most {MAX_IMPORTS} are allowed")
+    for module in modules:
+        if not isinstance(module, str) or not _MODULE_NAME.fullmatch(module):
+            raise ConfigError(f"{what}: {str(module)[:200]!r} is not a module name (dotted identifiers, "
+                              f"e.g. my_package.models)")
+    return modules
+
+
+def check_importable_from_outside(module: str, directory: Path, owner: str) -> None:
+    """Refuse ``module`` when importing it would run code from ``directory`` or from a bare folder.
+
+    A checkpoint may come from someone else, with Python files beside its weights; the working directory is
+    on ``sys.path``, so its folders import as namespace packages. Each dotted prefix is located (which runs
+    only the parents already checked, never the module itself) before the next one is; a module already
+    imported is fine. Modules named on the command line are the user's own and are not checked.
+    """
+    directory = directory.resolve()
+    parts = module.split(".")
+    for depth in range(1, len(parts) + 1):
+        name = ".".join(parts[:depth])
+        if name in sys.modules:
+            continue
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            return  # the import itself reports it, naming the module
+        if spec is None:
+            return
+        if spec.origin is None:
+            raise PluginError(f"{owner}: its config imports {module!r}, whose {name!r} is a bare folder "
+                              f"(a namespace package), not an installed module; to import it anyway, name "
+                              f"it on the command line: imports=[{module}]")
+        places = [spec.origin] if spec.has_location else []  # built-in and frozen modules have none
+        for place in [*places, *(spec.submodule_search_locations or [])]:
+            if Path(place).resolve().is_relative_to(directory):
+                raise PluginError(f"{owner}: its config imports {module!r}, whose code lies inside the "
+                                  f"checkpoint ({place}); a checkpoint is data and its files are never "
+                                  f"imported")

@@ -156,7 +156,7 @@ class RunDirGuard(Callback):
         from hydra.core.hydra_config import HydraConfig
         from omegaconf import OmegaConf, open_dict, read_write
 
-        from paddletrain.config import validate_config
+        from paddletrain.validation import validate_config
 
         if distributed.is_launched():
             return

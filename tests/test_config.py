@@ -7,8 +7,8 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
-from paddletrain.config import validate_config
 from paddletrain.errors import ConfigError
+from paddletrain.validation import validate_config
 from tests.conftest import compose_fit
 
 CONF = Path(__file__).resolve().parents[1] / "paddletrain" / "conf"

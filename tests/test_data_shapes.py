@@ -140,6 +140,6 @@ def test_register_dataset_adds_a_user_dataset() -> None:
         with pytest.raises(ValueError, match="already registered"):
             register_dataset("test_tiny_shapes")(lambda *a: None)
     finally:
-        from paddletrain.data import datasets
+        from paddletrain.registries import DATASETS
 
-        datasets._REGISTRY.pop("test_tiny_shapes", None)
+        DATASETS.unregister("test_tiny_shapes")

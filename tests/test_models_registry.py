@@ -4,14 +4,16 @@ from __future__ import annotations
 import paddle
 import pytest
 
-from paddletrain.errors import UserError
+from paddletrain import registry as registry_module
+from paddletrain.errors import ConfigError, UserError
 from paddletrain.models import ModelOptionError, UnknownModelError, create_model, is_model, list_models, registry
+from paddletrain.registries import MODELS
 
 
 @pytest.fixture
 def isolated_registry(monkeypatch):
     """A copy of the registry, so builders registered by a test vanish after it."""
-    monkeypatch.setattr(registry, "_BUILDERS", dict(registry._BUILDERS))
+    monkeypatch.setattr(MODELS, "_entries", dict(MODELS._entries))
 
 
 def test_list_models_is_sorted_and_filtered():
@@ -27,26 +29,35 @@ def test_register_and_create_a_new_model(isolated_registry):
     def tiny_linear(num_classes: int = 1000, in_chans: int = 3, hidden: int = 4) -> paddle.nn.Layer:
         return paddle.nn.Sequential(paddle.nn.Flatten(), paddle.nn.Linear(in_chans * hidden, num_classes))
 
-    assert is_model("tiny_linear") and "tiny_linear" in list_models("tiny_*")
+    assert is_model("tiny_linear") and "tiny_linear" in list_models("tiny_*") and "tiny_linear" in MODELS
     model = create_model("tiny_linear", num_classes=3, in_chans=2, hidden=5)
     assert tuple(model(paddle.rand([2, 2, 5])).shape) == (2, 3)
 
 
-def test_duplicate_name_is_rejected(isolated_registry):
+def test_duplicate_name_is_rejected_naming_both_builders(isolated_registry):
     def resnet50(**kwargs):  # same name as the registered ResNet-50
         raise AssertionError("never built")
 
-    with pytest.raises(ValueError, match="resnet50.*already registered"):
+    with pytest.raises(ValueError, match=r"model 'resnet50' is already registered by paddletrain\.models\.resnet\."
+                                         r"resnet50; rename .*test_duplicate_name"):
         registry.register_model(resnet50)
 
 
-def test_unknown_model_suggests_close_names():
-    with pytest.raises(UnknownModelError, match="resnet_50.*resnet50") as info:
+def test_unknown_model_is_one_line_naming_the_key_and_close_names(monkeypatch):
+    monkeypatch.setattr(registry_module, "_plugins_loaded", True)  # the installed plugins were searched
+    with pytest.raises(UnknownModelError) as info:
         create_model("resnet_50")
-    assert isinstance(info.value, (ValueError, UserError))
-    with pytest.raises(UnknownModelError, match="list_models") as info:
+    message = str(info.value)
+    assert message.startswith("unknown model model.name='resnet_50'; did you mean resnet50")
+    assert "\n" not in message and isinstance(info.value, ConfigError) and isinstance(info.value, UserError)
+    with pytest.raises(UnknownModelError) as info:
         create_model("vgg16")
-    assert "Did you mean" not in str(info.value)
+    # 21 names are too many for one line: the message says how to list them instead, and, with no close name,
+    # how another package's model becomes known
+    assert "did you mean" not in str(info.value)
+    assert f"({len(list_models())} registered, listed by paddletrain.models.list_models()); a model of another " \
+           "package needs that package installed (a paddletrain plugin) or its module in imports=[...]" \
+           in str(info.value)
 
 
 def test_unknown_option_names_option_model_and_suggestion():

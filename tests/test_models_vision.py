@@ -91,8 +91,8 @@ def test_fit_finetunes_a_vision_model_with_the_weights_preprocessing(tmp_path):
     assert resolved.data.eval_resize == 25 and cfg.data.image_size is None  # the input config is not modified
     assert list(resolve_preprocessing(compose_fit([*overrides, "model.pretrained=null"])).data.mean) == [0.5] * 3
 
-    from paddletrain.callbacks import BackboneFreeze, FreezeBatchNorm
     from paddletrain.build import build_callbacks
+    from paddletrain.callbacks import BackboneFreeze, FreezeBatchNorm
 
     built = build_callbacks(resolved)
     assert [type(c) for c in built if isinstance(c, (BackboneFreeze, FreezeBatchNorm))] == [BackboneFreeze,
@@ -110,7 +110,7 @@ def test_fit_finetunes_a_vision_model_with_the_weights_preprocessing(tmp_path):
 def test_finetune_experiments_compose_and_validate(experiment):
     from pathlib import Path
 
-    from paddletrain.config import validate_config
+    from paddletrain.validation import validate_config
 
     configs = Path(__file__).resolve().parents[1] / "configs"
     cfg = compose_fit([f"hydra.searchpath=[file://{configs}]", f"+experiment={experiment}", "data.root=/data/x"])

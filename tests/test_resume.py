@@ -19,8 +19,8 @@ from tests.conftest import TINY, run_module
 
 # 64 training images / batch 16 = 4 optimizer steps per epoch.
 STEPS_PER_EPOCH = 4
-RANDOM = [*TINY, "trainer.max_epochs=4", "model.drop_rate=0.3", "data.num_workers=2", "callbacks.visualdl.log_images=true",
-          "callbacks.checkpoint.keep_last=2", "+callbacks.ema.decay=0.9"]
+RANDOM = [*TINY, "trainer.max_epochs=4", "model.drop_rate=0.3", "data.num_workers=2",
+          "callbacks.visualdl.log_images=true", "callbacks.checkpoint.keep_last=2", "+callbacks.ema.decay=0.9"]
 
 
 def fit(run_dir: Path, *extra: str) -> subprocess.CompletedProcess:

@@ -1,25 +1,23 @@
-"""A downstream Hydra app that composes paddletrain's config groups and adds its own model and recipe.
+"""A downstream Hydra app that composes paddletrain's config groups and adds its own model, dataset and recipe.
 
     cd examples/downstream_app
     python app.py                                   # paddletrain's defaults, this app's name
     python app.py model=tiny_resnet +experiment=quick
+    python app.py model=tiny_resnet data=bars +experiment=quick
+
+The model and the dataset live in the package next to this script (``downstream_app``), which registers them
+when imported. Installed (``pip install .``), the package is also a paddletrain plugin: ``python -m
+paddletrain.fit model.name=tiny_resnet``, ``paddletrain.evaluate`` and ``paddletrain.export`` find them too.
 """
 from pathlib import Path
 
+import downstream_app  # noqa: F401  (registers "tiny_resnet" and "bars")
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from paddletrain.config import register_configs
 from paddletrain.build import train
-from paddletrain.models import BasicBlock, ResNet, register_model
-
-
-@register_model
-def tiny_resnet(**options) -> ResNet:
-    """A 3-stage CIFAR-style ResNet with one BasicBlock per stage (this app's own model)."""
-    return ResNet(BasicBlock, (1, 1, 1), stem_type="cifar", stem_width=16, stage_widths=(16, 32, 64), **options)
-
 
 register_configs()  # paddletrain's schemas: every key of this app's config is validated by them
 

@@ -1,6 +1,20 @@
-"""Datasets, transform presets, deterministic resumable samplers and checked loaders."""
-from paddletrain.data.datasets import (BadSampleError, DatasetError, DatasetSplits, build_datasets, list_datasets,
-                                       register_dataset)
+"""Datasets, transform presets, deterministic resumable samplers and checked loaders.
+
+Importing this package registers the built-in datasets: each dataset module registers its own builder, and the
+registry (:mod:`paddletrain.data.datasets`) imports none of them.
+"""
+from __future__ import annotations
+
+from paddletrain.data import cifar, mnist  # noqa: F401  (register cifar10/cifar100, mnist/fashion_mnist)
+from paddletrain.data.datasets import (
+    BadSampleError,
+    DatasetError,
+    DatasetSplits,
+    UnknownDatasetError,
+    build_datasets,
+    list_datasets,
+    register_dataset,
+)
 from paddletrain.data.imagefolder import ImageFolderDataset
 from paddletrain.data.loaders import CheckedDataLoader, SeededDataset, build_loader
 from paddletrain.data.sampler import ResumableBatchSampler, SampleKey
@@ -17,6 +31,7 @@ __all__ = [
     "SampleKey",
     "SeededDataset",
     "ShapesDataset",
+    "UnknownDatasetError",
     "build_datasets",
     "build_loader",
     "build_transform",

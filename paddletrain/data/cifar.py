@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
-from paddletrain.data.datasets import DatasetError, ImageDataset, Transform
+from paddletrain.data.datasets import DatasetError, DatasetSplits, ImageDataset, Transform, register_dataset
 
 
 class _Layout:
@@ -222,3 +222,22 @@ def _check_batch(batch: Any, labels_key: bytes, source: str) -> Tuple[np.ndarray
 
 def _shape(value: Any) -> str:
     return f"{value.dtype} {value.shape}" if isinstance(value, np.ndarray) else type(value).__name__
+
+
+def _build(kind: str, cfg: Any, train_transform: Transform, eval_transform: Transform) -> DatasetSplits:
+    # data.root None: Paddle's download cache
+    options = dict(kind=kind, download=cfg.download)
+    return DatasetSplits.of(CifarDataset(cfg.root, "train", transform=train_transform, **options),
+                            CifarDataset(cfg.root, "val", transform=eval_transform, **options))
+
+
+@register_dataset("cifar10")
+def build_cifar10(cfg: Any, train_transform: Transform, eval_transform: Transform) -> DatasetSplits:
+    """``data.name=cifar10``: the python archive in ``data.root`` (or Paddle's cache; ``data.download``)."""
+    return _build("cifar10", cfg, train_transform, eval_transform)
+
+
+@register_dataset("cifar100")
+def build_cifar100(cfg: Any, train_transform: Transform, eval_transform: Transform) -> DatasetSplits:
+    """``data.name=cifar100``: fine labels, otherwise as ``cifar10``."""
+    return _build("cifar100", cfg, train_transform, eval_transform)

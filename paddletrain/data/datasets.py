@@ -4,26 +4,36 @@ Every dataset returns ``(image, label)``: a uint8 HWC numpy array or a PIL image
 int64 label, and exposes ``classes``, ``targets``, ``in_chans`` and ``describe(index)`` so loaders, samplers and
 error messages can talk about samples without knowing where they come from.
 
-Users add their own dataset with::
+Each dataset module registers its own builder next to its dataset class (``shapes``, ``imagefolder``,
+``mnist``/``fashion_mnist``, ``cifar10``/``cifar100``); this module imports none of them, and importing
+``paddletrain.data`` registers them all. Users add their own dataset with::
 
     @register_dataset("my_data")
     def build_my_data(cfg, train_transform, eval_transform) -> DatasetSplits: ...
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Optional
 
 import numpy as np
 import paddle
 
 from paddletrain.errors import UserError
+from paddletrain.registries import DATASETS
+from paddletrain.registry import UnknownNameError
 
+# image -> model input, or None to keep the image as loaded.
 Transform = Optional[Callable[[Any], Any]]
 
 
 class DatasetError(UserError):
     """The data on disk or the data config is wrong; the message names the path or key at fault."""
+
+
+class UnknownDatasetError(DatasetError, UnknownNameError):
+    """No builder is registered under ``data.name`` (a :class:`~paddletrain.errors.ConfigError` too)."""
 
 
 class BadSampleError(DatasetError):
@@ -42,8 +52,8 @@ class ImageDataset(paddle.io.Dataset):
     returns the label as ``np.int64`` so Paddle's default collate yields an int64 label tensor.
     """
 
-    classes: List[str]
-    targets: Union[List[int], np.ndarray]
+    classes: list[str]
+    targets: list[int] | np.ndarray
     in_chans: int
 
     def __init__(self, transform: Transform = None) -> None:
@@ -91,121 +101,68 @@ class DatasetSplits:
 
     train: paddle.io.Dataset
     val: paddle.io.Dataset
-    classes: List[str]
+    classes: list[str]
     in_chans: int
 
     @property
     def num_classes(self) -> int:
         return len(self.classes)
 
+    @classmethod
+    def of(cls, train: ImageDataset, val: ImageDataset) -> DatasetSplits:
+        """The two splits, with the classes and channel count of the training split."""
+        return cls(train=train, val=val, classes=list(train.classes), in_chans=train.in_chans)
+
 
 DatasetBuilder = Callable[[Any, Transform, Transform], DatasetSplits]
-_REGISTRY: Dict[str, DatasetBuilder] = {}
 
 
 def register_dataset(name: str) -> Callable[[DatasetBuilder], DatasetBuilder]:
-    """Decorator registering ``builder(cfg, train_transform, eval_transform) -> DatasetSplits`` as ``name``."""
+    """Decorator registering ``builder(cfg, train_transform, eval_transform) -> DatasetSplits`` as ``name``.
 
-    def decorator(builder: DatasetBuilder) -> DatasetBuilder:
-        if name in _REGISTRY and _REGISTRY[name] is not builder:
-            raise ValueError(f"dataset {name!r} is already registered (by {_REGISTRY[name].__module__})")
-        _REGISTRY[name] = builder
-        return builder
-
-    return decorator
+    Raises:
+        ValueError: another builder is already registered under ``name``.
+    """
+    return DATASETS.register(name)
 
 
-def list_datasets() -> List[str]:
-    """Names accepted by ``data.name``, sorted."""
-    return sorted(_REGISTRY)
+def list_datasets() -> list[str]:
+    """Names accepted by ``data.name`` (an installed plugin's included), sorted."""
+    return DATASETS.names()
 
 
 def build_datasets(cfg: Any, train_transform: Transform = None, eval_transform: Transform = None) -> DatasetSplits:
-    """Build the train/val datasets named by ``cfg.name`` (a ``DataConfig`` or a DictConfig with its keys)."""
+    """Build the train/val datasets named by ``cfg.name`` (a ``DataConfig`` or a DictConfig with its keys).
+
+    Raises:
+        UnknownDatasetError: nothing is registered under ``data.name``, not even by an installed plugin.
+    """
     name = cfg.name
-    if name not in _REGISTRY:
-        raise DatasetError(f"unknown dataset data.name={name!r}; valid names: {', '.join(list_datasets())}")
-    splits = _REGISTRY[name](cfg, train_transform, eval_transform)
+    try:
+        builder = DATASETS.get(name)
+    except UnknownNameError as exc:
+        raise UnknownDatasetError(str(exc)) from None
+    splits = builder(cfg, train_transform, eval_transform)
     if not isinstance(splits, DatasetSplits):
         raise TypeError(f"dataset builder {name!r} returned {type(splits).__name__}, expected DatasetSplits")
     return splits
 
 
-def _splits(train: ImageDataset, val: ImageDataset) -> DatasetSplits:
-    return DatasetSplits(train=train, val=val, classes=list(train.classes), in_chans=train.in_chans)
-
-
-def _require_root(cfg: Any) -> str:
+def require_root(cfg: Any) -> str:
+    """``data.root`` of a dataset that reads its files from there; unset is an error naming the key."""
     if not cfg.root:
         raise DatasetError(f"data.root must be set for data.name={cfg.name!r} (the directory holding the data)")
     return str(cfg.root)
 
-
-# Built-in datasets. Their modules are imported on use so that importing the factory stays cheap and the
-# dataset modules can import this one for the base class and errors.
-
-
-@register_dataset("shapes")
-def _build_shapes(cfg: Any, train_transform: Transform, eval_transform: Transform) -> DatasetSplits:
-    from paddletrain.data.shapes import ShapesDataset
-
-    shapes = cfg.shapes
-    kwargs = dict(image_size=cfg.image_size, seed=shapes.seed)
-    return _splits(
-        ShapesDataset("train", shapes.num_train, transform=train_transform, **kwargs),
-        ShapesDataset("val", shapes.num_val, transform=eval_transform, **kwargs),
-    )
-
-
-@register_dataset("imagefolder")
-def _build_imagefolder(cfg: Any, train_transform: Transform, eval_transform: Transform) -> DatasetSplits:
-    from paddletrain.data.imagefolder import ImageFolderDataset
-
-    root = _require_root(cfg)
-    train = ImageFolderDataset(root, "train", transform=train_transform, class_names=cfg.class_names)
-    val = ImageFolderDataset(root, "val", transform=eval_transform, class_names=cfg.class_names)
-    return _splits(train, val)
-
-
-def _idx_builder(kind: str) -> DatasetBuilder:
-    def build(cfg: Any, train_transform: Transform, eval_transform: Transform) -> DatasetSplits:
-        from paddletrain.data.mnist import IDXDataset
-
-        root = cfg.root  # None: Paddle's download cache, or Debian's fashion-mnist package
-        kwargs = dict(kind=kind, download=cfg.download)
-        return _splits(
-            IDXDataset(root, "train", transform=train_transform, **kwargs),
-            IDXDataset(root, "val", transform=eval_transform, **kwargs),
-        )
-
-    return build
-
-
-def _cifar_builder(kind: str) -> DatasetBuilder:
-    def build(cfg: Any, train_transform: Transform, eval_transform: Transform) -> DatasetSplits:
-        from paddletrain.data.cifar import CifarDataset
-
-        root = cfg.root  # None: Paddle's download cache
-        kwargs = dict(kind=kind, download=cfg.download)
-        return _splits(
-            CifarDataset(root, "train", transform=train_transform, **kwargs),
-            CifarDataset(root, "val", transform=eval_transform, **kwargs),
-        )
-
-    return build
-
-
-for _kind in ("mnist", "fashion_mnist"):
-    register_dataset(_kind)(_idx_builder(_kind))
-for _kind in ("cifar10", "cifar100"):
-    register_dataset(_kind)(_cifar_builder(_kind))
 
 __all__: Sequence[str] = [
     "BadSampleError",
     "DatasetError",
     "DatasetSplits",
     "ImageDataset",
+    "UnknownDatasetError",
     "build_datasets",
     "list_datasets",
     "register_dataset",
+    "require_root",
 ]

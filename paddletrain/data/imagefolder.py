@@ -27,13 +27,16 @@ import stat
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from PIL import Image
 
-from paddletrain.data.datasets import BadSampleError, DatasetError, ImageDataset, Transform
+from paddletrain.data.datasets import (BadSampleError, DatasetError, DatasetSplits, ImageDataset, Transform,
+                                       register_dataset, require_root)
 from paddletrain.data.images import IMG_EXTENSIONS, ImageReadError, file_kind, is_image_file, open_image
 
-__all__ = ["IMG_EXTENSIONS", "ImageFolderDataset", "ScanReport", "is_image_file", "read_class_names"]
+__all__ = ["IMG_EXTENSIONS", "ImageFolderDataset", "ScanReport", "build_imagefolder", "is_image_file",
+           "read_class_names"]
 
 log = logging.getLogger("paddletrain")
 
@@ -389,3 +392,12 @@ class ImageFolderDataset(ImageDataset):
 
     def describe(self, index: int) -> str:
         return self.samples[index][0]
+
+
+@register_dataset("imagefolder")
+def build_imagefolder(cfg: Any, train_transform: Transform, eval_transform: Transform) -> DatasetSplits:
+    """``data.name=imagefolder``: ``data.root/{train,val}/<class>/<image>``, named by ``data.class_names``."""
+    root = require_root(cfg)
+    return DatasetSplits.of(
+        ImageFolderDataset(root, "train", transform=train_transform, class_names=cfg.class_names),
+        ImageFolderDataset(root, "val", transform=eval_transform, class_names=cfg.class_names))

@@ -12,11 +12,11 @@ import gzip
 import os
 import shutil
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
-from paddletrain.data.datasets import DatasetError, ImageDataset, Transform
+from paddletrain.data.datasets import DatasetError, DatasetSplits, ImageDataset, Transform, register_dataset
 
 FASHION_MNIST_CLASSES = [
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
@@ -166,3 +166,22 @@ class IDXDataset(ImageDataset):
 
     def describe(self, index: int) -> str:
         return f"{os.fspath(self.images_path)}[{index}]"
+
+
+def _build(kind: str, cfg: Any, train_transform: Transform, eval_transform: Transform) -> DatasetSplits:
+    # data.root None: Paddle's download cache, or Debian's fashion-mnist package
+    options = dict(kind=kind, download=cfg.download)
+    return DatasetSplits.of(IDXDataset(cfg.root, "train", transform=train_transform, **options),
+                            IDXDataset(cfg.root, "val", transform=eval_transform, **options))
+
+
+@register_dataset("mnist")
+def build_mnist(cfg: Any, train_transform: Transform, eval_transform: Transform) -> DatasetSplits:
+    """``data.name=mnist``: the IDX files in ``data.root`` (or Paddle's cache; ``data.download`` fetches them)."""
+    return _build("mnist", cfg, train_transform, eval_transform)
+
+
+@register_dataset("fashion_mnist")
+def build_fashion_mnist(cfg: Any, train_transform: Transform, eval_transform: Transform) -> DatasetSplits:
+    """``data.name=fashion_mnist``: as ``mnist``, also found where Debian's dataset package installs it."""
+    return _build("fashion_mnist", cfg, train_transform, eval_transform)

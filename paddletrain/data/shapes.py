@@ -8,12 +8,12 @@ epochs (numbers in docs/data.md).
 from __future__ import annotations
 
 import math
-from typing import Dict, List
+from typing import Any, Dict, List
 
 import numpy as np
 from PIL import Image, ImageDraw
 
-from paddletrain.data.datasets import DatasetError, ImageDataset, Transform
+from paddletrain.data.datasets import DatasetError, DatasetSplits, ImageDataset, Transform, register_dataset
 
 SPLITS = ("train", "val")
 
@@ -154,3 +154,11 @@ def preview(dataset: ShapesDataset, rows: int = 4, columns: int = 8, scale: int 
     image = Image.fromarray(grid)
     return image.resize((columns * size * scale, rows * size * scale), Image.NEAREST)
 
+
+@register_dataset("shapes")
+def build_shapes(cfg: Any, train_transform: Transform, eval_transform: Transform) -> DatasetSplits:
+    """``data.name=shapes``: ``data.shapes.num_train`` / ``num_val`` images of ``data.image_size`` pixels."""
+    shapes = cfg.shapes
+    options = dict(image_size=cfg.image_size, seed=shapes.seed)
+    return DatasetSplits.of(ShapesDataset("train", shapes.num_train, transform=train_transform, **options),
+                            ShapesDataset("val", shapes.num_val, transform=eval_transform, **options))

@@ -2,18 +2,23 @@
 
 >>> from paddletrain.models import create_model, list_models
 >>> model = create_model("resnet20", num_classes=10)
+
+Importing this package registers the built-in builders (:mod:`.resnet`, :mod:`.vision`); the registry itself
+(:mod:`.registry`) imports none of them.
 """
-from . import resnet, vision  # noqa: F401  (register the ResNet builders and model="vision")
-from .pretrained import LoadReport, PretrainedLoadError, load_pretrained
-from .registry import (
+from __future__ import annotations
+
+from paddletrain.models import resnet, vision  # noqa: F401  (register the ResNet builders and model="vision")
+from paddletrain.models.factory import create_model
+from paddletrain.models.pretrained import LoadReport, PretrainedLoadError, load_pretrained
+from paddletrain.models.registry import (
     ModelOptionError,
     UnknownModelError,
-    create_model,
     is_model,
     list_models,
     register_model,
 )
-from .resnet import BasicBlock, Bottleneck, ResNet
+from paddletrain.models.resnet import BasicBlock, Bottleneck, ResNet
 
 __all__ = [
     "BasicBlock",

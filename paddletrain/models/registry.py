@@ -1,71 +1,72 @@
-"""Name -> builder registry: ``@register_model``, ``create_model`` and ``list_models``.
+"""Model names -> builders: ``@register_model``, ``list_models``, ``is_model`` and the builders' option check.
 
 A builder is a function that takes keyword options (at least ``num_classes`` and ``in_chans``) and returns a
-``paddle.nn.Layer``. Its ``__name__`` is the model's name, so ``create_model("resnet50")`` finds ``resnet50``.
+``paddle.nn.Layer``; its ``__name__`` is the model's name, so ``create_model("resnet50")`` finds ``resnet50``.
+Builders live in :data:`paddletrain.registries.MODELS`. This module imports none of them (``paddletrain.models``
+imports the built-in ones; a plugin package registers its own) and nothing about weights: building a model,
+with or without pretrained weights, is :func:`paddletrain.models.factory.create_model`.
 """
 from __future__ import annotations
 
-import difflib
-import fnmatch
 import inspect
-from typing import Any, Callable, Iterable, Mapping, Optional, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
-import paddle
-
-from ..errors import ConfigError
+from paddletrain.errors import ConfigError
+from paddletrain.registries import MODELS
+from paddletrain.registry import UnknownNameError, close_matches
 
 __all__ = [
     "ModelOptionError",
     "UnknownModelError",
-    "create_model",
+    "check_model_options",
     "is_model",
     "list_models",
+    "model_builder",
     "register_model",
-    "check_model_options",
 ]
 
-Builder = TypeVar("Builder", bound=Callable[..., paddle.nn.Layer])
-
-_BUILDERS: dict[str, Callable[..., paddle.nn.Layer]] = {}
+Builder = TypeVar("Builder", bound=Callable[..., Any])
 
 
-class UnknownModelError(ConfigError):
-    """``create_model`` was asked for a name no builder is registered under."""
+class UnknownModelError(UnknownNameError):
+    """No builder is registered under the name asked for (a :class:`~paddletrain.errors.ConfigError`)."""
 
 
 class ModelOptionError(ConfigError, TypeError):
     """A builder was given an option it does not accept (a ``TypeError`` too, as Python would raise)."""
 
 
-def _close_matches(word: str, candidates: Iterable[str], n: int = 5) -> list[str]:
-    return difflib.get_close_matches(word, list(candidates), n=n, cutoff=0.6)
-
-
 def register_model(fn: Builder) -> Builder:
     """Register ``fn`` as the builder of the model named ``fn.__name__``.
 
     Raises:
-        ValueError: a builder is already registered under that name (two modules would shadow each other).
+        ValueError: another builder is already registered under that name (two modules would shadow each other).
     """
-    name = fn.__name__
-    if name in _BUILDERS:
-        existing = _BUILDERS[name]
-        raise ValueError(
-            f"Model {name!r} is already registered by {existing.__module__}.{existing.__qualname__}; "
-            f"rename {fn.__module__}.{fn.__qualname__}."
-        )
-    _BUILDERS[name] = fn
-    return fn
+    return MODELS.register()(fn)
 
 
 def is_model(name: str) -> bool:
-    """True when a builder is registered under ``name``."""
-    return name in _BUILDERS
+    """True when a builder is registered under ``name`` (an installed plugin's included)."""
+    return name in MODELS or name in MODELS.names()
 
 
 def list_models(pattern: str = "*") -> list[str]:
     """Sorted names of the registered models matching the shell-style ``pattern`` (e.g. ``"resnet*_vd"``)."""
-    return sorted(fnmatch.filter(_BUILDERS, pattern))
+    return MODELS.names(pattern)
+
+
+def model_builder(name: str) -> Callable[..., Any]:
+    """The builder registered as ``name``.
+
+    Raises:
+        UnknownModelError: nothing is registered under ``name``, not even by an installed plugin (the
+            message names ``model.name`` and close names).
+    """
+    try:
+        return MODELS.get(name)
+    except UnknownNameError as exc:
+        raise UnknownModelError(str(exc)) from None
 
 
 def check_model_options(model_name: str, options: Mapping[str, Any], target: Callable[..., Any]) -> None:
@@ -83,61 +84,9 @@ def check_model_options(model_name: str, options: Mapping[str, Any], target: Cal
         return
     hints = []
     for key in unknown:
-        close = _close_matches(key, accepted, n=3)
+        close = close_matches(key, accepted, n=3)
         hints.append(f"{key!r}" + (f" (did you mean {', '.join(map(repr, close))}?)" if close else ""))
     raise ModelOptionError(
         f"Model {model_name!r} got unknown option(s) {', '.join(hints)}. "
         f"Accepted options: {', '.join(sorted(accepted))}."
     )
-
-
-def create_model(
-    name: str,
-    num_classes: int = 1000,
-    in_chans: int = 3,
-    pretrained: Optional[str] = None,
-    *,
-    strict: bool = True,
-    trust_pickle: bool = False,
-    **kwargs: Any,
-) -> paddle.nn.Layer:
-    """Build the registered model ``name``, optionally loading weights.
-
-    Args:
-        name: a name from :func:`list_models`.
-        num_classes: classifier outputs; 0 gives a feature extractor whose head is an identity.
-        in_chans: input image channels.
-        pretrained: a weight source (a ``.safetensors``/``.pdparams`` file, a checkpoint dir, ``vision:<arch>``,
-            ``paddleclas:<Name>`` or ``hub:<module>``; see docs/finetuning.md) loaded with
-            :func:`paddletrain.models.pretrained.load_pretrained`. A classifier head of another size is
-            left freshly initialised.
-        strict: with ``pretrained``, fail when any weight other than the classifier head is missing,
-            unexpected or of another shape.
-        trust_pickle: allow unpickling ``.pdparams`` files that hold more than numpy arrays (pickles can run
-            code: trust the file first).
-        **kwargs: builder options, e.g. ``drop_rate``, ``zero_init_residual``, ``data_format``. A weight source
-            adds the options its weights need (e.g. ``project_first_shortcut`` for ``paddleclas:`` ResNets);
-            options given here win.
-
-    Raises:
-        UnknownModelError: no model is registered under ``name`` (the message lists close names).
-        ModelOptionError: the builder does not accept one of ``kwargs``.
-    """
-    if name not in _BUILDERS:
-        close = _close_matches(name, _BUILDERS)
-        hint = f" Did you mean: {', '.join(close)}?" if close else ""
-        raise UnknownModelError(
-            f"Unknown model {name!r}.{hint} See paddletrain.models.list_models() for the "
-            f"{len(_BUILDERS)} registered names."
-        )
-    if pretrained:
-        # Imported here so the registry stays importable without the loaders' dependencies.
-        from .pretrained import load_pretrained
-        from .weights import describe
-
-        # Options the weights need (e.g. PaddleClas' projection shortcut), unless the caller sets them.
-        kwargs = {**describe(pretrained).model_options, **kwargs}
-    model = _BUILDERS[name](num_classes=num_classes, in_chans=in_chans, **kwargs)
-    if pretrained:
-        load_pretrained(model, pretrained, strict=strict, trust_pickle=trust_pickle)
-    return model

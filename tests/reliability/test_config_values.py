@@ -17,8 +17,9 @@ import paddletrain.evaluate  # noqa: F401  (registers evaluate_schema)
 import paddletrain.export  # noqa: F401  (registers export_schema)
 import paddletrain.predict  # noqa: F401  (registers predict_schema)
 from paddletrain.bench.__main__ import _benchmarks
-from paddletrain.config import (ALLOWED, Allowed, FitConfig, check_values, undeclared_keys, validate_config)
+from paddletrain.config import ALLOWED, Allowed, FitConfig, check_values, undeclared_keys
 from paddletrain.errors import ConfigError
+from paddletrain.validation import validate_config
 from tests.conftest import TINY, compose_fit, run_module
 
 HAS_GPU = paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0

@@ -1,0 +1,2 @@
+"""An example paddletrain plugin: importing this package registers its model and its dataset."""
+from downstream_app import data, models  # noqa: F401  (register "bars" and "tiny_resnet")

@@ -1,0 +1,112 @@
+"""Validate a composed config before any work: unknown keys, missing values, every key's declared range
+(:func:`paddletrain.config.check_values`), the rules that tie keys together, the names looked up in registries,
+the callback entries, and what this machine can run. One home for every config rule beyond the schema's own.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any, List
+
+from omegaconf import OmegaConf
+
+import paddletrain.builtins  # noqa: F401  (registers the built-in names the config may use)
+from paddletrain.callbacks.instantiate import check_callback_entries
+from paddletrain.config import EvaluateConfig, FitConfig, check_values
+from paddletrain.errors import ConfigError
+from paddletrain.registries import DATASETS, LOSSES, MODELS, OPTIMIZERS, SCHEDULERS
+from paddletrain.runtime import select_device
+
+# Built-in datasets that cannot run without data.root (the others have a default location or need no files).
+DATASETS_NEEDING_ROOT = ("imagefolder",)
+
+def _check_nodes(trainer: Any) -> None:
+    """The multi-node keys agree with each other (each one's own range is declared on the field)."""
+
+    # A config saved before these keys existed (an older checkpoint's) ran on one node.
+    num_nodes, node_rank, master = trainer.get("num_nodes", 1), trainer.get("node_rank", 0), trainer.get("master")
+    if node_rank >= num_nodes:
+        raise ConfigError(f"trainer.node_rank={node_rank} must be between 0 and trainer.num_nodes - 1 "
+                          f"(trainer.num_nodes={num_nodes})")
+    if num_nodes > 1:
+        host, _, port = str(master or "").rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(f"trainer.master={master} must be host:port of node 0 (a free port there) "
+                              f"when trainer.num_nodes={num_nodes}, e.g. trainer.master=10.0.0.1:29500")
+
+
+def unknown_keys(node: Any, schema: type, prefix: str = "") -> List[str]:
+    """Keys of ``node`` that ``schema`` does not declare.
+
+    Hydra's ``+key=value`` force-adds keys even into typed nodes, so this check is the one that catches them.
+    """
+    hints = typing.get_type_hints(schema)
+    found = []
+    for key in node.keys():
+        if key not in hints:
+            found.append(f"{prefix}{key}")
+        elif dataclasses.is_dataclass(hints[key]) and node[key] is not None:
+            found.extend(unknown_keys(node[key], hints[key], f"{prefix}{key}."))
+    return found
+
+
+def validate_config(cfg: Any, use: str = "fit") -> None:
+    """Raise :class:`ConfigError` naming the first key that is missing or whose value is not allowed.
+
+    Hydra already rejects wrong types; this adds unknown ``+keys``, required values, every key's declared
+    range or choices (:func:`check_values`) and the rules that tie keys together. ``use`` says what the
+    config is used for on this machine: ``fit`` (every rule), ``evaluate`` (a saved training config run here:
+    the device must exist, training-only rules are skipped) or ``export`` (no machine rules).
+    """
+
+    if use not in VALIDATION_USES:
+        raise ValueError(f"use={use!r} is not one of {VALIDATION_USES}")
+    schema = EvaluateConfig if "checkpoint" in cfg else FitConfig
+    unknown = unknown_keys(cfg, schema)
+    if unknown:
+        raise ConfigError(f"unknown config key {unknown[0]} (not in the schema; check the spelling)")
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ConfigError(f"missing required value for {', '.join(missing)} (set it on the command line, "
+                          f"e.g. {missing[0]}=...)")
+    check_values(cfg, schema)
+    if cfg.data.name in DATASETS_NEEDING_ROOT and not cfg.data.root:
+        raise ConfigError(f"missing required value for data.root: data.name={cfg.data.name} reads its images from "
+                          f"there (e.g. data.root=/data/my_images)")
+    _check_nodes(cfg.trainer)
+    check_names(cfg)
+    if cfg.data.mean is not None and cfg.data.std is not None and len(cfg.data.mean) != len(cfg.data.std):
+        raise ConfigError(f"data.mean has {len(cfg.data.mean)} values but data.std has {len(cfg.data.std)}")
+    if use != "export":
+        _check_machine(cfg, training=use == "fit")
+
+
+VALIDATION_USES = ("fit", "evaluate", "export")
+
+
+def check_names(cfg: Any) -> None:
+    """Every name the config looks up in a registry is registered (installed plugins included; the ``imports``
+    are imported by :func:`paddletrain.registry.prepare` first), and every callback entry names a callback and
+    only options it takes."""
+    for registry, name in ((MODELS, cfg.model.name), (DATASETS, cfg.data.name), (OPTIMIZERS, cfg.optim.name),
+                           (SCHEDULERS, cfg.sched.name), (LOSSES, cfg.loss.name)):
+        registry.get(name)
+    check_callback_entries(cfg.get("callbacks") or {})
+
+
+def _check_machine(cfg: Any, training: bool) -> None:
+    """Rules that depend on this machine: the device exists, and SyncBatchNorm has GPUs to synchronise."""
+
+    t = cfg.trainer
+    try:
+        device = select_device(t.device)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if not training or not cfg.model.sync_bn:
+        return
+    if t.devices < 2:
+        raise ConfigError(f"model.sync_bn=true needs trainer.devices >= 2 (it averages BatchNorm statistics across "
+                          f"processes); this run has trainer.devices={t.devices}: set model.sync_bn=false")
+    if not device.startswith("gpu"):
+        raise ConfigError(f"model.sync_bn=true needs GPUs (Paddle runs SyncBatchNorm only there); this run trains on "
+                          f"the CPU (trainer.device={t.device}): set model.sync_bn=false")
