@@ -75,7 +75,7 @@ class _PathDataset(paddle.io.Dataset):
 class _GivenBatches(paddle.io.BatchSampler):
     """The batches of indices ``predict`` already cut (nothing of BatchSampler's own set-up applies)."""
 
-    def __init__(self, sizes: list[int]) -> None:  # noqa: super().__init__ would need a sampler or a dataset
+    def __init__(self, sizes: list[int]) -> None:  # no super().__init__(): it wants a sampler or a dataset
         starts = np.cumsum([0, *sizes]).tolist()
         self.batches = [list(range(a, b)) for a, b in zip(starts, starts[1:])]
 
