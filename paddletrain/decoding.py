@@ -5,6 +5,12 @@ that the main process reads in place: pickling a 224 px float32 batch of 32 (19 
 25-40 ms per batch here, and the unpickling ran in the process that also runs the predictor. When
 ``/dev/shm`` is too small for the blocks (64 MB is Docker's default) the batches travel pickled instead, with a
 log line saying so.
+
+Why a pool of our own rather than ``paddle.io.DataLoader(use_shared_memory=True)``: on the same work (256 JPEGs
+to 224 px batches of 32, one worker) the DataLoader delivers 0.64 x the pool's images/s, because its worker
+stacks each batch and then copies it into a fresh shared-memory segment (0.39 s of worker CPU a pass against the
+pool's 0.23 s, which writes each image into its row of a reused block). ``python -m paddletrain.bench decode``
+measures both (docs/performance.md); if the DataLoader comes within 5%, it should replace this module.
 """
 from __future__ import annotations
 
@@ -14,7 +20,8 @@ import signal
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import shared_memory
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from collections.abc import Iterator, Sequence
+from typing import Optional
 
 import numpy as np
 
@@ -29,13 +36,13 @@ PREFETCH_PER_WORKER = 2
 SHM_DIR = "/dev/shm"
 
 # (paths decoded, their stacked inputs or None, (path, reason) for each failure)
-Batch = Tuple[List[str], Optional[np.ndarray], List[Tuple[str, str]]]
+Batch = tuple[list[str], Optional[np.ndarray], list[tuple[str, str]]]  # a runtime alias: Optional for Python 3.9
 
-_worker_preprocessing: Optional[Preprocessing] = None
-_worker_blocks: Dict[str, shared_memory.SharedMemory] = {}
+_worker_preprocessing: Preprocessing | None = None
+_worker_blocks: dict[str, shared_memory.SharedMemory] = {}
 
 
-def _decode_each(paths: Sequence[str], preprocessing: Preprocessing) -> Iterator[Tuple[str, Optional[np.ndarray], str]]:
+def _decode_each(paths: Sequence[str], preprocessing: Preprocessing) -> Iterator[tuple[str, np.ndarray | None, str]]:
     from paddletrain.data.images import ImageReadError, open_image
 
     for path in paths:
@@ -47,7 +54,7 @@ def _decode_each(paths: Sequence[str], preprocessing: Preprocessing) -> Iterator
             yield path, None, f"{type(exc).__name__}: {exc}"
 
 
-def load_batch(paths: Sequence[str], preprocessing: Optional[Preprocessing] = None) -> Batch:
+def load_batch(paths: Sequence[str], preprocessing: Preprocessing | None = None) -> Batch:
     """Decode and preprocess ``paths``: (the paths that worked, their stacked inputs, (path, reason) failures)."""
     ok, arrays, failures = [], [], []
     for path, array, reason in _decode_each(paths, preprocessing or _worker_preprocessing):
@@ -59,8 +66,8 @@ def load_batch(paths: Sequence[str], preprocessing: Optional[Preprocessing] = No
     return ok, (np.stack(arrays) if arrays else None), failures
 
 
-def _load_into_block(paths: Sequence[str], block_name: str, shape: Tuple[int, ...]
-                     ) -> Tuple[List[str], int, List[Tuple[str, str]]]:
+def _load_into_block(paths: Sequence[str], block_name: str, shape: tuple[int, ...]
+                     ) -> tuple[list[str], int, list[tuple[str, str]]]:
     """Like :func:`load_batch`, but the inputs go to rows 0..n-1 of a shared-memory block; returns n."""
     block = _worker_blocks.get(block_name)
     if block is None:
@@ -79,7 +86,7 @@ def _load_into_block(paths: Sequence[str], block_name: str, shape: Tuple[int, ..
     return ok, len(ok), failures
 
 
-def _init_worker(preprocessing: Preprocessing, cores: Optional[List[int]], parent_pid: int) -> None:
+def _init_worker(preprocessing: Preprocessing, cores: list[int] | None, parent_pid: int) -> None:
     global _worker_preprocessing
     # The predictor's process decides when decoding stops; a `kill -9` of it must not leave workers (and,
     # through their inherited pipe, multiprocessing's resource tracker) behind.
@@ -90,7 +97,7 @@ def _init_worker(preprocessing: Preprocessing, cores: Optional[List[int]], paren
         os.sched_setaffinity(0, cores)
 
 
-def _worker_cores(num_workers: int) -> Optional[List[int]]:
+def _worker_cores(num_workers: int) -> list[int] | None:
     """The last ``num_workers`` usable cores, so the predictor's thread(s) keep the others to themselves.
 
     Measured on 2 cores (resnet18, 1 worker, medians of 4 interleaved runs of predict_files vs the bare
@@ -115,7 +122,7 @@ def _shm_fits(nbytes: int) -> bool:
 class _Blocks:
     """Shared-memory blocks of one batch each, handed out and taken back; all unlinked on close."""
 
-    def __init__(self, count: int, shape: Tuple[int, ...]) -> None:
+    def __init__(self, count: int, shape: tuple[int, ...]) -> None:
         self.shape = shape
         nbytes = int(np.prod(shape)) * 4
         self._blocks = [shared_memory.SharedMemory(create=True, size=nbytes) for _ in range(count)]
@@ -131,8 +138,8 @@ class _Blocks:
             block.unlink()
 
 
-def decoded_batches(chunks: List[List[str]], preprocessing: Preprocessing, num_workers: int,
-                    input_size: Tuple[int, int, int]) -> Iterator[Batch]:
+def decoded_batches(chunks: list[list[str]], preprocessing: Preprocessing, num_workers: int,
+                    input_size: tuple[int, int, int]) -> Iterator[Batch]:
     """Decoded batches of ``chunks`` in order; with workers, up to ``PREFETCH_PER_WORKER * num_workers`` ahead.
 
     A yielded array is valid until the next batch is requested (with workers it lives in a shared block that
@@ -157,7 +164,7 @@ def decoded_batches(chunks: List[List[str]], preprocessing: Preprocessing, num_w
             pending: deque = deque()
             queued = iter(chunks)
 
-            def submit(chunk: List[str]) -> None:
+            def submit(chunk: list[str]) -> None:
                 if blocks is None:
                     pending.append((None, pool.submit(load_batch, chunk)))
                 else:

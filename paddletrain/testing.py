@@ -5,7 +5,8 @@ loss-scaling logic can be tested on any machine: inject it with ``Precision(enab
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import paddle
@@ -14,7 +15,10 @@ __all__ = ["FakeGradScaler"]
 
 
 def _optimizer_params(optimizer: Any) -> Iterator[paddle.Tensor]:
-    """The parameters a Paddle optimizer updates, with or without parameter groups."""
+    """The parameters a Paddle optimizer updates, with or without parameter groups.
+
+    Paddle's optimizers have no public accessor for them; these are the attributes its own GradScaler reads.
+    """
     for item in getattr(optimizer, "_param_groups", None) or optimizer._parameter_list:
         yield from (item["params"] if isinstance(item, dict) else [item])
 
@@ -108,7 +112,7 @@ class FakeGradScaler:
                 self._incr_count = 0
         self._reset_step_state()
 
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         return {
             "scale": np.array([self._scale], dtype=np.float32),
             "incr_ratio": self._incr_ratio,
@@ -120,7 +124,7 @@ class FakeGradScaler:
             "use_dynamic_loss_scaling": self._use_dynamic_loss_scaling,
         }
 
-    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if len(state_dict) == 0:
             raise RuntimeError("The input state dict is empty, possibly because it was saved from a disabled scaler.")
         self._scale = float(np.asarray(state_dict["scale"]).reshape(-1)[0])

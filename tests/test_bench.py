@@ -9,6 +9,7 @@ import pytest
 
 from paddletrain.bench.common import parse_options, paired_ratio, summarize
 from paddletrain.bench.data import DataBenchConfig, run_data
+from paddletrain.bench.decode import DecodeBenchConfig, run_decode
 from paddletrain.bench.inference import InferenceBenchConfig, run_inference
 from paddletrain.bench.overhead import ARMS, OverheadBenchConfig, run_overhead
 from paddletrain.bench.report import table, to_markdown
@@ -94,6 +95,7 @@ def test_overhead_runs_every_arm_and_reports_ratios():
     parts = result["trainer_parts_us"]
     # The Trainer caches the parameter list, so its walk is reported as a once-per-fit cost, not per step.
     assert any(k.startswith("module.parameters()") and "once per fit" in k for k in parts)
+    assert any(k.startswith("gradient norm") for k in parts)  # the Precision.step part that calls Paddle's clip
     assert all(v > 0 for v in parts.values())
     assert "Trainer step part" in to_markdown(result)
 
@@ -140,6 +142,54 @@ def test_inference_batch_table_and_pipeline():
                                               / pipeline["bare_predictor_images_per_s"])
     assert [g["goal"] for g in result["goals"]] == ["predictor (fp32) >= 4 x dygraph (fp32) at every batch size",
                                                     "predict_files >= 0.8 x bare predictor (fp32)"]
+
+
+def test_decode_compares_the_pool_with_a_dataloader_doing_the_same_work():
+    result = run_decode(DecodeBenchConfig(images=10, image_size=16, batch_size=4, num_workers=1, windows=2, warmup=0))
+    rows = {row["arm"]: row for row in result["rows"]}
+    assert list(rows) == ["pool", "dataloader", "main"]
+    assert [rows[arm]["num_workers"] for arm in rows] == [1, 1, 0]
+    for row in rows.values():
+        assert row["images"] == 10 and len(row["windows_s"]) == 2
+        assert row["images_per_s"] == pytest.approx(10 / row["seconds_per_pass"])
+        assert 0 < row["first_batch_s"] < row["seconds_per_pass"] and row["rest_images_per_s"] > 0
+    assert rows["main"]["worker_cpu_s"] == 0 and rows["pool"]["worker_cpu_s"] > 0
+    assert rows["dataloader"]["worker_cpu_s"] > 0
+    assert set(result["summary"]) == {"dataloader_vs_pool", "pool_vs_main", "dataloader_vs_main"}
+    [goal] = result["goals"]
+    assert goal["met"] == (result["summary"]["dataloader_vs_pool"] < 0.95)
+
+
+def test_decode_dataloader_arm_gives_the_pools_batches_bad_files_included(tmp_path):
+    """The comparison is fair only if both arms deliver the same batches: same order, same failures."""
+    from PIL import Image
+
+    from paddletrain.bench.decode import _preprocessing, dataloader_batches
+    from paddletrain.decoding import decoded_batches
+
+    rng = np.random.default_rng(0)
+    paths = []
+    for i in range(7):
+        path = tmp_path / f"{i}.jpg"
+        if i in (2, 4, 5):  # a batch with one bad file, and a batch of bad files only
+            path.write_bytes(b"not a jpeg")
+        else:
+            Image.fromarray(rng.integers(0, 256, (20, 18 + i, 3), dtype=np.uint8)).save(path)
+        paths.append(str(path))
+    chunks = [paths[0:3], paths[3:4], paths[4:6], paths[6:7]]
+    preprocessing = _preprocessing(16)
+
+    def collect(pipeline, workers):
+        return [(ok, None if x is None else x.copy(), [p for p, _ in failed])
+                for ok, x, failed in pipeline(chunks, preprocessing, workers, (3, 16, 16))]
+
+    pool, loader = collect(decoded_batches, 1), collect(dataloader_batches, 1)
+    assert [(ok, failed) for ok, _, failed in loader] == [(ok, failed) for ok, _, failed in pool]
+    assert [failed for _, _, failed in pool] == [[paths[2]], [], [paths[4], paths[5]], []]
+    for (_, a, _), (_, b, _) in zip(pool, loader):
+        assert (a is None) == (b is None)
+        if a is not None:
+            np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.skipif(cpu_bf16_support() != "fast",

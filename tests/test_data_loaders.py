@@ -1,4 +1,5 @@
 """build_loader: determinism across workers and resume, RNG isolation, eval coverage, bad samples never hang."""
+import gc
 import logging
 import random
 import time
@@ -261,6 +262,17 @@ def test_batch_seeds_are_deterministic_distinct_and_fit_both_rngs():
     assert all(0 <= a < 2**32 and 0 <= b < 2**32 for a, b in seeds)  # numpy's legacy seed takes < 2**32
 
 
+def test_batch_seeds_are_numpys_spawn_tree_of_the_seed():
+    """The documented stream: child ``batch`` of child ``rank`` of child ``epoch`` of ``SeedSequence(seed)``."""
+    child = np.random.SeedSequence(7).spawn(3)[2].spawn(2)[1].spawn(12)[11]
+    assert batch_seeds(7, 2, 1, 11) == tuple(int(x) for x in child.generate_state(2))
+
+
+def test_a_negative_seed_is_refused_with_the_key():
+    with pytest.raises(ConfigError, match="seed=-1"):
+        SeededDataset(TinyDataset(), seed=-1)
+
+
 def test_collate_reads_a_generator_once_and_keeps_bad_samples_out_of_the_arrays():
     def items():
         yield np.full((2, 2), 1, np.float32), 0, 10, 5
@@ -285,6 +297,7 @@ def test_batches_from_the_main_thread_do_not_share_memory():
     for batch in loader:  # a second pass allocates again
         pass
     del batch
+    gc.collect()  # the arrays behind the kept tensors must live as long as the tensors (DLPack capsule)
     for x, expected in zip(kept, first):
         np.testing.assert_array_equal(x.numpy(), expected)
     assert [int(x[0, 0, 0, 0]) for x in kept] == [0, 4, 8]

@@ -12,7 +12,7 @@ import paddle
 import pytest
 
 from paddletrain.config import AmpConfig
-from paddletrain.precision import GradScaler, Precision, StepResult
+from paddletrain.precision import GradScaler, Precision, StepResult, clip_grad_norm_
 from paddletrain.testing import FakeGradScaler
 
 paddle.set_device("cpu")
@@ -219,6 +219,66 @@ def test_clip_norm_larger_than_the_norm_leaves_gradients_alone():
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)
 
 
+def huge_gradient_step(precision: Precision, model, optimizer) -> StepResult:
+    """Finite gradients (3e38) whose global norm overflows float32: the scaler's own check passes them."""
+    with precision.autocast():
+        loss = model[-1].bias.sum() * paddle.to_tensor(3e38, dtype="float32")
+    precision.backward(loss)
+    return precision.step(optimizer, model.parameters())
+
+
+@pytest.mark.parametrize("scaler", ["none", "fake", "paddle"])
+def test_a_gradient_norm_that_overflows_skips_the_step(scaler, real_grad_scaler):
+    """The clip zeroes such gradients; stepping on them would still move the weights by weight decay and
+    momentum. With Paddle's scaler this relies on ``scaler._found_inf`` being what ``step()`` reads."""
+    scalers = {"none": lambda: None, "fake": lambda: FakeGradScaler(init_loss_scaling=1.0),
+               "paddle": lambda: real_grad_scaler(init_loss_scaling=1.0)}
+    made = scalers[scaler]()
+    precision = Precision() if made is None else fp16_precision(made)
+    model = make_model()
+    optimizer = make_optimizer("momentum", model)
+    train_step(precision, model, optimizer)
+    before_w, before_s = weights(model), flat_state(optimizer.state_dict())
+
+    result = huge_gradient_step(precision, model, optimizer)
+
+    assert result.found_inf and not result.stepped and result.grad_norm == float("inf")
+    assert_same(weights(model), before_w)
+    assert_same(flat_state(optimizer.state_dict()), before_s)
+    if made is not None:
+        assert precision.loss_scale == 0.5  # the scaler backed off as for any overflow
+
+
+def test_clip_grad_norm_of_mixed_dtypes_works_in_float32_and_keeps_each_dtype():
+    """O2 keeps norm layers in float32 and the rest in low precision (bfloat16 here: CPU has its kernels)."""
+    ones = paddle.nn.initializer.Constant(1.0)
+    low = paddle.create_parameter([2], "bfloat16", default_initializer=ones)
+    high = paddle.create_parameter([3], "float32", default_initializer=ones)
+    loss = (low.astype("float32") * paddle.to_tensor([300.0, 400.0])).sum() + (high * paddle.to_tensor(
+        [0.0, 1200.0, 0.0])).sum()
+    loss.backward()
+
+    norm = clip_grad_norm_([low, high], 13.0)
+
+    assert float(norm) == pytest.approx(1300.0)  # sqrt(300^2 + 400^2 + 1200^2), no bfloat16 rounding
+    assert low.grad.dtype == paddle.bfloat16 and high.grad.dtype == paddle.float32
+    np.testing.assert_allclose(low.grad.astype("float32").numpy(), [3.0, 4.0], rtol=1e-2)
+    np.testing.assert_allclose(high.grad.numpy(), [0.0, 12.0, 0.0], rtol=1e-5)
+
+
+def test_clip_grad_norm_without_a_limit_measures_and_leaves_gradients_bit_identical():
+    model = make_model()
+    model(batch()).square().mean().backward()
+    trained = [p for p in model.parameters() if p.grad is not None]  # not BatchNorm's running statistics
+    grads = [p.grad.numpy().copy() for p in trained]
+    norm = clip_grad_norm_(model.parameters(), None)
+    assert float(norm) == pytest.approx(np.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in grads)),
+                                        rel=1e-5)
+    for grad, p in zip(grads, trained):
+        np.testing.assert_array_equal(p.grad.numpy(), grad)
+    assert clip_grad_norm_([paddle.create_parameter([2], "float32")], 1.0) is None  # no gradient at all
+
+
 def test_state_dict_round_trip_is_plain_python_and_restores_scale_and_counters():
     precision = fp16_precision(FakeGradScaler(init_loss_scaling=64.0, incr_every_n_steps=5))
     model = make_model()
@@ -261,6 +321,7 @@ def test_fake_scaler_matches_paddles_real_grad_scaler(real_grad_scaler):
 
     assert fake_scales == real_scales
     assert real_scales[-1] != 16.0  # the pattern really exercises growth and back-off
+    assert real._scale.shape == [1]  # what Paddle's unscale kernel and state_dict expect after GradScaler._update
     for a, b in zip(real_weights, fake_weights):
         np.testing.assert_allclose(a, b, rtol=1e-6)
     fake_state, real_state = FakeGradScaler(**settings).state_dict(), real_grad_scaler(**settings).state_dict()

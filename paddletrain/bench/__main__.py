@@ -1,12 +1,13 @@
 """``python -m paddletrain.bench <benchmark> [key=value ...] [out=results.json]``.
 
-Benchmarks: train, threads, overhead, data, inference, precision (keys: the fields of each ``*BenchConfig``).
+Benchmarks: train, threads, overhead, data, decode, inference, precision (keys: the fields of each ``*BenchConfig``).
 Prints the markdown tables; ``out=`` also writes the JSON and a ``.md`` beside it.
 
 Examples::
 
     python -m paddletrain.bench train model=resnet20 batch_size=64 cpu_threads=1
     python -m paddletrain.bench overhead model=tiny batch_size=8 image_size=8 steps=50
+    python -m paddletrain.bench decode images=256 image_size=224
     python -m paddletrain.bench inference model=resnet18 batch_sizes=[1,8,32,64] out=bench/inference.json
     python -m paddletrain.bench precision model=resnet50 images=<folder of photos>
 """
@@ -22,6 +23,7 @@ from paddletrain.errors import ExitCode, UserError
 
 def _benchmarks() -> Dict[str, Tuple[type, Callable[[Any], Dict[str, Any]]]]:
     from paddletrain.bench.data import DataBenchConfig, run_data
+    from paddletrain.bench.decode import DecodeBenchConfig, run_decode
     from paddletrain.bench.inference import InferenceBenchConfig, run_inference
     from paddletrain.bench.overhead import OverheadBenchConfig, run_overhead
     from paddletrain.bench.precision import PrecisionBenchConfig, run_precision
@@ -32,6 +34,7 @@ def _benchmarks() -> Dict[str, Tuple[type, Callable[[Any], Dict[str, Any]]]]:
         "threads": (ThreadsBenchConfig, run_threads),
         "overhead": (OverheadBenchConfig, run_overhead),
         "data": (DataBenchConfig, run_data),
+        "decode": (DecodeBenchConfig, run_decode),
         "inference": (InferenceBenchConfig, run_inference),
         "precision": (PrecisionBenchConfig, run_precision),
     }

@@ -51,23 +51,14 @@ class BadSample:
     kind: str = "read"
 
 
-_MASK64 = (1 << 64) - 1
+def batch_seeds(seed: int, epoch: int, rank: int, batch: int) -> tuple[int, int]:
+    """Two 32-bit seeds (python ``random``, ``numpy.random``) for one batch of one rank and epoch.
 
-
-def _splitmix64(value: int) -> int:
-    value = (value + 0x9E3779B97F4A7C15) & _MASK64
-    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return value ^ (value >> 31)
-
-
-def batch_seeds(seed: int, epoch: int, rank: int, batch: int) -> tuple:
-    """Two well-mixed 32-bit seeds (python ``random``, ``numpy.random``) for one batch of one rank and epoch.
-
-    SplitMix64 chained over the four numbers: ~1 us in pure Python (``np.random.SeedSequence`` costs 13-20 us).
+    The state of numpy's ``SeedSequence(seed)`` descendant at spawn key ``(epoch, rank, batch)``: what
+    ``.spawn()`` would hand the batch-th child of the rank-th child of the epoch-th child. ~15 us, once a batch.
     """
-    mixed = _splitmix64(_splitmix64(_splitmix64(_splitmix64(seed) ^ epoch) ^ rank) ^ batch)
-    return mixed & 0xFFFFFFFF, mixed >> 32
+    py_seed, np_seed = np.random.SeedSequence(seed, spawn_key=(epoch, rank, batch)).generate_state(2)
+    return int(py_seed), int(np_seed)
 
 
 # Set while a whole batch is loaded in the main process: the RNGs are then saved and restored once per batch
@@ -103,6 +94,8 @@ class SeededDataset(paddle.io.Dataset):
     def __init__(self, dataset: Any, transform: Optional[Callable[[Any], Any]] = None, seed: int = 0,
                  num_classes: Optional[int] = None) -> None:
         super().__init__()
+        if int(seed) < 0:
+            raise ConfigError(f"seed={seed} must be 0 or more (it seeds numpy's SeedSequence)")
         self.dataset = dataset
         self.transform = transform
         self.seed = int(seed)
@@ -293,8 +286,9 @@ def _shut_down_workers(iterator: Any) -> None:
 
 def _as_tensor(array: np.ndarray, on_cpu: bool) -> paddle.Tensor:
     if on_cpu and array.flags.c_contiguous:
-        # The tensor keeps a reference to the array (Paddle's NumpyAllocation), so no copy and no dangling.
-        return paddle.Tensor(array, paddle.CPUPlace(), False, True)
+        # Zero-copy through DLPack (7 us for a 38 MB batch, against 20 ms for to_tensor's copy); the capsule
+        # keeps the array alive for as long as the tensor lives.
+        return paddle.from_dlpack(array)
     return paddle.to_tensor(array)
 
 
