@@ -15,6 +15,7 @@ from paddletrain.callbacks.instantiate import check_callback_entries
 from paddletrain.config import EvaluateConfig, FitConfig, check_values
 from paddletrain.errors import ConfigError
 from paddletrain.registries import DATASETS, LOSSES, MODELS, OPTIMIZERS, SCHEDULERS
+from paddletrain.registry import prepare
 from paddletrain.runtime import select_device
 
 # Built-in datasets that cannot run without data.root (the others have a default location or need no files).
@@ -88,7 +89,8 @@ def check_names(cfg: Any) -> None:
     """Every name the config looks up in a registry is registered (installed plugins included; the ``imports``
     are imported by :func:`paddletrain.registry.prepare` first), and every callback entry names a callback and
     only options it takes."""
-    for registry, name in ((MODELS, cfg.model.name), (DATASETS, cfg.data.name), (OPTIMIZERS, cfg.optim.name),
+    prepare(cfg)  # the config's `imports` register their names first
+    for registry, name in ((DATASETS, cfg.data.name), (MODELS, cfg.model.name), (OPTIMIZERS, cfg.optim.name),
                            (SCHEDULERS, cfg.sched.name), (LOSSES, cfg.loss.name)):
         registry.get(name)
     check_callback_entries(cfg.get("callbacks") or {})
