@@ -2,6 +2,9 @@
 import gc
 import logging
 import random
+import subprocess
+import sys
+import textwrap
 import time
 
 import numpy as np
@@ -82,6 +85,40 @@ def test_persistent_workers_see_the_new_epoch():
     persistent = build_loader(_augmented(cfgp), cfgp, train=True, seed=3)
     for epoch in (0, 1):
         _assert_same_batches(_batches(reference, epoch), _batches(persistent, epoch))
+
+
+# A process that still holds persistent workers when it ends must end: multiprocessing's exit SIGTERMs and joins
+# its daemonic children, and our workers ignore SIGTERM (CI once hung here for an hour after the last test).
+EXIT_WITH_LIVE_WORKERS = textwrap.dedent("""
+    import numpy as np
+    from paddletrain.config import DataConfig
+    from paddletrain.data.loaders import build_loader
+
+    class Images:
+        classes = ["a", "b"]
+        def __len__(self):
+            return 16
+        def describe(self, index):
+            return str(index)
+        def __getitem__(self, index):
+            return np.full((8, 8, 3), index, np.uint8), np.int64(index % 2)
+
+    cfg = DataConfig(batch_size=4, image_size=8, num_workers=2, persistent_workers={persistent})
+    loader = build_loader(Images(), cfg, train=True, seed=0)
+    batches = iter(loader)
+    next(batches)  # stopped mid-epoch, workers still running, loader and iterator still referenced
+    print("ready", flush=True)
+""")
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_the_process_ends_while_its_loader_workers_are_still_running(persistent):
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", EXIT_WITH_LIVE_WORKERS.format(persistent=persistent)],
+                          capture_output=True, text=True, timeout=45)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "ready" in done.stdout
+    assert time.monotonic() - started < 40
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

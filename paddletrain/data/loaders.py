@@ -14,14 +14,18 @@ leak into the trainer's random stream.
 Worker processes ignore SIGTERM/SIGINT (the main process decides when they stop), die with the process that
 started them (``kill -9`` of the trainer leaves no worker behind), and are shut down as soon as an iteration
 ends, also when the trainer stops reading before the loader is exhausted (paddle would keep those workers alive
-until the process exits: one set per epoch).
+until the process exits: one set per epoch). Workers still running when the interpreter exits (persistent ones)
+are stopped by their stop message before ``multiprocessing`` joins them: it would otherwise SIGTERM them, which
+they ignore, and wait forever.
 """
 from __future__ import annotations
 
 import logging
+import multiprocessing.util
 import os
 import random
 import threading
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, List, Optional, Union
@@ -229,7 +233,9 @@ class CheckedDataLoader(paddle.io.DataLoader):
         # Paddle reads worker_init_fn when it starts the workers; the parent to die with is this process.
         self.worker_init_fn = call_with_worker_setup(self.user_worker_init_fn, os.getpid())
         with stop_signals_held():
-            return super().__iter__()
+            iterator = super().__iter__()
+        _RUNNING_WORKERS.add(iterator)
+        return iterator
 
     def _load_in_this_thread(self) -> Iterator[list]:
         # On the CPU a tensor can share the freshly stacked array's memory instead of copying it again.
@@ -282,6 +288,21 @@ def _shut_down_workers(iterator: Any) -> None:
     shutdown = getattr(iterator, "_try_shutdown_all", None)
     if shutdown is not None:
         shutdown(WORKER_SHUTDOWN_TIMEOUT)
+
+
+# Multi-process iterators whose workers may still run; weak, so that an iterator's collection still shuts it down.
+_RUNNING_WORKERS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _shut_down_all_workers() -> None:
+    for iterator in list(_RUNNING_WORKERS):
+        _shut_down_workers(iterator)
+
+
+# At exit multiprocessing SIGTERMs daemonic children and joins them; our workers ignore SIGTERM (see
+# processes.ignore_stop_signals), so they are sent their stop message first. A finalizer with an exit priority
+# runs before that step, whatever order the modules were imported in.
+multiprocessing.util.Finalize(None, _shut_down_all_workers, exitpriority=100)
 
 
 def _as_tensor(array: np.ndarray, on_cpu: bool) -> paddle.Tensor:
