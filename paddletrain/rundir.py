@@ -60,8 +60,9 @@ class RunDirLock:
 
 # The one run directory this process writes (a process runs one training at a time).
 _held: Optional[RunDirLock] = None
-# The run directory this process's RunDirGuard found missing and so created (None: it existed, or no guard ran).
-_created: Optional[Path] = None
+# The run directory this process's RunDirGuard found missing and so created, with the top-most of its parents
+# that was missing too (``outputs/`` on a first run); None: it existed, or no guard ran.
+_created: Optional[tuple[Path, Path]] = None
 
 
 def hold_run_dir(run_dir: Union[str, Path]) -> Optional[RunDirLock]:
@@ -159,7 +160,7 @@ def discard_failed_start(run_dir: Union[str, Path]) -> bool:
     import shutil
 
     run_dir = Path(run_dir).resolve()
-    if _created is None or _created != run_dir or not run_dir.is_dir():
+    if _created is None or _created[0] != run_dir or not run_dir.is_dir():
         return False
     root = logging.getLogger()
     logs = {h: Path(h.baseFilename) for h in root.handlers if isinstance(h, logging.FileHandler)}
@@ -179,7 +180,25 @@ def discard_failed_start(run_dir: Union[str, Path]) -> bool:
     if held_run_dir() == run_dir:
         release_run_dir()
     shutil.rmtree(run_dir, ignore_errors=True)
-    return not run_dir.exists()
+    if run_dir.exists():
+        return False
+    # The parents this run created (outputs/<name>/ of outputs/<name>/<time>), as long as they are empty.
+    parent, top = run_dir.parent, _created[1]
+    while parent == top or top in parent.parents:
+        try:
+            parent.rmdir()
+        except OSError:  # not empty (another run's), or gone
+            break
+        parent = parent.parent
+    return True
+
+
+def _top_missing(path: Path) -> Path:
+    """The top-most of ``path`` and its parents that does not exist yet (``path`` itself does not)."""
+    top = path
+    while not top.parent.exists() and top.parent != top:
+        top = top.parent
+    return top
 
 
 class RunDirGuard(Callback):
@@ -215,7 +234,7 @@ class RunDirGuard(Callback):
             validate_config(task)
             # Several nodes share one run directory: node 0's launcher holds it for the whole job.
             if not OmegaConf.select(task, "trainer.node_rank", default=0):
-                _created = None if run_dir.exists() else run_dir.resolve()
+                _created = None if run_dir.exists() else (run_dir.resolve(), _top_missing(run_dir.resolve()))
                 hold_run_dir(run_dir)
         except UserError as exc:
             print(f"[paddletrain][ERROR] - {exc}", file=sys.stderr, flush=True)

@@ -236,3 +236,63 @@ def test_above_bar_routes_python_warnings_above_the_bar(monkeypatch):
     lines = re.split(r"[\r\n]", terminal.getvalue())
     assert any(line.endswith("UserWarning: plain warning") for line in lines)
     assert not any("%|" in line and "Warning" in line for line in lines)
+
+
+# ---------------------------------------------------------------------------------------------- continuing
+def test_stop_hint_is_the_exact_command_that_continues_the_same_run(tmp_path):
+    run_dir = tmp_path / "run dir"  # a space: the printed command must quote it
+    args = ["data.shapes.num_train=256", "data.shapes.num_val=32", "data.image_size=16", "data.batch_size=16",
+            "trainer.max_epochs=3", "optim.lr=0.002", "name=my run", "trainer.cpu_threads=1",
+            "callbacks.visualdl=null", f"hydra.run.dir={run_dir}"]
+    proc = subprocess.Popen([sys.executable, "-m", "paddletrain.fit", *args], cwd=tmp_path, env=fit_env(),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:  # stop during the second epoch, once the first one saved its checkpoint
+        lines.append(line)
+        if "Saved checkpoint" in line:
+            proc.send_signal(signal.SIGINT)
+            break
+    lines += proc.stdout.readlines()
+    assert proc.wait(timeout=120) == 130, "".join(lines)[-3000:]
+    hint = next(line for line in lines if "Continue with: " in line).split("Continue with: ", 1)[1].strip()
+    command = shlex.split(hint)
+    assert command[:3] == ["python", "-m", "paddletrain.fit"]
+    # The run's overrides, then how to continue it; nothing else.
+    assert command[3:] == [*args[:-1], "trainer.resume=auto", f"hydra.run.dir={run_dir}"]
+
+    resumed = subprocess.run([sys.executable, *command[1:]], cwd=tmp_path, env=fit_env(), capture_output=True,
+                             text=True, timeout=300)
+    output = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, output[-3000:]
+    assert "Resumed from" in output and "differs from the one it was trained with" not in output
+    assert json.loads((run_dir / "summary.json").read_text())["epochs"] == 3
+
+    # The hint of old (the same command plus resume, missing overrides) changes the run: said in one line.
+    changed = subprocess.run([sys.executable, "-m", "paddletrain.fit", *args[:4], "trainer.max_epochs=4",
+                              "callbacks.visualdl=null", "trainer.resume=auto", f"hydra.run.dir={run_dir}"],
+                             cwd=tmp_path, env=fit_env(), capture_output=True, text=True, timeout=300)
+    output = changed.stdout + changed.stderr
+    assert changed.returncode == 0, output[-3000:]
+    [warning] = [line for line in output.splitlines() if "differs from the one it was trained with" in line]
+    assert warning.endswith("with a config that differs from the one it was trained with: "
+                            "optim.lr=0.003 (checkpoint: 0.002), trainer.max_epochs=4 (checkpoint: 3)"), warning
+
+
+# ---------------------------------------------------------------------------------------------- failed starts
+def test_a_failed_start_leaves_no_run_directory(tmp_path):
+    run_dir = tmp_path / "outputs" / "run"
+    result = run_piped(["data=imagefolder", f"data.root={tmp_path / 'missing'}", f"hydra.run.dir={run_dir}"],
+                       cwd=tmp_path)
+    assert result.returncode == 2, result.stdout[-3000:]
+    assert "data.root" in result.stdout and f"removed the run directory {run_dir}" in result.stdout
+    # Nor the parents it created: outputs/<name>/ of outputs/<name>/<time>.
+    assert not (tmp_path / "outputs").exists() and "Traceback" not in result.stdout
+
+
+def test_a_failed_start_keeps_a_directory_that_was_there_before(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "notes.txt").write_text("mine")
+    result = run_piped([*RUN[:4], "model.num_classes=3", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert result.returncode == 2 and "model.num_classes=3" in result.stdout, result.stdout[-3000:]
+    assert (run_dir / "notes.txt").read_text() == "mine" and "removed" not in result.stdout
