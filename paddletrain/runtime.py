@@ -42,22 +42,26 @@ def ranks_on_this_node() -> int:
 
 def default_cpu_threads(data_workers: int = 0, ranks: int = 1, cores: Optional[int] = None) -> tuple[int, str]:
     """Threads for Paddle's CPU math when the user sets none, and why: this process's share of the usable cores
-    (``cores`` divided among the ``ranks`` on this machine), less one core per data-loader worker, at least 1.
+    (``cores`` divided among the ``ranks`` on this machine), less the cores the data side needs, at least 1.
 
-    A worker that decodes and augments keeps a core busy, and a compute thread that has to share its core runs
-    at half speed or worse: measured on a 2-core machine (docs/performance.md), a second thread slowed resnet20
-    2.0-2.3x when anything else used the other core. With ``data.num_workers=0`` on one process every core
-    computes (resnet50 at 224 px trained 1.34x faster with 2 threads than 1 on an idle 2-core machine).
+    The data side is one core per loader worker (a worker decoding and augmenting keeps its core busy), or with
+    no workers one core left for everything else the machine runs. Measured (docs/performance.md#cpu-threads): a
+    compute thread that has to share its core stalls every thread at each parallel region, so a thread too many
+    costs 1.5-4.6x on a 2-core machine with anything else running, while on an idle one the second thread gained
+    nothing for resnet20 (1.02x slower) and 1.34x for resnet50 at 224 px. Hence 1 thread on 2 cores, and all but
+    the data side's cores on bigger machines.
     """
     cores = usable_cores() if cores is None else cores
     ranks = max(1, ranks)
     share = max(1, cores // ranks)
-    threads = max(1, share - data_workers)
+    threads = max(1, share - max(1, data_workers))
     parts = [f"{cores} usable core{'s' if cores != 1 else ''}"]
     if ranks > 1:
         parts.append(f"{share} per rank of the {ranks} on this node")
     if data_workers:
         parts.append(f"less {data_workers} data worker{'s' if data_workers != 1 else ''}")
+    else:
+        parts.append("less 1 left for the rest of the machine")
     return threads, ", ".join(parts)
 
 
