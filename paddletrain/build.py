@@ -210,17 +210,18 @@ def build_run(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = ()
     t = cfg.trainer
     rank, world_size = distributed.rank(), distributed.world_size()
     configured = build_callbacks(cfg)  # their options are checked before any data or model work
-    runtime = setup_runtime(t.device, t.cpu_threads, deterministic=t.deterministic)
+    runtime = setup_runtime(t.device, t.cpu_threads, deterministic=t.deterministic, data_workers=cfg.data.num_workers)
     seed_everything(t.seed + rank)  # dropout differs per rank; the data order comes from t.seed alone
     data = build_data(cfg, seed=t.seed, rank=rank, world_size=world_size)
     model = build_model(cfg, len(data.classes), data.in_chans)
     optimizer, scheduler = build_optimization(cfg, model, data.train_loader, world_size)
     facts = run_facts(cfg, len(data.classes), world_size)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
     resume_from = None
     if t.resume and is_legacy_checkpoint(Path(t.resume)):
         warm_start_from_legacy(Path(t.resume), model, optimizer, t.trust_pickle)
     else:
-        resume_from = load_resume_checkpoint(t.resume, run_dir, facts)
+        resume_from = load_resume_checkpoint(t.resume, run_dir, facts, config=resolved)
     trainer = (trainer_cls or Trainer)(
         model, optimizer, scheduler=scheduler, rank=rank, world_size=world_size,
         loss_fn=build_loss(cfg.loss), precision=build_precision(cfg, runtime.device),
@@ -231,7 +232,7 @@ def build_run(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = ()
         max_consecutive_nonfinite=t.max_consecutive_nonfinite, num_classes=len(data.classes),
         run_dir=str(run_dir), hparams=flat_hparams(cfg), sync_bn=cfg.model.sync_bn,
         find_unused_parameters=t.find_unused_parameters,
-        checkpoint_extras={"config": OmegaConf.to_container(cfg, resolve=True), "run": facts},
+        checkpoint_extras={"config": resolved, "run": facts},
     )
     return Run(trainer, data.train_loader, data.val_loader, resume_from, cfg)
 

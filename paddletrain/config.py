@@ -216,7 +216,7 @@ class TrainerConfig:
     max_epochs: int = allowed(10, ge=1)
     max_steps: Optional[int] = allowed(None, ge=1)
     device: str = allowed("auto", choices=("auto", "cpu", "gpu"))
-    # None: the measured default for this machine (see docs/performance.md).
+    # None: this process's share of the usable cores, less one per data.num_workers (docs/performance.md).
     cpu_threads: Optional[int] = allowed(None, ge=1)
     devices: int = allowed(1, ge=1)
     # Several machines: this one is node `node_rank` of `num_nodes`, all meeting at `master` ("host:port" of

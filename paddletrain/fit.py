@@ -15,8 +15,14 @@ if __name__ == "__main__":
     from paddletrain.processes import hold_stop_signals_during_imports
 
     hold_stop_signals_during_imports()
+    # Before Paddle loads: `import paddle` itself warns (paddletrain/console.py lists what is dropped and why).
+    from paddletrain.console import install_warning_filters, route_warnings_to_log
+
+    install_warning_filters()
+    route_warnings_to_log()
 
 import logging  # noqa: E402
+import shlex  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -32,7 +38,7 @@ from paddletrain.config import register_configs  # noqa: E402
 from paddletrain.errors import ExitCode, NonFiniteLossError, TrainingInterrupted, UserError  # noqa: E402
 from paddletrain.launcher import Launcher, NodeSpec  # noqa: E402
 from paddletrain.processes import own_stop_signals, stop_request  # noqa: E402
-from paddletrain.rundir import hold_run_dir  # noqa: E402
+from paddletrain.rundir import discard_failed_start, hold_run_dir  # noqa: E402
 from paddletrain.validation import validate_config  # noqa: E402
 
 if __name__ == "__main__":
@@ -97,9 +103,9 @@ def end_with(exc: BaseException, cfg: DictConfig, run_dir: Path) -> NoReturn:
     if lost is not None:  # before the stop case: a lost peer is the cause even if a signal also arrived
         finish(ExitCode.RANK_LOST, f"rank {distributed.rank()} {lost}", lost_ranks=lost.lost_ranks)
     if isinstance(exc, TrainingInterrupted):
-        finish(exc.exit_code, stop_message(exc, cfg, run_dir))
+        finish(exc.exit_code, stop_message(exc, cfg, run_dir), run_dir=run_dir if exc.step is None else None)
     if isinstance(exc, UserError):
-        finish(ExitCode.USER_ERROR, str(exc))
+        finish(ExitCode.USER_ERROR, str(exc), run_dir=run_dir)
     if isinstance(exc, NonFiniteLossError):
         finish(ExitCode.BAD_RESULT, str(exc))
     if stop_request.requested:
@@ -119,7 +125,7 @@ def stop_message(exc: TrainingInterrupted, cfg: DictConfig, run_dir: Path) -> st
     by = f" (received by rank {exc.rank})" if exc.rank is not None and distributed.is_launched() else ""
     if not saves_checkpoints(cfg):
         return f"Stopped by {name}{by} after step {exc.step}; nothing saved (callbacks.checkpoint is off)"
-    resume = f"Continue with the same command plus trainer.resume=auto hydra.run.dir={run_dir}"
+    resume = f"Continue with: {continue_command(run_dir)}"
     if distributed.rank() != 0:
         return f"Stopped by {name}{by} after step {exc.step}; rank 0 saves the checkpoint. {resume}"
     if exc.checkpoint is None:
@@ -127,14 +133,88 @@ def stop_message(exc: TrainingInterrupted, cfg: DictConfig, run_dir: Path) -> st
     return f"Stopped by {name}{by} after step {exc.step}; saved {exc.checkpoint}. {resume}"
 
 
-def finish(code: int, message: str, lost_ranks: Optional[List[int]] = None) -> NoReturn:
+# Keys a continuing command sets itself; the run's own values of them are dropped.
+_CONTINUE_KEYS = ("trainer.resume", "hydra.run.dir")
+# Hydra's options that pick the config (not overrides, so not in overrides.yaml): repeated as given.
+_CONFIG_FLAGS = ("--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn")
+MAX_OVERRIDES_BYTES = 1 << 20
+
+
+def continue_command(run_dir: Path, argv: Optional[List[str]] = None) -> str:
+    """The shell command that continues the run in ``run_dir`` with the same config.
+
+    It is this program with its config options, the run's overrides as Hydra recorded them in
+    ``<run dir>/.hydra/overrides.yaml`` (this process's own when that file is missing), without any
+    ``trainer.resume``/``hydra.run.dir``, plus ``trainer.resume=auto hydra.run.dir=<run dir>``; every word
+    shell-quoted.
+    """
+    argv = list(sys.argv if argv is None else argv)
+    overrides = [o for o in run_overrides(run_dir) if override_key(o) not in _CONTINUE_KEYS]
+    words = [*_program(argv), *_config_flags(argv[1:]), *overrides, "trainer.resume=auto",
+             f"hydra.run.dir={run_dir}"]
+    return " ".join(shlex.quote(word) for word in words)
+
+
+def override_key(override: str) -> str:
+    """``optim.lr`` of ``optim.lr=0.1``, ``+x.y=1``, ``++x.y=1`` or ``~x.y``."""
+    return override.lstrip("+~").split("=", 1)[0].strip()
+
+
+def run_overrides(run_dir: Path) -> List[str]:
+    """The overrides of the run in ``run_dir``: ``.hydra/overrides.yaml`` (a list of strings, read within a size
+    bound), else this process's Hydra overrides, else none."""
+    import yaml
+
+    path = Path(run_dir) / ".hydra" / "overrides.yaml"
+    try:
+        if path.is_file() and path.stat().st_size <= MAX_OVERRIDES_BYTES:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+            if isinstance(loaded, list) and all(isinstance(o, str) for o in loaded):
+                return loaded
+            log.debug("%s is not a list of overrides; using this process's", path)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        log.debug("cannot read %s: %s", path, error)
+    if HydraConfig.initialized():
+        return list(HydraConfig.get().overrides.task)
+    return []
+
+
+def _program(argv: List[str]) -> List[str]:
+    """``python -m <module>`` for a module run with ``-m`` or a rank started from this file, else the script."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name:
+        return ["python", "-m", spec.name[: -len(".__main__")] if spec.name.endswith(".__main__") else spec.name]
+    if not argv or Path(argv[0]).resolve() == Path(__file__).resolve():
+        return ["python", "-m", "paddletrain.fit"]
+    return ["python", argv[0]]
+
+
+def _config_flags(args: List[str]) -> List[str]:
+    """Hydra's config-selecting options among ``args``, with their values (``-cd dir`` or ``--config-dir=dir``)."""
+    flags: List[str] = []
+    for i, arg in enumerate(args):
+        name = arg.split("=", 1)[0]
+        if name in _CONFIG_FLAGS:
+            flags.append(arg)
+            if "=" not in arg and i + 1 < len(args):
+                flags.append(args[i + 1])
+    return flags
+
+
+def finish(code: int, message: str, lost_ranks: Optional[List[int]] = None,
+           run_dir: Optional[Path] = None) -> NoReturn:
     """Say how the run ended in one line and exit with ``code``.
 
     A rank reports it to its launcher (:func:`paddletrain.distributed.report_outcome`); a single process logs it.
+    ``run_dir`` is given when the run failed to start (bad input, or stopped during start-up): the directory is
+    removed when it holds nothing but what the start wrote (:func:`paddletrain.rundir.discard_failed_start`).
     """
     if distributed.is_launched():
         distributed.report_outcome(code, message, lost_ranks)
-    elif code >= 128:
+        sys.exit(code)
+    if run_dir is not None and discard_failed_start(run_dir):
+        message += f" (removed the run directory {run_dir}: it held nothing but this start's files)"
+    if code >= 128:
         log.warning("%s", message)
     else:
         log.error("%s", message)
@@ -152,7 +232,7 @@ def launch_workers(cfg: DictConfig, run_dir: Path) -> None:
         if t.node_rank == 0:  # node 0's launcher holds the (shared) run directory for every rank of the job
             hold_run_dir(run_dir)
     except UserError as exc:
-        finish(ExitCode.USER_ERROR, str(exc))
+        finish(ExitCode.USER_ERROR, str(exc), run_dir=run_dir)
     overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("hydra.run.dir=")]
     # The ranks share this run directory; this process already wrote its .hydra/ config there.
     args = [*overrides, f"hydra.run.dir={run_dir}", "hydra.output_subdir=null"]
@@ -167,8 +247,8 @@ def launch_workers(cfg: DictConfig, run_dir: Path) -> None:
         Path(__file__), args)
     if outcome.code == ExitCode.OK:
         return
-    (log.warning if outcome.code >= 128 else log.error)("%s", outcome.message)
-    sys.exit(outcome.code)
+    # A rank's bad-input error is a failed start of the whole job (its one line says why).
+    finish(outcome.code, outcome.message, run_dir=run_dir if outcome.code == ExitCode.USER_ERROR else None)
 
 
 def run_from_command_line() -> None:

@@ -7,8 +7,9 @@ Paddle's launcher starts the ranks; this module is the process the user talks to
   Paddle's launcher itself never sees them: it would signal the ranks three times in a row.
 - **Lifetime**: Paddle's launcher dies with this process and every rank with Paddle's launcher, so ``kill -9``
   of the command you started leaves nothing behind (the ranks stop after their current step and save).
-- **Console**: the ranks' output goes to ``<log dir>/workerlog.N``; this node's first rank is echoed here, and
-  Paddle's own messages go to ``<log dir>/launcher.log``.
+- **Console**: one line per rank started; the ranks' output goes to ``<log dir>/workerlog.N`` and this node's
+  first rank is echoed here without Paddle's start-up chatter (:func:`shown_on_console`); Paddle's launcher's own
+  messages (``LAUNCH INFO`` ...) go to ``<log dir>/launcher.log`` only.
 - **Verdict**: one line naming the rank that failed and the same exit code a single process would have
   (:class:`~paddletrain.errors.ExitCode`), from the :class:`~paddletrain.distributed.RankOutcome` every rank
   leaves and, for a rank that could not leave one, from its log.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -135,8 +137,29 @@ def _endpoints(log_dir: Path) -> Optional[List[str]]:
     return None
 
 
+# Paddle's INFO-level glog lines (``I1123 13:37:58.563987  3622 tcp_store.cc:336] ...``: the collective store
+# connecting). Warnings and errors (W..., E..., F...) stay on the console.
+_GLOG_INFO = re.compile(r"I\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+:\d+\] ")
+# Paddle's banner listing the FLAGS its launcher set for the rank: a header, one FLAGS(...) line each, a rule.
+_FLAGS_BANNER = re.compile(r"=+ Modified FLAGS detected =+")
+_RULE = re.compile(r"=+")
+
+
+def shown_on_console(line: str, in_banner: bool = False) -> tuple[bool, bool]:
+    """Whether a line of a rank's log is echoed to the console, and whether a FLAGS banner continues after it.
+
+    Left out (they stay in the rank's workerlog): the rank's outcome line (the launcher's verdict says it),
+    Paddle's INFO-level glog lines and its banner of modified FLAGS.
+    """
+    if in_banner:
+        return False, not _RULE.fullmatch(line.strip())
+    if _FLAGS_BANNER.fullmatch(line.strip()):
+        return False, True
+    return OUTCOME_MARKER not in line and not _GLOG_INFO.match(line), False
+
+
 class _LogTail:
-    """Copies the new lines of a rank's log to the console, leaving out its outcome line (the verdict says it)."""
+    """Copies the new lines of a rank's log to the console, as :func:`shown_on_console` decides."""
 
     def __init__(self, path: Path, out: TextIO) -> None:
         self.path = path
@@ -144,6 +167,7 @@ class _LogTail:
         self.offset = path.stat().st_size if path.exists() else 0  # Paddle appends: skip earlier runs' lines
         self.start = self.offset
         self._partial = ""
+        self._in_banner = False
 
     def pump(self) -> None:
         if not self.path.exists():
@@ -155,7 +179,8 @@ class _LogTail:
         lines = (self._partial + text).split("\n")
         self._partial = lines.pop()
         for line in lines:
-            if OUTCOME_MARKER not in line:
+            shown, self._in_banner = shown_on_console(line, self._in_banner)
+            if shown:
                 self.out.write(line + "\n")
         self.out.flush()
 
@@ -266,6 +291,8 @@ class Launcher:
                     continue
                 self._ranks[child.pid] = child
                 self._rank_ids[child.pid] = rank_id
+                local = rank_id - self.spec.node_rank * self.spec.nproc
+                log.info("Started rank %d (pid %d), log %s", rank_id, child.pid, self.log_dir / f"workerlog.{local}")
             alive.append(child.pid)
         return alive
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import paddle
 
@@ -12,12 +12,68 @@ from paddletrain.errors import UserError
 log = logging.getLogger("paddletrain")
 
 
-def load_resume_checkpoint(resume: Optional[str], run_dir: Path, run_info: Dict[str, Any]) -> Optional[Any]:
+# Keys a resumed run may change without changing what it trains, so a difference in them is not reported: how
+# to resume and what to trust, where and how fast the process runs, where the data lives, the pretrained weights
+# (the checkpoint's replace them), what is shown and logged, and the batch and world size (the run record's own
+# warning names those).
+RESUME_IGNORED = (
+    "trainer.resume", "trainer.trust_pickle", "model.trust_pickle",
+    "trainer.device", "trainer.cpu_threads", "trainer.node_rank", "trainer.master",
+    "data.num_workers", "data.use_shared_memory", "data.persistent_workers",
+    "data.root", "data.download", "model.pretrained",
+    "callbacks.progress_bar", "callbacks.visualdl", "callbacks.lr_monitor", "callbacks.profiler", "name", "tags",
+    "data.batch_size", "trainer.devices", "trainer.num_nodes",
+)
+# A resumed run's warning names at most this many keys (then "and N more").
+MAX_KEYS_SHOWN = 8
+
+
+def config_differences(saved: Any, current: Dict[str, Any]) -> List[Tuple[str, Any, Any]]:
+    """``(key, checkpoint's value, this run's value)`` for every dotted key outside :data:`RESUME_IGNORED` whose
+    value differs between the config saved in a checkpoint and this run's resolved config (a key only one of
+    them has counts, with ``None`` for the other)."""
+    if not isinstance(saved, dict):
+        return []
+    old, new = _flatten(saved), _flatten(current)
+    return [(key, old.get(key), new.get(key)) for key in sorted(set(old) | set(new))
+            if old.get(key) != new.get(key) and not _ignored(key)]
+
+
+def _ignored(key: str) -> bool:
+    return any(key == prefix or key.startswith(prefix + ".") for prefix in RESUME_IGNORED)
+
+
+def _flatten(node: Any, prefix: str = "", depth: int = 0) -> Dict[str, Any]:
+    # Bounded depth: the saved config comes from a file someone may have crafted.
+    if isinstance(node, dict) and node and depth < 16:
+        flat: Dict[str, Any] = {}
+        for key, value in node.items():
+            flat.update(_flatten(value, f"{prefix}{key}.", depth + 1))
+        return flat
+    return {prefix[:-1]: node} if prefix else {}
+
+
+def warn_config_differences(path: Path, saved: Any, current: Dict[str, Any]) -> None:
+    """One warning line naming the keys whose values differ from the checkpoint's (see :func:`config_differences`)."""
+    from paddletrain.checkpoint.untrusted import show
+
+    differences = config_differences(saved, current)
+    if not differences:
+        return
+    shown = [f"{key}={show(new)} (checkpoint: {show(old)})" for key, old, new in differences[:MAX_KEYS_SHOWN]]
+    more = len(differences) - MAX_KEYS_SHOWN
+    log.warning("Resuming from %s with a config that differs from the one it was trained with: %s%s", path,
+                ", ".join(shown), f" and {more} more" if more > 0 else "")
+
+
+def load_resume_checkpoint(resume: Optional[str], run_dir: Path, run_info: Dict[str, Any],
+                           config: Optional[Dict[str, Any]] = None) -> Optional[Any]:
     """The checkpoint to resume from: ``None``, ``auto`` (newest complete one in the run dir) or a directory.
 
     ``auto`` finds the newest checkpoint that fully verifies, whatever state a crash left (see
     :func:`~paddletrain.checkpoint.find_latest`). A different model or number of classes is an error; a
-    different batch or world size is a warning.
+    different batch or world size is a warning, and so is any other key of ``config`` (this run's resolved
+    config) that differs from the checkpoint's saved one (:func:`config_differences`).
     """
     from paddletrain.checkpoint import find_latest, load_checkpoint
     from paddletrain.checkpoint.untrusted import StateValueError, check_inside, show
@@ -52,6 +108,8 @@ def load_resume_checkpoint(resume: Optional[str], run_dir: Path, run_info: Dict[
         if key in saved and saved[key] != run_info[key]:
             log.warning("Resuming from %s with %s=%s; the checkpoint was written with %s=%s", path, key,
                         run_info[key], key, shown(saved[key]))
+    if config is not None:
+        warn_config_differences(path, checkpoint.state.get("config"), config)
     return checkpoint
 
 

@@ -36,6 +36,11 @@ except ImportError:  # pragma: no cover - not POSIX: runs are not locked
     fcntl = None  # type: ignore[assignment]
 
 LOCK_FILE = ".paddletrain.lock"
+# What every start writes into a run directory before any work: Hydra's record of the config, and the lock.
+# With the run's log file(s) and a launcher's rank logs, a directory holding nothing else records only a failed
+# start (see discard_failed_start).
+STARTUP_ENTRIES = (".hydra", LOCK_FILE, "launch")
+HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
 # The holder record is a few dozen bytes; never read more than this from a file someone else may have made.
 MAX_RECORD_BYTES = 4096
 
@@ -55,6 +60,9 @@ class RunDirLock:
 
 # The one run directory this process writes (a process runs one training at a time).
 _held: Optional[RunDirLock] = None
+# The run directory this process's RunDirGuard found missing and so created, with the top-most of its parents
+# that was missing too (``outputs/`` on a first run); None: it existed, or no guard ran.
+_created: Optional[tuple[Path, Path]] = None
 
 
 def hold_run_dir(run_dir: Union[str, Path]) -> Optional[RunDirLock]:
@@ -142,6 +150,57 @@ def describe_holder(fd: int) -> str:
     return f"pid {pid} on {host}"
 
 
+def discard_failed_start(run_dir: Union[str, Path]) -> bool:
+    """Remove ``run_dir`` after a failed start (bad input, or stopped during start-up) when this run created it
+    and it holds nothing but what every start writes: ``.hydra/``, the lock, the run's log file and a
+    launcher's ``launch/`` logs. Returns whether it was removed; anything else in it keeps it.
+
+    The caller has already said why the run failed on the console; the log file is closed first.
+    """
+    import shutil
+
+    run_dir = Path(run_dir).resolve()
+    if _created is None or _created[0] != run_dir or not run_dir.is_dir():
+        return False
+    root = logging.getLogger()
+    logs = {h: Path(h.baseFilename) for h in root.handlers if isinstance(h, logging.FileHandler)}
+    own_logs = {path.name for path in logs.values() if path.parent == run_dir}
+    try:
+        entries = list(run_dir.iterdir())
+        hydra = run_dir / ".hydra"
+        if any(e.name not in STARTUP_ENTRIES and e.name not in own_logs for e in entries) or (
+                hydra.is_dir() and any(f.name not in HYDRA_FILES for f in hydra.iterdir())):
+            return False
+    except OSError:
+        return False
+    for handler, path in logs.items():
+        if path.parent == run_dir:
+            root.removeHandler(handler)
+            handler.close()
+    if held_run_dir() == run_dir:
+        release_run_dir()
+    shutil.rmtree(run_dir, ignore_errors=True)
+    if run_dir.exists():
+        return False
+    # The parents this run created (outputs/<name>/ of outputs/<name>/<time>), as long as they are empty.
+    parent, top = run_dir.parent, _created[1]
+    while parent == top or top in parent.parents:
+        try:
+            parent.rmdir()
+        except OSError:  # not empty (another run's), or gone
+            break
+        parent = parent.parent
+    return True
+
+
+def _top_missing(path: Path) -> Path:
+    """The top-most of ``path`` and its parents that does not exist yet (``path`` itself does not)."""
+    top = path
+    while not top.parent.exists() and top.parent != top:
+        top = top.parent
+    return top
+
+
 class RunDirGuard(Callback):
     """Hydra callback for `paddletrain.fit`: checks every value and locks the run directory before Hydra
     creates it and writes ``.hydra/`` there, so a bad value or a busy directory stops the run before any work.
@@ -151,6 +210,7 @@ class RunDirGuard(Callback):
     """
 
     def on_run_start(self, config: Any, **kwargs: Any) -> None:
+        global _created
         import copy
 
         from hydra.core.hydra_config import HydraConfig
@@ -174,6 +234,7 @@ class RunDirGuard(Callback):
             validate_config(task)
             # Several nodes share one run directory: node 0's launcher holds it for the whole job.
             if not OmegaConf.select(task, "trainer.node_rank", default=0):
+                _created = None if run_dir.exists() else (run_dir.resolve(), _top_missing(run_dir.resolve()))
                 hold_run_dir(run_dir)
         except UserError as exc:
             print(f"[paddletrain][ERROR] - {exc}", file=sys.stderr, flush=True)

@@ -20,6 +20,8 @@ class RuntimeInfo:
     device: str
     cpu_threads: int
     paddle_version: str
+    # Why this many CPU threads, for the start-up line (e.g. "8 usable cores, 2 ranks on this node, ...").
+    cpu_threads_reason: str = ""
 
 
 def usable_cores() -> int:
@@ -30,15 +32,37 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def default_cpu_threads() -> int:
-    """Threads for Paddle's CPU math when the user sets none: one.
+def ranks_on_this_node() -> int:
+    """Processes of this job on this machine (``paddle.distributed.launch`` sets ``PADDLE_LOCAL_SIZE``); 1 alone."""
+    try:
+        return max(1, int(os.environ.get("PADDLE_LOCAL_SIZE", "1")))
+    except ValueError:
+        return 1
 
-    Measured with paddle 3.3.1 on a 2-core machine (docs/performance.md): dygraph training of resnet20 runs
-    at the same speed with 1 and 2 threads on an idle machine, and 2x slower with 2 threads when anything else
-    (a DataLoader worker, another job) uses the second core. One thread leaves the other cores to the data
-    loader; set ``trainer.cpu_threads`` to measure more on bigger machines.
+
+def default_cpu_threads(data_workers: int = 0, ranks: int = 1, cores: Optional[int] = None) -> tuple[int, str]:
+    """Threads for Paddle's CPU math when the user sets none, and why: this process's share of the usable cores
+    (``cores`` divided among the ``ranks`` on this machine), less the cores the data side needs, at least 1.
+
+    The data side is one core per loader worker (a worker decoding and augmenting keeps its core busy), or with
+    no workers one core left for everything else the machine runs. Measured (docs/performance.md#cpu-threads): a
+    compute thread that has to share its core stalls every thread at each parallel region, so a thread too many
+    costs 1.5-4.6x on a 2-core machine with anything else running, while on an idle one the second thread gained
+    nothing for resnet20 (1.02x slower) and 1.34x for resnet50 at 224 px. Hence 1 thread on 2 cores, and all but
+    the data side's cores on bigger machines.
     """
-    return 1
+    cores = usable_cores() if cores is None else cores
+    ranks = max(1, ranks)
+    share = max(1, cores // ranks)
+    threads = max(1, share - max(1, data_workers))
+    parts = [f"{cores} usable core{'s' if cores != 1 else ''}"]
+    if ranks > 1:
+        parts.append(f"{share} per rank of the {ranks} on this node")
+    if data_workers:
+        parts.append(f"less {data_workers} data worker{'s' if data_workers != 1 else ''}")
+    else:
+        parts.append("less 1 left for the rest of the machine")
+    return threads, ", ".join(parts)
 
 
 def select_device(device: str = "auto") -> str:
@@ -58,27 +82,40 @@ def select_device(device: str = "auto") -> str:
     return "cpu"
 
 
-def set_cpu_threads(threads: Optional[int]) -> int:
-    """Set the thread count of Paddle's CPU math (it uses one thread unless told otherwise)."""
-    threads = threads or default_cpu_threads()
+def set_cpu_threads(threads: Optional[int], data_workers: int = 0, ranks: Optional[int] = None) -> int:
+    """Set the thread count of Paddle's CPU math (it uses one thread unless told otherwise); ``None`` chooses
+    :func:`default_cpu_threads` for ``data_workers`` and ``ranks`` (default: the ranks on this node)."""
+    return _choose_threads(threads, data_workers, ranks)[0]
+
+
+def _choose_threads(threads: Optional[int], data_workers: int, ranks: Optional[int]) -> tuple[int, str]:
+    if threads is None:
+        threads, reason = default_cpu_threads(data_workers, ranks if ranks is not None else ranks_on_this_node())
+    else:
+        reason = "set explicitly"
     if threads < 1:
         raise ValueError(f"trainer.cpu_threads must be >= 1, got {threads}")
     paddle.base.core.set_num_threads(threads)
-    return threads
+    return threads, reason
 
 
-def setup_runtime(device: str = "auto", cpu_threads: Optional[int] = None, deterministic: bool = False) -> RuntimeInfo:
+def setup_runtime(device: str = "auto", cpu_threads: Optional[int] = None, deterministic: bool = False,
+                  data_workers: int = 0, ranks: Optional[int] = None) -> RuntimeInfo:
     """Select the device and CPU threads, and log them with the Paddle version once.
 
+    ``cpu_threads=None`` chooses the count from the usable cores, the ``data_workers`` of this process's
+    loader and the ``ranks`` on this node (default: from the environment), see :func:`default_cpu_threads`.
     ``deterministic`` asks cuDNN for deterministic algorithms (slower); CPU kernels are deterministic already.
     """
     if deterministic and paddle.device.is_compiled_with_cuda():  # the flag exists only in CUDA builds
         paddle.set_flags({"FLAGS_cudnn_deterministic": True})
     resolved = select_device(device)
     paddle.set_device(resolved)
-    threads = set_cpu_threads(cpu_threads)
-    info = RuntimeInfo(device=resolved, cpu_threads=threads, paddle_version=paddle.__version__)
-    log.info("Device %s, %d CPU thread(s), paddle %s", info.device, info.cpu_threads, info.paddle_version)
+    threads, reason = _choose_threads(cpu_threads, data_workers, ranks)
+    info = RuntimeInfo(device=resolved, cpu_threads=threads, paddle_version=paddle.__version__,
+                       cpu_threads_reason=reason)
+    log.info("Device %s, %d CPU thread%s (%s), paddle %s", info.device, threads, "s" if threads != 1 else "",
+             reason, info.paddle_version)
     return info
 
 

@@ -132,6 +132,9 @@ class Trainer:
         # Training throughput (paddletrain.metrics.Throughput) of the current epoch and of this fit so far.
         self.epoch_throughput = Throughput()
         self.run_throughput = Throughput()
+        # Wall time of the last fit (everything: steps, validation, checkpoints), beside the step time above.
+        self.fit_seconds = 0.0
+        self.num_val_batches: Optional[int] = None
         self._restored_meter: Optional[Dict[str, Any]] = None
 
     # ------------------------------------------------------------------ properties
@@ -200,14 +203,17 @@ class Trainer:
         self._call("setup")
         if ckpt_path is not None:
             self.restore(ckpt_path)
+        started = time.perf_counter()
         with self._stop_handling():
             try:
                 self._call("on_fit_start")
                 while not self._done():
                     self._run_epoch(train_loader, val_loader)
                     self._check_stop()  # a signal that arrived during validation or the epoch-end hooks
+                self.fit_seconds = time.perf_counter() - started
                 self._call("on_fit_end")
             except BaseException as exc:
+                self.fit_seconds = time.perf_counter() - started
                 self._call("on_exception", exc)
                 raise
         return dict(self.metrics)
@@ -362,13 +368,13 @@ class Trainer:
         return metrics
 
     def _validate(self, loader: Iterable) -> Dict[str, float]:
+        limit = self.num_val_batches = count_batches(loader, self.limit_val_batches)
         self._call("on_validation_start")
         was_training = self.module.training
         self.module.eval()
         if self.world_size > 1:
             distributed.broadcast_buffers(self.module)
         meter = ClassificationMeter(self.num_classes)
-        limit = count_batches(loader, self.limit_val_batches)
         # A distributed sampler pads each rank's shard at its end; those repeated samples are not counted.
         real = getattr(loader, "num_real_samples", None)
         seen = 0
@@ -384,6 +390,7 @@ class Trainer:
                     loss, size = self.loss_fn(logits, labels), keep
                 meter.update(loss, logits, labels, size)
                 seen += size
+                self._call("on_validation_batch_end", batch, batch_idx)
         sums = meter.sums()
         if self.world_size > 1:
             paddle.distributed.all_reduce(sums)

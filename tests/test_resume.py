@@ -163,3 +163,15 @@ def test_legacy_pickled_checkpoint_needs_trust_and_then_warm_starts(tmp_path):
     output = trusted.stdout + trusted.stderr
     assert trusted.returncode == 0, output[-3000:]
     assert "Started from the legacy checkpoint" in output
+
+
+def test_config_differences_name_the_keys_that_matter():
+    from paddletrain.resume import config_differences
+
+    saved = {"trainer": {"max_epochs": 5, "resume": None, "cpu_threads": None}, "optim": {"lr": 0.1},
+             "data": {"root": "/old", "num_workers": 4}, "callbacks": {"ema": {"decay": 0.9}, "visualdl": {"a": 1}}}
+    current = {"trainer": {"max_epochs": 10, "resume": "auto", "cpu_threads": 2}, "optim": {"lr": 0.1},
+               "data": {"root": "/new", "num_workers": 0}, "callbacks": {"visualdl": {"a": 2}}}
+    assert config_differences(saved, current) == [("callbacks.ema.decay", 0.9, None),
+                                                  ("trainer.max_epochs", 5, 10)]
+    assert config_differences("not a config", current) == []

@@ -10,7 +10,9 @@ Order of hooks during ``Trainer.fit``::
             on_train_batch_start
             on_before_optimizer_step      (only on batches that step the optimizer)
             on_train_batch_end
-        on_validation_start / on_validation_end   (when validation runs this epoch)
+        on_validation_start                (when validation runs this epoch)
+          on_validation_batch_end          (for each validation batch)
+        on_validation_end
         on_train_epoch_end
     on_fit_end
     on_exception                          (instead of the rest, if an exception escapes)
@@ -74,6 +76,8 @@ class Callback:
     def on_train_batch_end(self, trainer: "Trainer", output: StepOutput, batch: Any, batch_idx: int) -> None: ...
 
     def on_validation_start(self, trainer: "Trainer") -> None: ...
+
+    def on_validation_batch_end(self, trainer: "Trainer", batch: Any, batch_idx: int) -> None: ...
 
     def on_validation_end(self, trainer: "Trainer", metrics: Dict[str, float]) -> None: ...
 
