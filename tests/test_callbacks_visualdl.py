@@ -1,11 +1,15 @@
 """VisualDLLogger: the records it writes, read back with VisualDL's own LogReader."""
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import logging
 import os
+import subprocess
+import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import paddle
@@ -350,3 +354,58 @@ def test_a_real_short_run_logs_every_step_and_each_epochs_last(tmp_path):
     [hparams] = reader.get_data("hyper_parameters", "hparam")
     assert [info.name for info in hparams.hparam.hparamInfos] == ["lr", "accumulate_grad_batches"]
     assert display_name(reader) == f"{tmp_path.name} {tmp_path.parent.name}"
+
+
+# ---------------------------------------------------------------------------------- `python -m paddletrain.fit`
+RUN_NAME, RUN_TIME = "tiny-shapes", "2026-01-02_03-04-05"
+
+
+@pytest.fixture(scope="module")
+def fit_run(tmp_path_factory):
+    """A real 2-epoch run of the default job, shrunk, with an override of its own: 4 steps an epoch."""
+    from tests.conftest import TINY, run_module
+
+    root = tmp_path_factory.mktemp("vdl_fit")
+    run_dir = root / "outputs" / RUN_NAME / RUN_TIME
+    result = run_module("paddletrain.fit", [*TINY, "trainer.max_epochs=2", "optim.lr=0.01",
+                                            "data.root=/nowhere/used", f"hydra.run.dir={run_dir}"], cwd=root)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "is exists" not in result.stdout + result.stderr
+    return run_dir
+
+
+def test_fit_logs_every_step_the_overridden_hparams_and_names_the_run(fit_run):
+    reader = read_log(fit_run / "visualdl")
+    assert steps(reader, "train/loss") == steps(reader, "lr/lr") == steps(reader, "system/throughput") == \
+        list(range(1, 9))
+    assert steps(reader, "val/top1") == steps(reader, "train/top1") == [4, 8]  # each epoch's last step
+    assert {tag.split("/")[0] for tag in reader.get_tags()["scalar"]} == {"train", "val", "lr", "system"}
+    assert not [tag for tag in reader.get_tags()["scalar"] if "amp" in tag or "loss_scale" in tag]
+    [hparams] = reader.get_data("hyper_parameters", "hparam")
+    # The command line's keys first (TINY's, then optim.lr; data.root and the plumbing ones are not
+    # hyper-parameters), then the fixed set, as many as fit VisualDL's view.
+    assert [info.name for info in hparams.hparam.hparamInfos] == [
+        "num_train", "num_val", "image_size", "batch_size", "max_epochs", "lr", "model", "data"]
+    assert {info.name: info.float_value for info in hparams.hparam.hparamInfos}["lr"] == pytest.approx(0.01)
+    assert display_name(reader) == f"{RUN_TIME} {RUN_NAME}"
+
+
+def test_screenshot_script_saves_visualdls_pages_of_a_run(fit_run, tmp_path):
+    pytest.importorskip("playwright", reason="the screenshot script drives Chromium with Playwright")
+    script = Path(__file__).resolve().parents[1] / "examples" / "visualdl_screenshots.py"
+    spec = importlib.util.spec_from_file_location("visualdl_screenshots", script)
+    screenshots = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(screenshots)
+    if screenshots.find_chromium() is None:
+        pytest.skip("no Chromium installed (Debian: apt-get install chromium)")
+
+    out = tmp_path / "images"
+    result = subprocess.run([sys.executable, str(script), str(fit_run.parent.parent), "--out", str(out)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    for page in screenshots.PAGES:
+        image = np.asarray(Image.open(out / f"visualdl-{page}.png").convert("RGB"))
+        assert image.shape[1] == 1280 and image.shape[0] >= 900
+        # Not blank: the page drew many colours (charts, text, images), not one background.
+        assert len(np.unique(image.reshape(-1, 3), axis=0)) > 200, page
+    assert Image.open(out / "visualdl-scalars.png").height > 1500  # every group opened, not only VisualDL's first
