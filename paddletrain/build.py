@@ -173,19 +173,51 @@ def run_facts(cfg: DictConfig, num_classes: int, world_size: int) -> dict[str, A
             "world_size": world_size}
 
 
-def flat_hparams(cfg: DictConfig) -> dict[str, Any]:
-    """Scalar hyper-parameters as a flat dict (``optim.lr`` -> 0.1) for loggers."""
-    flat: dict[str, Any] = {}
+# Keys every run is compared by (VisualDL's hyper-parameter views), after those set on the command line.
+KEY_HPARAMS = ("model.name", "data.name", "optim.name", "optim.lr", "data.batch_size", "trainer.max_epochs")
+# Command-line keys that say where or how a run executes, not what it learns: not hyper-parameters.
+_RUN_PLUMBING = ("hydra", "name", "tags", "imports", "trainer.resume", "trainer.device", "trainer.cpu_threads",
+                 "trainer.node_rank", "trainer.master", "trainer.trust_pickle", "model.trust_pickle", "data.root",
+                 "data.download", "data.num_workers", "data.use_shared_memory", "data.persistent_workers",
+                 "callbacks.progress_bar", "callbacks.visualdl", "callbacks.checkpoint")
+_ABSENT = object()
 
-    def walk(node: Any, prefix: str) -> None:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                walk(value, f"{prefix}{key}.")
-        elif isinstance(node, (int, float, str, bool)):
-            flat[prefix[:-1]] = node
 
-    walk(OmegaConf.to_container(cfg, resolve=True), "")
-    return flat
+def command_line_overrides() -> list[str]:
+    """The running Hydra job's command-line overrides (``.hydra/overrides.yaml``); none outside a Hydra app."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def run_hparams(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict[str, Any]:
+    """The hyper-parameters loggers compare runs by, most important first: the keys ``overrides`` set
+    (default: :func:`command_line_overrides`), then :data:`KEY_HPARAMS`; dotted key -> resolved value.
+
+    A config group chosen on the command line (``optim=sgd``) counts as its ``name`` (``optim.name``), or as the
+    choice when the group has no name (``+experiment=x``); deletions and run plumbing (paths, devices, logging,
+    resume; :data:`_RUN_PLUMBING`) are left out.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    overrides = command_line_overrides() if overrides is None else list(overrides)
+    picked: dict[str, Any] = {}
+    for override in OverridesParser.create().parse_overrides(overrides):
+        key = override.key_or_group
+        if override.is_delete() or override.package or any(key == p or key.startswith(p + ".")
+                                                           for p in _RUN_PLUMBING):
+            continue
+        value = OmegaConf.select(cfg, key, default=_ABSENT)
+        if isinstance(value, DictConfig):
+            if "name" not in value:
+                continue
+            key, value = f"{key}.name", value.name
+        elif value is _ABSENT:
+            value = override.get_value_element_as_str()
+        picked[key] = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    for key in KEY_HPARAMS:
+        picked.setdefault(key, OmegaConf.select(cfg, key))
+    return picked
 
 
 @dataclass
@@ -230,7 +262,7 @@ def build_run(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = ()
         grad_clip_norm=t.grad_clip_norm, limit_train_batches=t.limit_train_batches,
         limit_val_batches=t.limit_val_batches, val_every_n_epochs=t.val_every_n_epochs,
         max_consecutive_nonfinite=t.max_consecutive_nonfinite, num_classes=len(data.classes),
-        run_dir=str(run_dir), hparams=flat_hparams(cfg), sync_bn=cfg.model.sync_bn,
+        run_dir=str(run_dir), hparams=run_hparams(cfg), sync_bn=cfg.model.sync_bn,
         find_unused_parameters=t.find_unused_parameters,
         checkpoint_extras={"config": resolved, "run": facts},
     )

@@ -1,16 +1,33 @@
 """Training curves, hyper-parameters and sample images in a VisualDL log.
 
-VisualDL shows one log file per directory (the newest ``vdlrecords.*`` file; it does not merge files),
-so a resumed run appends to the file it wrote before instead of starting a new one, after cutting off
-what was written past the checkpoint: the curves then continue without a fold-back.
+What VisualDL 2.5 does with a log, and what this logger does about it:
+
+- Scalar charts are grouped by the part of the tag before the first ``/``; the groups are listed alphabetically
+  (``lr``, ``system``, ``train``, ``val``) and only the first is open. Inside a group, charts keep the order their
+  tags first appear in the file, so every write here is in one fixed order (:func:`tag_sort_key`): the charts
+  line up the same way in every run.
+- The hyper-parameter table reads a dotted name as a path (the column stays blank) and the parallel-coordinates
+  view hangs for good when an axis name is wider than its column (its shortening loop cuts one character and
+  appends three). Names are therefore short, with ``/`` (:func:`hparam_names`), and only as many are logged as
+  fit (:func:`select_hparams`).
+- The runs list shows a run's directory unless its log names the run: each run gets a display name that starts
+  with what tells it apart, e.g. ``2026-11-23_13-37-00 resnet20-shapes`` (:func:`run_display_name`).
+- One log file per directory is shown (the newest ``vdlrecords.*``; files are not merged), so a resumed run
+  appends to the file it wrote before instead of starting a new one, after cutting off what was written past the
+  checkpoint: the curves then continue without a fold-back.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import math
 import os
+import re
 import stat
-from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from visualdl import LogWriter
@@ -19,6 +36,7 @@ from paddletrain.callbacks.base import Callback, StepOutput
 from paddletrain.config import check_option
 from paddletrain.metrics import Throughput
 from paddletrain.registries import CALLBACKS
+from paddletrain.trainer import optimizer_steps_per_epoch
 
 if TYPE_CHECKING:  # pragma: no cover
     from paddletrain.trainer import Trainer
@@ -26,12 +44,138 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("paddletrain")
 
 SAMPLES_TAG = "train/samples"
-# Written from this logger's own per-interval measurements; the trainer's values of these are ignored.
+# Trainer metrics this logger writes from its own per-interval measurements (the trainer's epoch values of these
+# would repeat them), and the tags they are written under.
 _OWN_TRAIN_TAGS = ("train/loss", "train/lr", "train/throughput", "train/data_time_share")
+_RENAMED_TAGS = {"train/lr": "lr/lr", "train/throughput": "system/throughput",
+                 "train/data_time_share": "system/data_time_share"}
+# The order tags are written in (VisualDL keeps it inside a group): groups, then names within a group.
+_GROUP_ORDER = ("train", "val", "lr", "system")
+_NAME_ORDER = ("loss", "top1", "top5", "lr", "throughput", "data_time_share", "loss_scale", "nonfinite_steps")
+
+# A run of up to this many optimizer steps logs every step; a longer one about this many points per curve.
+AUTO_LOG_POINTS = 1000
+
+# Hyper-parameters VisualDL's comparison views stay usable with (the issue saw the parallel-coordinates view
+# freeze from about 7 on); fewer are logged when their names are long (:func:`select_hparams`).
+MAX_HPARAMS = 8
+# VisualDL 2.5's parallel-coordinates view, measured in Chromium: the plot is about 832 px wide in a 1280 px
+# window; each axis gets (width - 20) / axes px (at least 60) and its name must be narrower than that less 10 px.
+# Names average 5-6 px a character in its 12 px font; 6.5 leaves room for wider fonts.
+_PLOT_WIDTH_PX = 832
+_AXIS_MIN_PX, _AXIS_MARGIN_PX, _NAME_MARGIN_PX, _PX_PER_CHAR = 60, 20, 10, 6.5
 
 
-def denormalize_images(images: Any, mean: Optional[Sequence[float]] = None,
-                       std: Optional[Sequence[float]] = None, max_images: int = 16) -> np.ndarray:
+def scalar_tag(metric: str) -> str:
+    """The VisualDL tag of a trainer metric: ``train/lr`` -> ``lr/lr``, ``train/lr_group1`` -> ``lr/group1``,
+    ``train/throughput`` -> ``system/throughput``; every other name is its own tag."""
+    if metric in _RENAMED_TAGS:
+        return _RENAMED_TAGS[metric]
+    group = re.fullmatch(r"train/lr_group(\d+)", metric)
+    return f"lr/group{group[1]}" if group else metric
+
+
+def tag_sort_key(tag: str) -> tuple:
+    """Sort key of the fixed tag order: groups ``train``, ``val``, ``lr``, ``system`` (others after them, by name);
+    inside a group loss, top1, top5, ... first, then by name with numbers in numeric order (group2 < group10)."""
+    group, _, name = tag.partition("/")
+
+    def rank(value: str, order: Sequence[str]) -> int:
+        return order.index(value) if value in order else len(order)
+
+    natural = tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name))
+    return rank(group, _GROUP_ORDER), group, rank(name, _NAME_ORDER), natural
+
+
+def auto_log_interval(num_batches: int | None, max_epochs: int, accumulate_grad_batches: int,
+                      max_steps: int | None) -> int:
+    """Optimizer steps between scalar writes for a run of this length: every step up to
+    :data:`AUTO_LOG_POINTS` planned steps, else about that many points in all; every step when the length is
+    unknown (a loader without ``len`` and no ``max_steps``)."""
+    total = None
+    if num_batches is not None:
+        total = optimizer_steps_per_epoch(num_batches, accumulate_grad_batches) * max_epochs
+    if max_steps is not None:
+        total = max_steps if total is None else min(total, max_steps)
+    if total is None:
+        return 1
+    return max(1, -(-total // AUTO_LOG_POINTS))
+
+
+def hparam_names(keys: Sequence[str]) -> dict[str, str]:
+    """Short, distinct VisualDL names for hyper-parameter keys: the last part of a dotted (or ``/``) key, with
+    more parts, joined by ``/``, only where two keys would share a name; a trailing ``name`` names its group.
+
+    ``optim.lr`` -> ``lr``, ``model.name`` -> ``model``, ``trainer.seed`` and ``data.shapes.seed`` ->
+    ``trainer/seed`` and ``shapes/seed``.
+    """
+    parts = {}
+    for key in keys:
+        split = [p for p in re.split(r"[./]", key) if p]
+        parts[key] = split[:-1] if len(split) > 1 and split[-1] == "name" else split
+
+    def suffix(key: str, n: int) -> str:
+        return "/".join(parts[key][-n:])
+
+    names = {}
+    for key in keys:
+        n = 1
+        while n < len(parts[key]) and any(suffix(other, n) == suffix(key, n) for other in keys if other != key):
+            n += 1
+        names[key] = suffix(key, n)
+    if len(set(names.values())) < len(names):  # e.g. "model.name" beside a key "model": keep whole paths
+        names = {key: "/".join(re.split(r"[./]", key)) for key in keys}
+    return names
+
+
+def _axes_fit(names: Sequence[str]) -> bool:
+    """Whether VisualDL's parallel-coordinates view can draw axes with these names in a 1280 px window."""
+    axis = max((_PLOT_WIDTH_PX - _AXIS_MARGIN_PX) / len(names), _AXIS_MIN_PX)
+    return max(len(name) for name in names) * _PX_PER_CHAR <= axis - _NAME_MARGIN_PX
+
+
+def _hparam_value(value: Any) -> int | float | str:
+    # VisualDL accepts only int, float and str (and rejects bool as an int).
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return str(value)
+    return value
+
+
+def select_hparams(hparams: Mapping[str, Any], metrics: Sequence[str],
+                   limit: int = MAX_HPARAMS) -> tuple[dict[str, int | float | str], list[str]]:
+    """The hyper-parameters to log, by VisualDL name, and the keys left out.
+
+    ``hparams`` come most important first (e.g. ``paddletrain.build.run_hparams``); ``None`` values are skipped.
+    Each key is taken, in order, while at most ``limit`` are taken and every name, the ``metrics``' included,
+    still fits its axis in the parallel-coordinates view.
+    """
+    keys = [key for key, value in hparams.items() if value is not None]
+    names = hparam_names(keys)
+    chosen: dict[str, int | float | str] = {}
+    left_out: list[str] = []
+    for key in keys:
+        if len(chosen) < limit and _axes_fit([*chosen, names[key], *metrics]):
+            chosen[names[key]] = _hparam_value(hparams[key])
+        else:
+            left_out.append(key)
+    return chosen, left_out
+
+
+def run_display_name(logdir: str) -> str:
+    """The name VisualDL lists a run under: its directory's name first, which tells runs apart where the list
+    cuts long names, then its parent's: ``outputs/resnet20-shapes/2026-11-23_13-37-00`` ->
+    ``2026-11-23_13-37-00 resnet20-shapes``; a sweep job ``multirun/<name>/<time>/3`` -> ``#3 <time> <name>``.
+    A log directory named ``visualdl`` stands for the run directory that holds it."""
+    path = Path(os.path.abspath(logdir))
+    if path.name == "visualdl":
+        path = path.parent
+    if path.name.isdigit():
+        return " ".join([f"#{path.name}", path.parent.name, path.parent.parent.name]).strip()
+    return f"{path.name} {path.parent.name}".strip()
+
+
+def denormalize_images(images: Any, mean: Sequence[float] | None = None,
+                       std: Sequence[float] | None = None, max_images: int = 16) -> np.ndarray:
     """Turns a normalised NCHW batch back into displayable NCHW ``uint8`` images.
 
     ``mean``/``std`` are per channel, in the [0, 1] pixel scale the normalisation used; without them
@@ -65,13 +209,6 @@ def _batch_images(batch: Any) -> Any:
     return images.numpy() if hasattr(images, "numpy") else images
 
 
-def _hparam_value(value: Any) -> Any:
-    # VisualDL accepts only int, float and str (and rejects bool as an int).
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        return str(value)
-    return value
-
-
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -80,23 +217,25 @@ class _Interval:
     """Sums over the batches since the last scalar write."""
 
     def __init__(self) -> None:
+        self.batches = 0
         self.loss_sum = 0.0
         self.loss_count = 0
         self.throughput = Throughput()
 
     def update(self, output: StepOutput) -> None:
+        self.batches += 1
         self.throughput.add(output.batch_size, output.data_time, output.compute_time)
         if output.finite and math.isfinite(output.loss):
             self.loss_sum += output.loss
             self.loss_count += 1
 
-    def scalars(self) -> Dict[str, float]:
-        values: Dict[str, float] = {}
+    def scalars(self) -> dict[str, float]:
+        values: dict[str, float] = {}
         if self.loss_count:
             values["train/loss"] = self.loss_sum / self.loss_count
         if self.throughput.seconds > 0:
-            values["train/throughput"] = self.throughput.images_per_second
-            values["train/data_time_share"] = self.throughput.data_share
+            values["system/throughput"] = self.throughput.images_per_second
+            values["system/data_time_share"] = self.throughput.data_share
         return values
 
 
@@ -104,34 +243,43 @@ class _Interval:
 class VisualDLLogger(Callback):
     """Writes scalars, hyper-parameters and a grid of sample training images with ``visualdl.LogWriter``.
 
-    Scalars, at ``trainer.global_step`` every ``log_every_n_steps`` optimizer steps: ``train/loss``
-    (mean over the interval), ``train/lr``, ``train/throughput`` (img/s), ``train/data_time_share``,
-    every other ``train/*`` number in ``trainer.metrics`` (e.g. ``train/lr_group{i}``),
-    ``amp/loss_scale`` (when a loss scaler is active) and ``amp/nonfinite_steps``; after each
-    validation every ``val/*`` metric. ``train/*`` metrics that first appear at an epoch end (epoch
-    aggregates such as ``train/top1``) are written once per epoch instead of repeating stale values.
-    Hyper-parameters (``trainer.hparams``) and the image grid are written at the first training batch,
-    once the log file is known (a resumed run appends).
+    Scalars, at ``trainer.global_step``, every ``log_every_n_steps`` optimizer steps and at the last step of every
+    epoch (VisualDL groups charts by the tag's first part):
+
+    - ``train/loss`` (mean over the interval), then once per epoch the trainer's epoch aggregates such as
+      ``train/top1``; any other ``train/*`` number a callback publishes in ``trainer.metrics`` at each step;
+    - ``val/*``: every validation metric, after each validation;
+    - ``lr/lr`` (the rate the last batch trained with) and ``lr/group{i}`` (from ``train/lr_group{i}``, see
+      :class:`~paddletrain.callbacks.LearningRateMonitor`);
+    - ``system/throughput`` (training img/s over the interval), ``system/data_time_share``, and with AMP
+      ``system/loss_scale`` (when a loss scaler is active) and ``system/nonfinite_steps`` (also in float32 once
+      a step was skipped).
+
+    Hyper-parameters (``trainer.hparams``, most important first; see :func:`select_hparams`) and the image grid
+    are written at the first training batch, once the log file is known (a resumed run appends).
 
     Args:
         logdir: Log directory; ``None`` uses ``<trainer.run_dir>/visualdl``.
-        log_every_n_steps: Interval of the training scalars, in optimizer steps.
+        log_every_n_steps: Interval of the training scalars, in optimizer steps; ``None`` chooses from the run's
+            length (:func:`auto_log_interval`: every step up to 1000 steps).
         log_images: Write up to ``max_images`` images of the first batch as one grid.
         mean, std: Per-channel normalisation of the images (in [0, 1] pixel scale), undone for display.
         hparam_metrics: Metric tags VisualDL's hyper-parameter view compares runs by.
+        display_name: The run's name in VisualDL's runs list; ``None``: :func:`run_display_name` of the logdir.
     """
 
     main_process_only = True
 
     def __init__(
         self,
-        logdir: Optional[str] = None,
-        log_every_n_steps: int = 20,
+        logdir: str | None = None,
+        log_every_n_steps: int | None = None,
         log_images: bool = True,
-        mean: Optional[Sequence[float]] = None,
-        std: Optional[Sequence[float]] = None,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
         max_images: int = 16,
         hparam_metrics: Sequence[str] = ("val/top1", "val/loss"),
+        display_name: str | None = None,
     ) -> None:
         check_option("log_every_n_steps", log_every_n_steps, ge=1)
         check_option("max_images", max_images, ge=1)
@@ -142,24 +290,30 @@ class VisualDLLogger(Callback):
         self.std = list(std) if std is not None else None
         self.max_images = max_images
         self.hparam_metrics = list(hparam_metrics)
-        self.last_step: Optional[int] = None
-        self._writer: Optional[LogWriter] = None
-        self._file_name: Optional[str] = None
-        self._resume_size: Optional[int] = None
+        self.display_name = display_name
+        self.last_step: int | None = None
+        self.every_n_steps = log_every_n_steps or 1  # the steps between writes, resolved at fit start
+        self._writer: LogWriter | None = None
+        self._file_name: str | None = None
+        self._resume_size: int | None = None
         self._header_pending = True
-        self._interval = _Interval()
-        self._step_keys: set = set()
-        self._epoch_keys: set = set()
+        self._pending = _Interval()
+        self._last_lr: float | None = None
+        self._train_step: int | None = None  # the step the training scalars were last written at
+        self._step_keys: set[str] = set()
+        self._epoch_keys: set[str] = set()
 
     @property
-    def file_path(self) -> Optional[str]:
+    def file_path(self) -> str | None:
         """Path of the log file being written (None before the first write)."""
         return self._writer.file_name if self._writer is not None else None
 
     def on_fit_start(self, trainer: "Trainer") -> None:
         self._resolve_logdir(trainer)
         self._header_pending = True
-        self._interval = _Interval()
+        self._pending = _Interval()
+        self.every_n_steps = self.log_every_n_steps or auto_log_interval(
+            trainer.num_train_batches, trainer.max_epochs, trainer.accumulate_grad_batches, trainer.max_steps)
 
     def on_train_batch_start(self, trainer: "Trainer", batch: Any, batch_idx: int) -> None:
         if not self._header_pending:
@@ -170,33 +324,34 @@ class VisualDLLogger(Callback):
         if resumed:  # hyper-parameters and samples are in the file already
             return
         if trainer.hparams:
-            hparams = {k: _hparam_value(v) for k, v in trainer.hparams.items() if v is not None}
-            self._writer.add_hparams(hparams, self.hparam_metrics)
+            hparams, left_out = select_hparams(trainer.hparams, self.hparam_metrics)
+            if left_out:
+                trainer.logger.info("VisualDL: %d hyper-parameters logged; left out so that its comparison views "
+                                    "stay usable: %s", len(hparams), ", ".join(left_out))
+            if hparams:
+                self._writer.add_hparams(hparams, self.hparam_metrics)
         if self.log_images:
             self._log_samples(trainer, batch)
 
     def on_train_batch_end(self, trainer: "Trainer", output: StepOutput, batch: Any, batch_idx: int) -> None:
-        self._interval.update(output)
-        if not output.stepped or trainer.global_step % self.log_every_n_steps != 0:
+        self._pending.update(output)
+        self._last_lr = output.lr
+        if not output.stepped:
             return
-        scalars = {k: v for k, v in trainer.metrics.items() if k.startswith("train/") and _is_number(v)
-                   and k not in self._epoch_keys and k not in _OWN_TRAIN_TAGS}
-        self._step_keys.update(scalars)
-        scalars.update(self._interval.scalars())
-        scalars["train/lr"] = output.lr
-        loss_scale = trainer.precision.loss_scale
-        if loss_scale is not None:
-            scalars["amp/loss_scale"] = loss_scale
-        scalars["amp/nonfinite_steps"] = trainer.nonfinite_steps
-        self._write_scalars(trainer, scalars)
-        self._interval = _Interval()
+        last_of_epoch = trainer.num_train_batches is not None and batch_idx + 1 >= trainer.num_train_batches
+        if trainer.global_step % self.every_n_steps == 0 or last_of_epoch:
+            self._write_training(trainer)
 
-    def on_train_epoch_end(self, trainer: "Trainer", metrics: Dict[str, float]) -> None:
+    def on_train_epoch_end(self, trainer: "Trainer", metrics: dict[str, float]) -> None:
+        # An epoch cut short (max_steps, a stop) or of unknown length still ends with a point.
+        if self._pending.batches and trainer.global_step != self._train_step:
+            self._write_training(trainer)
         self._epoch_keys.update(k for k in metrics if k.startswith("train/")
                                 and k not in self._step_keys and k not in _OWN_TRAIN_TAGS)
-        self._write_scalars(trainer, {k: metrics[k] for k in self._epoch_keys if _is_number(metrics.get(k))})
+        self._write_scalars(trainer, {scalar_tag(k): metrics[k] for k in self._epoch_keys
+                                      if _is_number(metrics.get(k))})
 
-    def on_validation_end(self, trainer: "Trainer", metrics: Dict[str, float]) -> None:
+    def on_validation_end(self, trainer: "Trainer", metrics: dict[str, float]) -> None:
         values = {**trainer.metrics, **metrics}
         self._write_scalars(trainer, {k: v for k, v in values.items() if k.startswith("val/") and _is_number(v)})
 
@@ -213,7 +368,7 @@ class VisualDLLogger(Callback):
             self._writer = None
             self._header_pending = False
 
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         """The log file and how much of it this checkpoint covers (flushes pending records first)."""
         size = None
         if self._writer is not None:
@@ -225,7 +380,7 @@ class VisualDLLogger(Callback):
         return {"file_name": self._file_name, "file_size": size, "last_step": self.last_step,
                 "epoch_keys": sorted(self._epoch_keys)}
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Take the log file and size to continue from a checkpoint.
 
         The record is untrusted (anyone can hand over a run directory): one of the wrong types (a size or step
@@ -252,11 +407,40 @@ class VisualDLLogger(Callback):
         self._file_name, self._resume_size, self.last_step = file_name, resume_size, last_step
         self._epoch_keys = set(epoch_keys)
 
+    def _write_training(self, trainer: "Trainer") -> None:
+        """The training scalars of the interval that ends at this step."""
+        published = {k: v for k, v in trainer.metrics.items() if k.startswith("train/") and _is_number(v)
+                     and k not in self._epoch_keys and k not in _OWN_TRAIN_TAGS}
+        self._step_keys.update(published)
+        scalars = {scalar_tag(k): v for k, v in published.items()}
+        scalars.update(self._pending.scalars())
+        if self._last_lr is not None:
+            scalars["lr/lr"] = self._last_lr
+        loss_scale = trainer.precision.loss_scale
+        if loss_scale is not None:
+            scalars["system/loss_scale"] = loss_scale
+        if trainer.precision.enabled or trainer.nonfinite_steps:
+            scalars["system/nonfinite_steps"] = trainer.nonfinite_steps
+        self._write_scalars(trainer, scalars)
+        self._train_step = trainer.global_step
+        self._pending = _Interval()
+
     def _resolve_logdir(self, trainer: "Trainer") -> None:
         if self.logdir is None:
             if trainer.run_dir is None:
                 raise ValueError("VisualDLLogger needs a logdir: pass logdir=... or give the Trainer a run_dir")
             self.logdir = os.path.join(trainer.run_dir, "visualdl")
+
+    def _new_writer(self, file_name: str = "") -> LogWriter:
+        """A LogWriter for ``file_name`` (a new file when empty) that names the run."""
+        display_name = self.display_name if self.display_name is not None else run_display_name(self.logdir)
+        # VisualDL prints "`<file>` is exists, VisualDL will add logs to it." when it appends to a file: that is
+        # what a resume means to do, so the line goes to the debug log instead of the terminal.
+        with contextlib.redirect_stdout(io.StringIO()) as printed:
+            writer = LogWriter(logdir=self.logdir, file_name=file_name, display_name=display_name)
+        for line in printed.getvalue().splitlines():
+            log.debug("VisualDL: %s", line)
+        return writer
 
     def _open(self, trainer: "Trainer") -> bool:
         """Opens the writer; True when it appends to the file of a resumed run."""
@@ -279,13 +463,13 @@ class VisualDLLogger(Callback):
                     os.ftruncate(fd, resume_size)
                 finally:
                     os.close(fd)
-            self._writer = LogWriter(logdir=self.logdir, file_name=self._file_name)
+            self._writer = self._new_writer(self._file_name)
             return True
-        self._writer = LogWriter(logdir=self.logdir)
+        self._writer = self._new_writer()
         self._file_name = os.path.basename(self._writer.file_name)
         return False
 
-    def _resumable_file(self) -> Optional[str]:
+    def _resumable_file(self) -> str | None:
         """The log file a resumed run appends to, if it is safe to: a regular file with a single link, inside
         the log directory once every symlink is resolved; otherwise None (with a warning) for a new file."""
         from paddletrain.checkpoint.untrusted import StateValueError, confined_path
@@ -318,13 +502,13 @@ class VisualDLLogger(Callback):
         # VisualDL tiles an NCHW batch into one HWC grid (8 per row).
         self._writer.add_image(SAMPLES_TAG, images, step=trainer.global_step, dataformats="NCHW")
 
-    def _write_scalars(self, trainer: "Trainer", scalars: Dict[str, float]) -> None:
+    def _write_scalars(self, trainer: "Trainer", scalars: dict[str, float]) -> None:
         if not scalars:
             return
         if self._writer is None:
             self._header_pending = False
             self._open(trainer)
         step = trainer.global_step
-        for tag, value in scalars.items():
-            self._writer.add_scalar(tag, float(value), step)
+        for tag in sorted(scalars, key=tag_sort_key):  # VisualDL orders a group's charts by first appearance
+            self._writer.add_scalar(tag, float(scalars[tag]), step)
         self.last_step = step if self.last_step is None else max(self.last_step, step)
