@@ -27,6 +27,8 @@ from paddletrain.callbacks.base import Callback
 from paddletrain.callbacks.instantiate import instantiate_callbacks
 from paddletrain.config import DataConfig, FitConfig
 from paddletrain.data import build_datasets, build_loader, build_transform
+from paddletrain.data.mixup import Mixup
+from paddletrain.distill import Distiller
 from paddletrain.errors import TrainingInterrupted, UserError
 from paddletrain.losses import build_loss
 from paddletrain.models import create_model
@@ -152,6 +154,29 @@ def build_optimization(cfg: DictConfig, model: paddle.nn.Layer, train_loader: An
     return build_optimizer(model, cfg.optim, scheduler), scheduler
 
 
+def build_mixup(cfg: DictConfig, num_classes: int, seed: int, rank: int = 0) -> Mixup | None:
+    """Mixup/CutMix from ``data.mixup`` (None when off); its targets are smoothed by ``loss.label_smoothing``."""
+    return Mixup.from_config(cfg.data.mixup, num_classes, label_smoothing=cfg.loss.label_smoothing, seed=seed,
+                             rank=rank)
+
+
+def build_distiller(cfg: DictConfig, num_classes: int, in_chans: int, precision: Precision) -> Distiller | None:
+    """The frozen teacher of ``trainer.distill`` and its loss (None when ``teacher`` is null).
+
+    The teacher is built like the student (registry name + weight source) with the student's classes; its
+    hard-label term is the configured ``loss``.
+    """
+    d = cfg.trainer.get("distill")
+    if d is None or not d.teacher:
+        return None
+    options = OmegaConf.to_container(d.teacher_options, resolve=True) if d.teacher_options else {}
+    teacher = create_model(d.teacher, num_classes=num_classes, in_chans=in_chans, pretrained=d.pretrained,
+                           strict=True, trust_pickle=d.trust_pickle, **options)
+    log.info("Distilling from the teacher %s (%s), kind=%s", d.teacher, d.pretrained, d.kind)
+    return Distiller(teacher, kind=d.kind, alpha=d.alpha, temperature=d.temperature, hard_loss=build_loss(cfg.loss),
+                     precision=precision)
+
+
 def build_precision(cfg: DictConfig, device: str) -> Precision:
     """fp32 or AMP from ``trainer.amp``, for ``device``."""
     return Precision.from_config(cfg.trainer.amp, device=device)
@@ -254,9 +279,13 @@ def build_run(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = ()
         warm_start_from_legacy(Path(t.resume), model, optimizer, t.trust_pickle)
     else:
         resume_from = load_resume_checkpoint(t.resume, run_dir, facts, config=resolved)
+    precision = build_precision(cfg, runtime.device)
+    num_classes = cfg.model.num_classes or len(data.classes)
     trainer = (trainer_cls or Trainer)(
         model, optimizer, scheduler=scheduler, rank=rank, world_size=world_size,
-        loss_fn=build_loss(cfg.loss), precision=build_precision(cfg, runtime.device),
+        loss_fn=build_loss(cfg.loss), precision=precision,
+        batch_transform=build_mixup(cfg, num_classes, seed=t.seed, rank=rank),
+        distiller=build_distiller(cfg, num_classes, data.in_chans, precision),
         callbacks=[*configured, *callbacks],
         max_epochs=t.max_epochs, max_steps=t.max_steps, accumulate_grad_batches=t.accumulate_grad_batches,
         grad_clip_norm=t.grad_clip_norm, limit_train_batches=t.limit_train_batches,
