@@ -19,6 +19,7 @@ from paddletrain import distributed
 from paddletrain.callbacks.base import Callback, StepOutput
 from paddletrain.checkpoint.untrusted import StateValueError
 from paddletrain.errors import NonFiniteLossError, TrainingInterrupted, UserError
+from paddletrain.losses import cross_entropy
 from paddletrain.metrics import ClassificationMeter, Throughput
 from paddletrain.precision import Precision
 from paddletrain.processes import stop_request
@@ -35,7 +36,8 @@ class Trainer:
         model: the network (a ``paddle.nn.Layer``; may be wrapped in ``paddle.DataParallel``).
         optimizer: a ``paddle.optimizer.Optimizer`` over the model's parameters.
         scheduler: an LR scheduler stepped once per optimizer step (``None`` for a constant LR).
-        loss_fn: ``loss_fn(logits, labels) -> scalar``; default cross-entropy.
+        loss_fn: ``loss_fn(logits, targets) -> scalar``; default :func:`paddletrain.losses.cross_entropy`
+            (class indices or soft targets).
         precision: fp32/AMP behaviour (``paddletrain.precision.Precision``); default fp32.
         callbacks: hooks run in the order given (checkpointing callbacks run last).
         max_epochs / max_steps: stop at whichever comes first (``max_steps`` counts optimizer steps).
@@ -99,7 +101,7 @@ class Trainer:
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
-        self.loss_fn = loss_fn or paddle.nn.CrossEntropyLoss()
+        self.loss_fn = loss_fn or cross_entropy
         self.precision = precision or Precision()
         # Checkpointing runs after every other callback so it saves their updated state (as Lightning does).
         self.callbacks: List[Callback] = sorted(callbacks, key=lambda c: getattr(c, "run_last", False))

@@ -166,23 +166,12 @@ def test_teacher_runs_under_the_given_autocast():
     assert seen == [True] and entered == [True]
 
 
-class DistillTrainer(Trainer):
-    """The integration the Trainer will get: its training step delegates to the distiller."""
-
-    def __init__(self, *args, distiller: Distiller, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.distiller = distiller
-
-    def training_step(self, batch, batch_idx):
-        return self.distiller.training_step(self, batch, batch_idx)
-
-
 def make_trainer(teacher, max_steps, max_epochs=1):
     student = student_net()
     optimizer = paddle.optimizer.Momentum(learning_rate=0.1, momentum=0.9, parameters=student.parameters())
     distiller = Distiller(teacher, kind="kd", alpha=0.7, temperature=2.0)
-    return DistillTrainer(student, optimizer, max_epochs=max_epochs, max_steps=max_steps, distiller=distiller,
-                          handle_signals=False)
+    return Trainer(student, optimizer, max_epochs=max_epochs, max_steps=max_steps, distiller=distiller,
+                   handle_signals=False)
 
 
 class Points:
