@@ -1,6 +1,6 @@
 """``python -m paddletrain.bench <benchmark> [key=value ...] [out=results.json]``.
 
-Benchmarks: train, threads, overhead, data, decode, inference, precision (keys: the fields of each ``*BenchConfig``).
+Benchmarks: train, threads, overhead, data, decode, inference, precision, recipes, augment (keys: the fields of each ``*BenchConfig``).
 Prints the markdown tables; ``out=`` also writes the JSON and a ``.md`` beside it.
 
 Examples::
@@ -10,6 +10,8 @@ Examples::
     python -m paddletrain.bench decode images=256 image_size=224
     python -m paddletrain.bench inference model=resnet18 batch_sizes=[1,8,32,64] out=bench/inference.json
     python -m paddletrain.bench precision model=resnet50 images=<folder of photos>
+    python -m paddletrain.bench augment num_workers=2 image_size=32
+    python -m paddletrain.bench recipes datasets=[fashion_mnist] seeds=[0,1,2] out=bench/recipes.json
 """
 from __future__ import annotations
 
@@ -22,11 +24,13 @@ from paddletrain.errors import ExitCode, UserError
 
 
 def _benchmarks() -> Dict[str, Tuple[type, Callable[[Any], Dict[str, Any]]]]:
+    from paddletrain.bench.augment import AugmentBenchConfig, run_augment
     from paddletrain.bench.data import DataBenchConfig, run_data
     from paddletrain.bench.decode import DecodeBenchConfig, run_decode
     from paddletrain.bench.inference import InferenceBenchConfig, run_inference
     from paddletrain.bench.overhead import OverheadBenchConfig, run_overhead
     from paddletrain.bench.precision import PrecisionBenchConfig, run_precision
+    from paddletrain.bench.recipes import RecipesBenchConfig, run_recipes
     from paddletrain.bench.train import ThreadsBenchConfig, TrainBenchConfig, run_threads, run_train
 
     return {
@@ -37,6 +41,8 @@ def _benchmarks() -> Dict[str, Tuple[type, Callable[[Any], Dict[str, Any]]]]:
         "decode": (DecodeBenchConfig, run_decode),
         "inference": (InferenceBenchConfig, run_inference),
         "precision": (PrecisionBenchConfig, run_precision),
+        "recipes": (RecipesBenchConfig, run_recipes),
+        "augment": (AugmentBenchConfig, run_augment),
     }
 
 
