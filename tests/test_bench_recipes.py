@@ -29,6 +29,8 @@ from paddletrain.bench.recipes import (
 )
 from paddletrain.errors import ConfigError
 
+from .conftest import compose_fit
+
 
 def _cfg(tmp_path: Path, **kw) -> RecipesBenchConfig:
     return RecipesBenchConfig(runs_dir=str(tmp_path / "runs"), hymenoptera_root="/data/ants bees",
@@ -74,6 +76,22 @@ def test_runs_of_an_arm_differ_only_in_seed_and_directory(tmp_path, dataset):
     plain = build_runs(cfg, dataset, "plain")[0].overrides
     assert "loss.label_smoothing=0.1" in runs[0].overrides and "loss.label_smoothing=0.1" not in plain
     assert any(o.startswith("data.mixup.cutmix_alpha=") for o in runs[0].overrides)
+
+
+@pytest.mark.parametrize("dataset", ["fashion_mnist", "hymenoptera"])
+def test_every_run_composes_against_the_schema(tmp_path, dataset):
+    """Each command is one Hydra would accept (keys exist, values are allowed), without running it."""
+    cfg = _cfg(tmp_path, seeds=[0])
+    runs = [*build_runs(cfg, dataset, "teacher"), *build_runs(cfg, dataset, "plain"),
+            *build_runs(cfg, dataset, "regularised"), *build_runs(cfg, dataset, "distill", Path("/ckpt"))]
+    for run in runs:
+        composed = compose_fit([o for o in run.overrides if not o.startswith("hydra.")])
+        assert composed.trainer.seed == 0
+    distill = compose_fit([o for o in runs[-1].overrides if not o.startswith("hydra.")]).trainer.distill
+    assert distill.pretrained == "/ckpt" and distill.kind == "kd" and distill.alpha == 0.5
+    regularised = compose_fit([o for o in runs[2].overrides if not o.startswith("hydra.")])
+    assert [a["name"] for a in regularised.data.augment] == ["rand_augment", "random_erasing"]
+    assert regularised.callbacks.ema.decay == 0.9 and regularised.loss.label_smoothing == 0.1
 
 
 def test_distill_arm_needs_and_names_the_teacher_checkpoint(tmp_path):
@@ -171,12 +189,12 @@ def test_augment_runs_the_default_job_with_each_arm(tmp_path):
 def test_augment_end_to_end_through_the_fit_command(tmp_path):
     """One tiny real run: the command composes, runs, and its summary is read back."""
     cfg = AugmentBenchConfig(arms=["every"], image_size=16, num_workers=1, batches=2, epochs=1,
-                             runs_dir=str(tmp_path), timeout_minutes=3,
+                             runs_dir=str(tmp_path), timeout_minutes=3, bare_images=8,
                              extra=["data.batch_size=8", "data.shapes.num_train=64", "trainer.cpu_threads=1"])
     result = run_augment(cfg)
     (row,) = result["rows"]
     assert row["runs"] == 1, (tmp_path / "every" / "run0.out").read_text()[-2000:]
-    assert 0 <= row["data_wait_share"] < 1 and row["train_images_per_s"] > 0
+    assert 0 <= row["data_wait_share"] < 1 and row["train_images_per_s"] > 0 and row["bare_images_per_s"] > 0
     (goal,) = result["goals"]
     assert goal["met"] == (row["data_wait_share"] < 0.10)
     summary = read_summary(tmp_path / "every" / "run0")

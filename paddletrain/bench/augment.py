@@ -10,7 +10,8 @@ Runs the default job (``python -m paddletrain.fit``: resnet20 on the embedded sh
   RandomErasing, Mixup/CutMix and repeated augmentation (3 repeats).
 
 The share covers the whole fit, worker start-up included (the figure ``summary.json`` and the end table
-report). Goal (issue 14): under 10% for ``every`` at 2 workers on 32 px. Arms are repeated ``repeats`` times,
+report). ``bare_images_per_s`` is the arm's per-sample work (render + augment) in a plain loop on one core,
+what one worker can supply. Goal (issue 14): under 10% for ``every`` at 2 workers on 32 px. Arms are repeated ``repeats`` times,
 interleaved (A B C A B C), and the median is reported, so a neighbour's load hits every arm alike.
 """
 from __future__ import annotations
@@ -48,6 +49,8 @@ class AugmentBenchConfig:
     batches: int = allowed(30, ge=2)
     epochs: int = allowed(2, ge=1)
     repeats: int = allowed(1, ge=1)
+    # Samples timed in a plain loop per arm (bare_images_per_s); 0 skips it.
+    bare_images: int = allowed(512, ge=0)
     runs_dir: str = "bench-runs/augment"
     timeout_minutes: float = allowed(20.0, gt=0)
     # Extra overrides for every run (e.g. [data.batch_size=64]).
@@ -78,7 +81,8 @@ def run_augment(cfg: AugmentBenchConfig) -> dict[str, Any]:
             summary = execute(runs[arm][repeat], cfg.timeout_minutes, rerun=True)
             if summary is not None and "train/data_time_share" in summary:
                 summaries[arm].append(summary)
-    rows = [augment_row(arm, runs[arm], summaries[arm]) for arm in cfg.arms]
+    rates = {arm: bare_rate(runs[arm][0], cfg.bare_images) if cfg.bare_images else None for arm in cfg.arms}
+    rows = [augment_row(arm, runs[arm], summaries[arm], rates[arm]) for arm in cfg.arms]
     goals = [{"goal": f"{GOAL_ARM}: data wait < {GOAL_SHARE:.0%} at {cfg.num_workers} workers, {cfg.image_size} px",
               "measured": row["data_wait_share"], "met": row["data_wait_share"] < GOAL_SHARE}
              for row in rows if row["arm"] == GOAL_ARM and row["data_wait_share"] is not None]
@@ -86,10 +90,38 @@ def run_augment(cfg: AugmentBenchConfig) -> dict[str, Any]:
             "goals": goals, "notes": [NOTE]}
 
 
-def augment_row(arm: str, runs: list[FitRun], summaries: list[dict[str, Any]]) -> dict[str, Any]:
+def augment_row(arm: str, runs: list[FitRun], summaries: list[dict[str, Any]],
+                bare_rate: float | None = None) -> dict[str, Any]:
     """One arm's row: median share and images/s of its finished runs, and the command of its first run."""
     shares = [s["train/data_time_share"] for s in summaries]
     return {"arm": arm, "runs": len(summaries),
             "data_wait_share": statistics.median(shares) if shares else None,
             "train_images_per_s": statistics.median(s["train/throughput"] for s in summaries) if summaries else None,
+            "bare_images_per_s": bare_rate,
             "command": f"`{shell_command(runs[0].overrides)}`", "shares": shares}
+
+
+def bare_rate(run: FitRun, images: int) -> float:
+    """Images/s of the run's training samples (render or decode + every augmentation) in a plain loop on one
+    core: what one loader worker can supply, to set against the Trainer's images/s. Mixup/CutMix is left out:
+    it runs on the batch in the training process."""
+    from hydra import compose, initialize_config_module
+
+    from paddletrain.bench.data import bare_pass
+    from paddletrain.build import build_data
+    from paddletrain.config import register_configs
+
+    register_configs()
+    overrides = [o for o in run.overrides if not o.startswith("hydra.")] + ["data.num_workers=0"]
+    with initialize_config_module("paddletrain.conf", version_base="1.3"):
+        cfg = compose("fit", overrides=overrides)
+    dataset = build_data(cfg, seed=0).train_loader.dataset
+
+    class _First:  # the first ``images`` samples
+        def __len__(self) -> int:
+            return min(images, len(dataset))
+
+        def __getitem__(self, index: int) -> Any:
+            return dataset[index]
+
+    return bare_pass(_First())

@@ -76,7 +76,7 @@ def _recipes(cfg: RecipesBenchConfig) -> dict[str, Recipe]:
             # ShuffleNetV2 has no residual branches to drop: no drop path here.
             "regularised": (*_vision("shufflenet_v2_x0_25", cfg), *REGULARISE, "+callbacks.ema.decay=0.9"),
             "distill": (*_vision("shufflenet_v2_x0_25", cfg), "trainer.distill.teacher=vision",
-                        "trainer.distill.teacher_options={arch:shufflenet_v2_x0_33}",
+                        "+trainer.distill.teacher_options.arch=shufflenet_v2_x0_33",
                         f"trainer.distill.pretrained={TEACHER}", *DISTILL),
         },
         # The wider ImageNet shufflenet_v2_x0_33, fine-tuned twice as long.
