@@ -161,6 +161,20 @@ def test_run_recipes_dry_run_lists_commands_without_running(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_failing_run_is_reported_with_its_output_and_the_rest_goes_on(tmp_path):
+    """A real ``fit`` process that stops at its config check (max_epochs=0 is not allowed)."""
+    cfg = _cfg(tmp_path, datasets=["fashion_mnist"], arms=["plain", "regularised"], seeds=[0],
+               extra=["trainer.max_epochs=0"])
+    _write_summary(tmp_path / "runs" / "fashion_mnist" / "regularised" / "seed0", 0.5)
+    result = run_recipes(cfg)
+    plain, regularised = result["rows"]
+    assert plain["val top-1 % (mean ± std)"] == "not run" and regularised["top1"] == [0.5]
+    output = tmp_path / "runs" / "fashion_mnist" / "plain" / "seed0.out"
+    assert [n for n in result["notes"] if n.startswith("FAILED")] == [
+        f"FAILED: fashion_mnist plain seed 0, no summary.json (its output: {output})"]
+    assert "trainer.max_epochs" in output.read_text()
+
+
 def test_read_summary_refuses_what_is_not_a_summary(tmp_path):
     assert read_summary(tmp_path) is None
     (tmp_path / "summary.json").write_text("[1, 2]")

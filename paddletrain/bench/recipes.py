@@ -183,11 +183,19 @@ def run_recipes(cfg: RecipesBenchConfig) -> dict[str, Any]:
         raise ConfigError("bench recipes: seeds=[] names no seed; e.g. seeds=[0,1,2]")
     env = environment()
     rows: list[dict[str, Any]] = []
+    failed: list[FitRun] = []
+
+    def measure(run: FitRun) -> dict[str, Any] | None:
+        summary = execute(run, cfg.timeout_minutes, cfg.rerun, cfg.dry_run)
+        if summary is None and not cfg.dry_run:
+            failed.append(run)
+        return summary
+
     for dataset in cfg.datasets:
         teacher_dir: Path | None = None
         if "distill" in cfg.arms:
             (teacher,) = build_runs(cfg, dataset, "teacher")
-            summary = execute(teacher, cfg.timeout_minutes, cfg.rerun, cfg.dry_run)
+            summary = measure(teacher)
             rows.append(table_row(dataset, "teacher (for distill)", [teacher], [summary]))
             teacher_dir = _teacher_checkpoint(teacher, summary)
         for arm in cfg.arms:
@@ -195,10 +203,11 @@ def run_recipes(cfg: RecipesBenchConfig) -> dict[str, Any]:
                 rows.append({"dataset": dataset, "arm": arm, "val top-1 % (mean ± std)": "no teacher checkpoint"})
                 continue
             runs = build_runs(cfg, dataset, arm, teacher_dir or Path("<teacher checkpoint>"))
-            summaries = [execute(run, cfg.timeout_minutes, cfg.rerun, cfg.dry_run) for run in runs]
+            summaries = [measure(run) for run in runs]
             rows.append(table_row(dataset, arm, runs, summaries))
     notes = [(f"{METRIC} of each run's last validation (summary.json), in percent; std is the sample standard "
               "deviation over the seeds (n - 1)"), "`$SEED` in a command stands for each seed of its row"]
+    notes += [f"FAILED: {run.label}, no summary.json (its output: {run.output})" for run in failed]
     return {"benchmark": "recipes", "config": vars(cfg), "environment": finished(env), "rows": rows,
             "notes": notes}
 
