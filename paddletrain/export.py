@@ -1,8 +1,9 @@
-"""`python -m paddletrain.export checkpoint=<dir>`: a checkpoint -> a verified Paddle Inference (or ONNX) model.
+"""`python -m paddletrain.export checkpoint=<dir>[:best|:last]`: a checkpoint -> a verified Paddle Inference (or ONNX) model.
 
 Examples::
 
-    python -m paddletrain.export checkpoint=outputs/run/checkpoints/best out_dir=export/
+    python -m paddletrain.export checkpoint=outputs/fit/2026-11-23_10-00-00:best out_dir=export/
+    python -m paddletrain.export checkpoint=outputs/fit/2026-11-23_10-00-00/checkpoints/epoch0004-step0000200
     python -m paddletrain.export checkpoint=... batch=8            # fixed batch size (default: dynamic)
     python -m paddletrain.export checkpoint=... format=onnx        # needs `pip install paddletrain[onnx]`
 
@@ -28,6 +29,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from paddletrain.build import checkpoint_config, checkpoint_model
 from paddletrain.checkpoint import load_checkpoint
+from paddletrain.checkpoint.locate import locate_checkpoint
 from paddletrain.config import allowed, check_field, check_values
 from paddletrain.data import DatasetError, build_datasets, build_transform, preprocessing_info
 from paddletrain.errors import ExitCode, UserError
@@ -327,9 +329,8 @@ class _Rebuilt:
     preprocessing: dict
 
 
-def _rebuild(checkpoint_dir: Path, data_root: Optional[str], imports: Sequence[str] = ()) -> _Rebuilt:
-    if not checkpoint_dir.is_dir():
-        raise UserError(f"checkpoint={str(checkpoint_dir)!r} is not a directory")
+def _rebuild(checkpoint_spec: Union[str, Path], data_root: Optional[str], imports: Sequence[str] = ()) -> _Rebuilt:
+    checkpoint_dir = locate_checkpoint(checkpoint_spec)
     checkpoint = load_checkpoint(checkpoint_dir)
     prepare({"imports": list(imports)}, checkpoint)  # the checkpoint's `imports` and these
     source = f"checkpoint={checkpoint_dir}"
@@ -359,7 +360,8 @@ def export_checkpoint(checkpoint_dir: Union[str, Path], out_dir: Union[str, Path
                       cpu_threads: Optional[int] = None, imports: Sequence[str] = ()) -> ExportResult:
     """Rebuild the model of a training checkpoint, export it, and (``check=True``) verify the export.
 
-    The dataset of the checkpoint's config is opened for the class names, the channel count and the
+    ``checkpoint_dir`` is a checkpoint directory, or a run directory with ``:best``/``:last``
+    (:func:`~paddletrain.checkpoint.locate.locate_checkpoint`). The dataset of the checkpoint's config is opened for the class names, the channel count and the
     validation images of the parity check (``data_root`` points at it if it moved). The modules the checkpoint's
     config names in ``imports`` are imported, plus ``imports``. ``format="onnx"`` also
     writes ``model.onnx`` (verified with onnxruntime when ``check``). The parity result is in
@@ -375,7 +377,7 @@ def export_checkpoint(checkpoint_dir: Union[str, Path], out_dir: Union[str, Path
     if format == "onnx":
         require_paddle2onnx()  # fail before the slow part
     set_cpu_threads(cpu_threads)
-    rebuilt = _rebuild(Path(checkpoint_dir), data_root, imports)
+    rebuilt = _rebuild(checkpoint_dir, data_root, imports)
     labels = list(rebuilt.splits.classes)
     out = export_model(rebuilt.exportable, out_dir, input_size=tuple(rebuilt.preprocessing["input_size"]),
                        batch=fixed_batch, precision=precision, preprocessing=rebuilt.preprocessing, labels=labels)
@@ -418,7 +420,7 @@ def run(cfg: DictConfig, default_out_dir: Optional[str] = None) -> int:
     """The CLI's work for an ``ExportConfig``; returns the exit status (0 ok, 3 parity failed, 2 usage error)."""
     try:
         if OmegaConf.is_missing(cfg, "checkpoint"):
-            raise UserError("missing required value for checkpoint (e.g. checkpoint=outputs/<run>/checkpoints/<dir>)")
+            raise UserError("missing required value for checkpoint (e.g. checkpoint=outputs/<name>/<time>:best)")
         check_values(cfg, ExportConfig)
         out_dir = cfg.out_dir or default_out_dir
         if out_dir is None:

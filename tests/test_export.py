@@ -33,6 +33,14 @@ def checkpoint(tmp_path_factory):
     return find_latest(run_dir / "checkpoints")
 
 
+def test_a_run_directory_with_best_exports_its_best_checkpoint(checkpoint, tmp_path):
+    run_dir = checkpoint.parent.parent
+    result = export_checkpoint(f"{run_dir}:best", tmp_path, num_check_images=2)
+    assert result.passed
+    with pytest.raises(UserError, match=r"checkpoint=.*does not exist"):
+        export_checkpoint(f"{tmp_path / 'nope'}:best", tmp_path / "out")
+
+
 def test_export_checkpoint_passes_parity_on_real_validation_images(checkpoint, data_cfg, tmp_path):
     result = export_checkpoint(checkpoint, tmp_path, num_check_images=8)
     assert result.passed
