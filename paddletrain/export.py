@@ -14,6 +14,7 @@ checkpoint's own dataset; a difference beyond tolerance fails the export (exit s
 """
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import sys
@@ -36,9 +37,11 @@ from paddletrain.errors import ExitCode, UserError
 from paddletrain.inference import (
     DEVICES,
     MODEL_PREFIX,
+    ONNX_FILE,
     PRECISIONS,
     PREPROCESS_FILE,
     PREPROCESS_FORMAT_VERSION,
+    OnnxPredictor,
     Predictor,
     Preprocessing,
     check_precision_runs_on,
@@ -50,7 +53,6 @@ log = logging.getLogger("paddletrain")
 
 FORMATS = ("paddle", "onnx")
 INPUT_NAME = "x"
-ONNX_FILE = f"{MODEL_PREFIX}.onnx"
 ONNX_OPSET = 13
 # 1 is Hydra's own exit status for a command line it rejects; 3 means "ran, but the result is not good",
 # as in paddletrain.predict.
@@ -129,6 +131,8 @@ class ExportResult:
     files: List[Path]
     parity: Optional[ParityReport] = None
     labels: List[str] = field(default_factory=list)
+    # format=onnx: model.onnx in onnxruntime against the same reference logits (included in ``passed``).
+    onnx_parity: Optional[ParityReport] = None
 
     @property
     def passed(self) -> bool:
@@ -256,7 +260,10 @@ def check_parity(predictor: Predictor, model: paddle.nn.Layer, inputs: np.ndarra
 
 
 def export_onnx(model_dir: Union[str, Path], opset: int = ONNX_OPSET) -> Path:
-    """Convert an export directory's Paddle model to ``model.onnx`` with paddle2onnx (the ``onnx`` extra)."""
+    """Convert an export directory's Paddle model to ``model.onnx`` with paddle2onnx (the ``onnx`` extra).
+
+    Nothing is installed on the way (see :func:`no_install_options`).
+    """
     paddle2onnx = require_paddle2onnx()
     from paddletrain.inference import PARAMS_FILE, find_graph_file
 
@@ -265,13 +272,25 @@ def export_onnx(model_dir: Union[str, Path], opset: int = ONNX_OPSET) -> Path:
     try:
         paddle2onnx.export(model_filename=str(find_graph_file(model_dir)),
                            params_filename=str(model_dir / PARAMS_FILE), save_file=str(target),
-                           opset_version=opset, enable_onnx_checker=True)
+                           opset_version=opset, enable_onnx_checker=True, **no_install_options(paddle2onnx.export))
     except Exception as exc:  # paddle2onnx reports unsupported ops with assorted exception types
         raise UserError(f"paddle2onnx {getattr(paddle2onnx, '__version__', '?')} could not convert "
                         f"{model_dir}: {exc}") from exc
     if not target.is_file():
         raise UserError(f"paddle2onnx finished without writing {target}")
     return target
+
+
+def no_install_options(export: Any) -> dict[str, Any]:
+    """paddle2onnx options that keep an export from installing packages.
+
+    From 1.3 on, paddle2onnx folds constants with polygraphy by default (``optimize_tool="polygraphy"``) after
+    setting ``POLYGRAPHY_AUTOINSTALL_DEPS=1``, so polygraphy runs ``pip install onnx_graphsurgeon`` from
+    NVIDIA's index whenever it lacks it. Any other value writes the converted graph as it is (paddle2onnx's own
+    C++ optimizer, ``enable_optimize``, still runs and installs nothing). Older versions have neither the
+    option nor the step.
+    """
+    return {"optimize_tool": "None"} if "optimize_tool" in inspect.signature(export).parameters else {}
 
 
 def require_paddle2onnx() -> Any:
@@ -285,22 +304,16 @@ def require_paddle2onnx() -> Any:
 
 
 def onnx_parity(onnx_file: Path, inputs: np.ndarray, reference: np.ndarray, tolerance: float,
-                fixed_batch: Optional[int] = None) -> ParityReport:
-    """Run ``onnx_file`` in onnxruntime on ``inputs`` and compare with the reference logits."""
+                cpu_threads: Optional[int] = None) -> ParityReport:
+    """Run ``onnx_file`` in onnxruntime (as ``paddletrain.predict`` does) and compare with the reference logits."""
     try:
-        import onnxruntime
-    except ImportError:
+        predictor = OnnxPredictor(onnx_file, device="cpu", cpu_threads=cpu_threads)
+    except UserError as exc:
+        if "not installed" not in str(exc):
+            raise
         raise UserError("the ONNX parity check needs onnxruntime: pip install onnxruntime, or pass check=false "
                         "to skip it (the Paddle model is still verified)") from None
-    session = onnxruntime.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    step = fixed_batch or len(inputs)
-    outputs = []
-    for start in range(0, len(inputs), step):
-        chunk = inputs[start:start + step]
-        padded = np.concatenate([chunk, np.zeros((step - len(chunk), *chunk.shape[1:]), np.float32)])
-        outputs.append(session.run(None, {name: padded})[0][:len(chunk)])
-    return compare_logits(np.concatenate(outputs), reference, tolerance)
+    return compare_logits(predictor.predict(inputs), reference, tolerance)
 
 
 def _check_images(splits: Any, eval_transform: Any, preprocessing: Preprocessing,
@@ -400,10 +413,10 @@ def export_checkpoint(checkpoint_dir: Union[str, Path], out_dir: Union[str, Path
         onnx_file = export_onnx(out)
         result.files.append(onnx_file)
         if check and result.passed:
-            onnx_report = onnx_parity(onnx_file, inputs, reference_logits(rebuilt.model, inputs), TOLERANCE["fp32"],
-                                      fixed_batch)
-            (log.info if onnx_report.passed else log.error)("ONNX %s", onnx_report)
-            result.parity.passed = onnx_report.passed
+            result.onnx_parity = onnx_parity(onnx_file, inputs, reference_logits(rebuilt.model, inputs),
+                                             TOLERANCE["fp32"], cpu_threads)
+            (log.info if result.onnx_parity.passed else log.error)("ONNX %s", result.onnx_parity)
+            result.parity.passed = result.onnx_parity.passed
     return result
 
 
@@ -412,7 +425,8 @@ def _report(result: ExportResult) -> None:
     if result.parity is not None:
         (log.info if result.parity.passed else log.error)("Export %s", result.parity)
     summary = {"out_dir": str(result.out_dir), "format": result.format, "files": [p.name for p in result.files],
-               "parity": asdict(result.parity) if result.parity else None}
+               "parity": asdict(result.parity) if result.parity else None,
+               "onnx_parity": asdict(result.onnx_parity) if result.onnx_parity else None}
     print(json.dumps(summary))
 
 
