@@ -19,6 +19,7 @@ def isolated_caches(tmp_path, monkeypatch):
     monkeypatch.setenv("PADDLETRAIN_WEIGHTS_HOME", str(tmp_path / "weights"))
     monkeypatch.setenv("HUB_HOME", str(tmp_path / "hub"))
     monkeypatch.setenv("PADDLETRAIN_OFFLINE", "1")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # PaddleClas' own cache is ~/.paddleclas/weights
     (tmp_path / "weights").mkdir()
 
 
@@ -112,6 +113,27 @@ def test_paddleclas_weights_bring_the_first_block_projection_they_need(tmp_path)
     # A caller who overrides the option gets the load error that says why.
     with pytest.raises(PretrainedLoadError, match="blocks.0.short.conv.weight.*project_first_shortcut=True"):
         create_model("resnet18", pretrained="paddleclas:ResNet18", project_first_shortcut=False)
+
+
+def test_paddleclas_finds_the_file_paddleclas_itself_downloaded(tmp_path):
+    source = _source_resnet18(project_first_shortcut=True)
+    theirs = tmp_path / "home" / ".paddleclas" / "weights"
+    theirs.mkdir(parents=True)
+    paddle.save(_renamed(source, "paddleclas"), str(theirs / "ResNet18_pretrained.pdparams"))
+    assert describe("paddleclas:ResNet18").path == theirs / "ResNet18_pretrained.pdparams"
+    model = create_model("resnet18", pretrained="paddleclas:ResNet18")  # offline: no download was possible
+    _assert_same_logits(model, source)
+    # Our own cache comes first when it has the file too.
+    (tmp_path / "weights" / "ResNet18_pretrained.pdparams").write_bytes(b"ours")
+    assert describe("paddleclas:ResNet18").path == tmp_path / "weights" / "ResNet18_pretrained.pdparams"
+
+
+def test_a_paddleclas_cache_miss_offline_names_both_caches(tmp_path):
+    with pytest.raises(PretrainedLoadError) as info:
+        load_pretrained(create_model("resnet34"), "paddleclas:ResNet34")
+    message = str(info.value)
+    assert f"put it at {tmp_path / 'weights' / 'ResNet34_pretrained.pdparams'}" in message
+    assert f"or in PaddleClas' own cache {tmp_path / 'home' / '.paddleclas' / 'weights'}" in message
 
 
 def test_unknown_names_list_the_available_ones():

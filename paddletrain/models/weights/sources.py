@@ -8,7 +8,7 @@ Sources:
 * a paddletrain checkpoint directory (its ``model`` state);
 * ``vision:<arch>``: paddle.vision's published ImageNet weights (URL and md5 from ``paddle.vision.models``);
 * ``paddleclas:<ModelName>``: PaddleClas' published "legendary" ResNet weights (e.g. ``ResNet50_vd``,
-  ``ResNet50_vd_ssld``);
+  ``ResNet50_vd_ssld``); a file PaddleClas itself downloaded (``~/.paddleclas/weights``) is used as it is;
 * ``hub:<module>``: a PaddleHub module's weights, through ``paddlehub`` when installed, else from the module
   directory ``$HUB_HOME/modules/<module>`` (``HUB_HOME`` defaults to ``~/.paddlehub``).
 
@@ -39,6 +39,7 @@ __all__ = [
     "describe",
     "hub_module_dir",
     "imagenet_label_names",
+    "paddleclas_cache_dir",
     "read_state_dict",
     "read_weights",
     "weights_cache_dir",
@@ -107,6 +108,11 @@ def weights_cache_dir() -> Path:
     from paddle.utils import download
 
     return Path(download.WEIGHTS_HOME)
+
+
+def paddleclas_cache_dir() -> Path:
+    """PaddleClas' own download cache, ``~/.paddleclas/weights`` (``ppcls.utils.download.WEIGHTS_HOME``)."""
+    return Path("~/.paddleclas/weights").expanduser()
 
 
 def hub_module_dir(name: str) -> Path:
@@ -201,7 +207,11 @@ def _describe_paddleclas(source: str, name: str) -> WeightsInfo:
     architecture = PADDLECLAS_MODELS[name]
     # PaddleClas gives every ResNet a projection shortcut in its first block; the vd builders always have one.
     options = {} if architecture.endswith("_vd") else {"project_first_shortcut": True}
-    return WeightsInfo(source, "paddleclas", path=weights_cache_dir() / url.rsplit("/", 1)[-1], url=url,
+    file_name = url.rsplit("/", 1)[-1]
+    ours, theirs = weights_cache_dir() / file_name, paddleclas_cache_dir() / file_name
+    # A PaddleClas user already has the file where ppcls downloaded it (same URL, same name): no second copy.
+    path = theirs if not ours.is_file() and theirs.is_file() else ours
+    return WeightsInfo(source, "paddleclas", path=path, url=url,
                        preprocessing=dict(IMAGENET_PREPROCESSING), label_names=imagenet_label_names(),
                        architecture=architecture, model_options=options)
 
@@ -336,6 +346,8 @@ def _cached_download(info: WeightsInfo) -> Path:
     path = info.path
     assert path is not None and info.url is not None
     where = f"download {info.url} and put it at {path}" + (f" (md5 {info.md5})" if info.md5 else "")
+    if info.kind == "paddleclas":
+        where += f" or in PaddleClas' own cache {paddleclas_cache_dir()}"
     if path.is_file():
         if info.md5 and _md5(path) != info.md5:
             raise PretrainedLoadError(f"{info.source}: the cached file {path} has md5 {_md5(path)}, expected "
