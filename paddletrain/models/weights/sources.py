@@ -9,8 +9,9 @@ Sources:
 * ``vision:<arch>``: paddle.vision's published ImageNet weights (URL and md5 from ``paddle.vision.models``);
 * ``paddleclas:<ModelName>``: PaddleClas' published "legendary" ResNet weights (e.g. ``ResNet50_vd``,
   ``ResNet50_vd_ssld``); a file PaddleClas itself downloaded (``~/.paddleclas/weights``) is used as it is;
-* ``hub:<module>``: a PaddleHub module's weights, through ``paddlehub`` when installed, else from the module
-  directory ``$HUB_HOME/modules/<module>`` (``HUB_HOME`` defaults to ``~/.paddlehub``).
+* ``hub:<module>``: a PaddleHub module's weights, through ``paddlehub`` when it is installed and imports, else
+  (and always with ``PADDLETRAIN_OFFLINE=1``) from the module directory ``$HUB_HOME/modules/<module>``
+  (``HUB_HOME`` defaults to ``~/.paddlehub``).
 
 Downloads land where Paddle caches weights (``~/.cache/paddle/hapi/weights``, or ``$PADDLETRAIN_WEIGHTS_HOME``);
 a cached file is used without network. With ``PADDLETRAIN_OFFLINE=1`` nothing is downloaded, and a missing
@@ -22,6 +23,7 @@ import hashlib
 import importlib
 import importlib.util
 import json
+import logging
 import os
 import pkgutil
 from dataclasses import dataclass, field
@@ -44,6 +46,8 @@ __all__ = [
     "read_weights",
     "weights_cache_dir",
 ]
+
+logger = logging.getLogger(__name__)
 
 PREFIXES = ("vision:", "paddleclas:", "hub:")
 SAFE_SUFFIXES = (".safetensors",)
@@ -366,17 +370,26 @@ def _cached_download(info: WeightsInfo) -> Path:
 
 
 def _read_hub(info: WeightsInfo, trust_pickle: bool) -> dict[str, np.ndarray]:
+    """A hub module's weights: through paddlehub when it is installed and works, else from the module directory.
+
+    The directory is read without paddlehub when paddlehub is absent, when it cannot even be imported (a
+    protobuf too new for its generated code raises "Descriptors cannot be created directly"), and with
+    ``PADDLETRAIN_OFFLINE=1`` (``paddlehub.Module`` asks the hub server about a module it does not have).
+    """
     name = info.source[len("hub:"):]
-    if importlib.util.find_spec("paddlehub") is not None:
-        return _read_hub_with_paddlehub(info, name)
     directory = info.path
     assert directory is not None
+    why_not = _why_not_paddlehub()
+    if why_not is None:
+        return _read_hub_with_paddlehub(info, name)
     if not directory.is_dir():
         raise PretrainedLoadError(
-            f"{info.source}: PaddleHub module {name!r} is not installed at {directory} (and paddlehub is not "
-            f"installed). Run `hub install {name}` where paddlehub is installed and copy the module directory to "
-            f"{directory}, or set HUB_HOME to the PaddleHub home that holds modules/{name}."
+            f"{info.source}: PaddleHub module {name!r} is not installed at {directory} ({why_not}). Run "
+            f"`hub install {name}` where paddlehub works and copy the module directory to {directory}, or set "
+            f"HUB_HOME to the PaddleHub home that holds modules/{name}."
         )
+    if why_not.startswith("paddlehub cannot be imported"):
+        logger.warning("%s: %s; reading the module directory %s instead", info.source, why_not, directory)
     files = sorted(directory.glob("*.pdparams")) + sorted(directory.glob("*.safetensors"))
     if len(files) != 1:
         found = ", ".join(p.name for p in files) or "none"
@@ -384,12 +397,29 @@ def _read_hub(info: WeightsInfo, trust_pickle: bool) -> dict[str, np.ndarray]:
     return read_state_dict(str(files[0]), trust_pickle=trust_pickle)
 
 
+def _why_not_paddlehub() -> Optional[str]:
+    """None when paddlehub can load modules here, else why the module directory is read directly."""
+    if _offline():
+        return "PADDLETRAIN_OFFLINE is set, so paddlehub, which may contact its server, is not used"
+    if importlib.util.find_spec("paddlehub") is None:
+        return "paddlehub is not installed"
+    try:
+        importlib.import_module("paddlehub")
+    except Exception as err:  # a broken install fails with whatever its dependencies raise
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        return f"paddlehub cannot be imported ({type(err).__name__}: {first})"
+    return None
+
+
 def _read_hub_with_paddlehub(info: WeightsInfo, name: str) -> dict[str, np.ndarray]:
     import paddle
     import paddlehub
 
     try:
-        module = paddlehub.Module(name=name)
+        # A module names its parameters from Paddle's global name counter and loads its weights by those names:
+        # a fresh name scope gives the second module of a process the same names as the first.
+        with paddle.utils.unique_name.guard():
+            module = paddlehub.Module(name=name)
     except Exception as err:  # paddlehub raises its own types for a missing/broken module
         raise PretrainedLoadError(f"{info.source}: paddlehub could not load module {name!r}: {err}") from err
     if not isinstance(module, paddle.nn.Layer):
