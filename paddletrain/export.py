@@ -17,10 +17,12 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import os
 import sys
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
 import hydra
 import numpy as np
@@ -270,15 +272,36 @@ def export_onnx(model_dir: Union[str, Path], opset: int = ONNX_OPSET) -> Path:
     model_dir = Path(model_dir)
     target = model_dir / ONNX_FILE
     try:
-        paddle2onnx.export(model_filename=str(find_graph_file(model_dir)),
-                           params_filename=str(model_dir / PARAMS_FILE), save_file=str(target),
-                           opset_version=opset, enable_onnx_checker=True, **no_install_options(paddle2onnx.export))
+        with _stdout_to_stderr():
+            paddle2onnx.export(model_filename=str(find_graph_file(model_dir)),
+                               params_filename=str(model_dir / PARAMS_FILE), save_file=str(target),
+                               opset_version=opset, enable_onnx_checker=True,
+                               **no_install_options(paddle2onnx.export))
     except Exception as exc:  # paddle2onnx reports unsupported ops with assorted exception types
         raise UserError(f"paddle2onnx {getattr(paddle2onnx, '__version__', '?')} could not convert "
                         f"{model_dir}: {exc}") from exc
     if not target.is_file():
         raise UserError(f"paddle2onnx finished without writing {target}")
     return target
+
+
+@contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Send file descriptor 1 to stderr for a while: paddle2onnx prints progress from C++ and Python to stdout,
+    which carries the export's JSON summary."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no stdout at all (a daemon): nothing to protect
+        yield
+        return
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def no_install_options(export: Any) -> dict[str, Any]:

@@ -276,3 +276,16 @@ def test_onnx_export_matches_in_onnxruntime_and_installs_nothing(checkpoint, tmp
     onnx = result.onnx_parity
     assert onnx.num_images == 8 and onnx.top1_agreement == 1.0 and onnx.top1_flips == 0
     assert onnx.relative_error <= onnx.tolerance
+
+
+def test_cli_onnx_export_at_batch_1_keeps_stdout_to_the_json_summary(checkpoint, tmp_path):
+    pytest.importorskip("paddle2onnx", reason="format=onnx needs the onnx extra (paddle2onnx)")
+    pytest.importorskip("onnxruntime", reason="the ONNX parity check needs the onnx extra (onnxruntime)")
+    result = run_module("paddletrain.export", [f"checkpoint={checkpoint}", "format=onnx", "batch=1",
+                                               "num_check_images=4", f"out_dir={tmp_path / 'out'}",
+                                               f"hydra.run.dir={tmp_path / 'h'}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    [line] = result.stdout.splitlines()  # paddle2onnx's own progress lines went to stderr
+    summary = json.loads(line)
+    assert summary["onnx_parity"]["passed"] and summary["onnx_parity"]["top1_agreement"] == 1.0
+    assert "model.onnx" in summary["files"] and "Paddle2ONNX" in result.stderr
