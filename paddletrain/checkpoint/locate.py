@@ -104,7 +104,7 @@ def _checkpoints_root(path: Path, text: str, key: str) -> Path:
     if runs:
         shown = ", ".join(runs[-MAX_LISTED:]) + (f" (and {len(runs) - MAX_LISTED} older)" if len(runs) > MAX_LISTED
                                                  else "")
-        raise CheckpointNotFound(f"{key}={text}: {path} holds {len(runs)} run directories ({shown}); name one, "
+        raise CheckpointNotFound(f"{key}={text}: {path} holds {len(runs)} run director{'y' if len(runs) == 1 else 'ies'} ({shown}); name one, "
                                  f"e.g. {key}={path / runs[-1]}:best")
     raise CheckpointNotFound(f"{key}={text}: {path} is neither a checkpoint, a run directory (with "
                              f"{CHECKPOINTS_DIR}/) nor a directory of checkpoints{_listing(path)}")
