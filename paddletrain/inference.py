@@ -459,7 +459,9 @@ def load_predictor(model: Union[str, Path], backend: str = "auto", device: str =
     :class:`OnnxPredictor`. Both take the same batches and give the same logits layout."""
     chosen = choose_backend(model, backend)
     if chosen == "onnx":
-        ignored = {k: v for k, v in paddle_options.items() if v not in (None, False) and k != "use_mkldnn"}
+        # Settings left at their defaults say nothing; any other value is a Paddle Inference setting given in vain.
+        defaults = {"use_mkldnn": True, "tensorrt": False}
+        ignored = {k: v for k, v in paddle_options.items() if v is not None and v != defaults.get(k)}
         if ignored:
             raise UserError(f"{', '.join(f'{k}={v}' for k, v in ignored.items())} apply to the Paddle backend only, "
                             f"not to the ONNX model {model}")

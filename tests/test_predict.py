@@ -138,6 +138,9 @@ def test_an_onnx_backend_without_onnx_file_and_paddle_only_options_are_refused(o
         load_predictor(export_dir, backend="onnx")
     with pytest.raises(UserError, match="tensorrt=True apply to the Paddle backend only"):
         load_predictor(onnx_dir / "model.onnx", tensorrt=True)
+    with pytest.raises(UserError, match="use_mkldnn=False apply to the Paddle backend only"):
+        load_predictor(onnx_dir, backend="onnx", use_mkldnn=False)
+    assert load_predictor(onnx_dir, backend="onnx", use_mkldnn=True, tensorrt=False).num_classes == len(LABELS)
     with pytest.raises(UserError, match="precision=bf16: the ONNX backend runs the graph as exported"):
         load_predictor(onnx_dir / "model.onnx", precision="bf16")
 
