@@ -1,4 +1,5 @@
-"""`python -m paddletrain.export checkpoint=<dir>[:best|:last]`: a checkpoint -> a verified Paddle Inference (or ONNX) model.
+"""`python -m paddletrain.export checkpoint=<dir>[:best|:last]`: a checkpoint -> a verified Paddle Inference (or
+ONNX) model.
 
 Examples::
 
@@ -397,11 +398,11 @@ def export_checkpoint(checkpoint_dir: Union[str, Path], out_dir: Union[str, Path
     """Rebuild the model of a training checkpoint, export it, and (``check=True``) verify the export.
 
     ``checkpoint_dir`` is a checkpoint directory, or a run directory with ``:best``/``:last``
-    (:func:`~paddletrain.checkpoint.locate.locate_checkpoint`). The dataset of the checkpoint's config is opened for the class names, the channel count and the
-    validation images of the parity check (``data_root`` points at it if it moved). The modules the checkpoint's
-    config names in ``imports`` are imported, plus ``imports``. ``format="onnx"`` also
-    writes ``model.onnx`` (verified with onnxruntime when ``check``). The parity result is in
-    ``result.parity``; this function does not raise when parity fails, the CLI turns that into exit status 3.
+    (:func:`~paddletrain.checkpoint.locate.locate_checkpoint`). The dataset of the checkpoint's config is opened
+    for the class names, the channel count and the validation images of the parity check (``data_root`` points
+    at it if it moved). The modules the checkpoint's config names in ``imports`` are imported, plus ``imports``.
+    ``format="onnx"`` also writes ``model.onnx`` (verified in onnxruntime when ``check``, ``result.onnx_parity``).
+    The parity result is in ``result.parity``; this function does not raise when parity fails, the CLI turns that into exit status 3.
     """
     from paddletrain.runtime import set_cpu_threads
 

@@ -211,8 +211,8 @@ def topk_lines(paths: Sequence[str], logits: np.ndarray, labels: Optional[List[s
                           "scores": [round(float(row[i]), 6) for i in ids], "class_ids": ids.tolist()})
 
 
-def predict_files(predictor: ExportedModel, paths: Sequence[str], batch_size: int = 32, num_workers: Optional[int] = None,
-                  topk: int = 5, output: Union[None, str, Path, IO[str]] = None,
+def predict_files(predictor: ExportedModel, paths: Sequence[str], batch_size: int = 32,
+                  num_workers: Optional[int] = None, topk: int = 5, output: Union[None, str, Path, IO[str]] = None,
                   progress: bool = True) -> PredictSummary:
     """Predict every image of ``paths`` with ``predictor`` and write one JSON line per image.
 

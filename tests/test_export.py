@@ -225,8 +225,9 @@ def test_predict_with_a_checkpoint_exports_it_verified_then_predicts(checkpoint,
     for i in range(3):
         Image.fromarray(val.load_image(i)).save(tmp_path / "images" / f"{i}.png")
     preds = tmp_path / "preds.jsonl"
-    cfg = OmegaConf.structured(PredictConfig(checkpoint=f"{checkpoint.parent.parent}:last", input=str(tmp_path / "images"),
-                                             output=str(preds), num_workers=0, progress_bar=False, topk=2))
+    cfg = OmegaConf.structured(PredictConfig(checkpoint=f"{checkpoint.parent.parent}:last",
+                                             input=str(tmp_path / "images"), output=str(preds), num_workers=0,
+                                             progress_bar=False, topk=2))
     assert predict(cfg, default_out_dir=str(tmp_path / "run")) == 0
     assert (tmp_path / "run" / "export" / "preprocess.json").is_file()
     lines = [json.loads(line) for line in preds.read_text().splitlines()]

@@ -31,7 +31,8 @@ MAX_LISTED = 6
 
 
 class CheckpointNotFound(CheckpointError):
-    """``checkpoint=`` names nothing usable, or a directory whose choice is ambiguous; the message says what is there."""
+    """``checkpoint=`` names nothing usable, or a directory whose choice is ambiguous; the message says what is
+    there."""
 
 
 def split_choice(spec: str) -> tuple[str, str | None]:
@@ -102,9 +103,10 @@ def _checkpoints_root(path: Path, text: str, key: str) -> Path:
         return path
     runs = sorted(entry.name for entry in _entries(path) if (entry / CHECKPOINTS_DIR).is_dir())
     if runs:
-        shown = ", ".join(runs[-MAX_LISTED:]) + (f" (and {len(runs) - MAX_LISTED} older)" if len(runs) > MAX_LISTED
-                                                 else "")
-        raise CheckpointNotFound(f"{key}={text}: {path} holds {len(runs)} run director{'y' if len(runs) == 1 else 'ies'} ({shown}); name one, "
+        older = len(runs) - MAX_LISTED
+        shown = ", ".join(runs[-MAX_LISTED:]) + (f" (and {older} older)" if older > 0 else "")
+        noun = "run directory" if len(runs) == 1 else "run directories"
+        raise CheckpointNotFound(f"{key}={text}: {path} holds {len(runs)} {noun} ({shown}); name one, "
                                  f"e.g. {key}={path / runs[-1]}:best")
     raise CheckpointNotFound(f"{key}={text}: {path} is neither a checkpoint, a run directory (with "
                              f"{CHECKPOINTS_DIR}/) nor a directory of checkpoints{_listing(path)}")
