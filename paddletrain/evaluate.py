@@ -1,4 +1,7 @@
-"""`python -m paddletrain.evaluate checkpoint=<dir> [overrides]`: loss, top-1 and top-5 of a checkpoint.
+"""`python -m paddletrain.evaluate checkpoint=<dir>[:best|:last] [overrides]`: loss, top-1 and top-5 of a checkpoint.
+
+``checkpoint`` is one checkpoint directory, or a run directory with ``:best`` or ``:last`` (see
+:mod:`paddletrain.checkpoint.locate`), e.g. ``checkpoint=outputs/fit/2026-11-23_10-00-00:best``.
 
 The configuration saved in the checkpoint is used, so the model and data match training; any override given on
 the command line (e.g. ``data.root=/other/val``, ``data.eval_batch_size=256``) is applied on top of it.
@@ -16,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from paddletrain.build import build_data, checkpoint_config, checkpoint_model, resolve_preprocessing
 from paddletrain.checkpoint import Checkpoint, load_checkpoint
+from paddletrain.checkpoint.locate import locate_checkpoint
 from paddletrain.config import register_configs
 from paddletrain.errors import ExitCode, UserError
 from paddletrain.registry import prepare
@@ -51,14 +55,14 @@ register_configs()
 def main(cfg: DictConfig) -> None:
     try:
         if OmegaConf.is_missing(cfg, "checkpoint"):
-            raise UserError("missing required value for checkpoint (e.g. checkpoint=outputs/<run>/checkpoints/<dir>)")
-        checkpoint = load_checkpoint(cfg.checkpoint)
+            raise UserError("missing required value for checkpoint (e.g. checkpoint=outputs/<name>/<time>:best)")
+        checkpoint = load_checkpoint(locate_checkpoint(cfg.checkpoint))
         prepare(cfg, checkpoint)  # the checkpoint's `imports` and the command line's
         # The command line's own overrides go on top of the saved config.
         overrides = [o.lstrip("+~") for o in HydraConfig.get().overrides.task
                      if not o.lstrip("+~").startswith(("checkpoint=", "hydra"))]
         evaluate(checkpoint_config(checkpoint.state.get("config"), overrides, base=cfg,
-                                   source=f"checkpoint={cfg.checkpoint}"), checkpoint)
+                                   source=f"checkpoint={checkpoint.path}"), checkpoint)
     except UserError as exc:
         log.error("%s", exc)
         sys.exit(ExitCode.USER_ERROR)
