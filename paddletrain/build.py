@@ -28,6 +28,7 @@ from paddletrain.callbacks.instantiate import instantiate_callbacks
 from paddletrain.config import DataConfig, FitConfig
 from paddletrain.data import build_datasets, build_loader, build_transform
 from paddletrain.data.mixup import Mixup
+from paddletrain.data.unlabeled import with_unlabeled
 from paddletrain.distill import Distiller
 from paddletrain.errors import TrainingInterrupted, UserError
 from paddletrain.losses import build_loss
@@ -62,6 +63,9 @@ def build_data(cfg: DictConfig, seed: int, rank: int = 0, world_size: int = 1) -
     """Datasets, transforms and loaders from the ``data`` config."""
     # Transforms need the channel count the dataset reports, so the loaders apply them (per seeded sample).
     splits = build_datasets(cfg.data)
+    unlabeled = (cfg.trainer.get("distill") or {}).get("unlabeled_root")
+    if unlabeled:  # label-free distillation (SSLD) learns from these too
+        splits.train = with_unlabeled(splits.train, unlabeled, splits.in_chans)
     train_tf = build_transform(cfg.data, train=True, in_chans=splits.in_chans)
     eval_tf = build_transform(cfg.data, train=False, in_chans=splits.in_chans)
     if len(splits.train) == 0:
@@ -204,7 +208,8 @@ KEY_HPARAMS = ("model.name", "data.name", "optim.name", "optim.lr", "data.batch_
 _RUN_PLUMBING = ("hydra", "name", "tags", "imports", "trainer.resume", "trainer.device", "trainer.cpu_threads",
                  "trainer.node_rank", "trainer.master", "trainer.trust_pickle", "model.trust_pickle", "data.root",
                  "data.download", "data.num_workers", "data.use_shared_memory", "data.persistent_workers",
-                 "callbacks.progress_bar", "callbacks.visualdl", "callbacks.checkpoint")
+                 "callbacks.progress_bar", "callbacks.visualdl", "callbacks.checkpoint",
+                 "trainer.distill.unlabeled_root", "trainer.distill.trust_pickle")
 _ABSENT = object()
 
 
