@@ -59,15 +59,16 @@ class DataBundle:
     in_chans: int
 
 
-def build_data(cfg: DictConfig, seed: int, rank: int = 0, world_size: int = 1) -> DataBundle:
-    """Datasets, transforms and loaders from the ``data`` config."""
+def build_data(cfg: DictConfig, seed: int, rank: int = 0, world_size: int = 1, eval_crop: bool = True) -> DataBundle:
+    """Datasets, transforms and loaders from the ``data`` config (``eval_crop=False``: evaluation images keep
+    the ``eval_resize`` square, for multi-crop test-time augmentation)."""
     # Transforms need the channel count the dataset reports, so the loaders apply them (per seeded sample).
     splits = build_datasets(cfg.data)
     unlabeled = (cfg.trainer.get("distill") or {}).get("unlabeled_root")
     if unlabeled:  # label-free distillation (SSLD) learns from these too
         splits.train = with_unlabeled(splits.train, unlabeled, splits.in_chans)
     train_tf = build_transform(cfg.data, train=True, in_chans=splits.in_chans)
-    eval_tf = build_transform(cfg.data, train=False, in_chans=splits.in_chans)
+    eval_tf = build_transform(cfg.data, train=False, in_chans=splits.in_chans, crop=eval_crop)
     if len(splits.train) == 0:
         raise UserError(f"data.name={cfg.data.name}: the training split is empty")
     num_classes = cfg.model.num_classes
