@@ -59,13 +59,17 @@ class DataBundle:
     in_chans: int
 
 
-def build_data(cfg: DictConfig, seed: int, rank: int = 0, world_size: int = 1, eval_crop: bool = True) -> DataBundle:
-    """Datasets, transforms and loaders from the ``data`` config (``eval_crop=False``: evaluation images keep
-    the ``eval_resize`` square, for multi-crop test-time augmentation)."""
+def build_data(cfg: DictConfig, seed: int, rank: int = 0, world_size: int = 1, eval_crop: bool = True,
+               training: bool = True) -> DataBundle:
+    """Datasets, transforms and loaders from the ``data`` config.
+
+    ``eval_crop=False``: evaluation images keep the ``eval_resize`` square (multi-crop test-time augmentation).
+    ``training=False``: only evaluation is coming, so ``trainer.distill.unlabeled_root`` is not read.
+    """
     # Transforms need the channel count the dataset reports, so the loaders apply them (per seeded sample).
     splits = build_datasets(cfg.data)
     unlabeled = (cfg.trainer.get("distill") or {}).get("unlabeled_root")
-    if unlabeled:  # label-free distillation (SSLD) learns from these too
+    if unlabeled and training:  # label-free distillation (SSLD) learns from these too
         splits.train = with_unlabeled(splits.train, unlabeled, splits.in_chans)
     train_tf = build_transform(cfg.data, train=True, in_chans=splits.in_chans)
     eval_tf = build_transform(cfg.data, train=False, in_chans=splits.in_chans, crop=eval_crop)
@@ -177,6 +181,8 @@ def build_distiller(cfg: DictConfig, num_classes: int, in_chans: int, precision:
     options = OmegaConf.to_container(d.teacher_options, resolve=True) if d.teacher_options else {}
     teacher = create_model(d.teacher, num_classes=num_classes, in_chans=in_chans, pretrained=d.pretrained,
                            strict=True, trust_pickle=d.trust_pickle, **options)
+    if precision.amp_active and precision.level == "O2":  # O2 autocast expects low-precision weights
+        teacher = paddle.amp.decorate(models=teacher, level="O2", dtype=precision.dtype)
     log.info("Distilling from the teacher %s (%s), kind=%s", d.teacher, d.pretrained, d.kind)
     return Distiller(teacher, kind=d.kind, alpha=d.alpha, temperature=d.temperature, hard_loss=build_loss(cfg.loss),
                      precision=precision)

@@ -35,7 +35,7 @@ def evaluate(cfg: DictConfig, checkpoint: Checkpoint) -> dict[str, float]:
     setup_runtime(cfg.trainer.device, cfg.trainer.cpu_threads)
     seed_everything(cfg.trainer.seed)
     tta = cfg.get("tta") or {}
-    data = build_data(cfg, seed=cfg.trainer.seed, eval_crop=tta.get("crops", 1) == 1)
+    data = build_data(cfg, seed=cfg.trainer.seed, eval_crop=tta.get("crops", 1) == 1, training=False)
     model = checkpoint_model(cfg, checkpoint.state, len(data.classes), data.in_chans,
                              source=f"checkpoint={checkpoint.path}")
     if tta.get("flip") or tta.get("crops", 1) > 1:  # test-time augmentation (paddletrain.tta)

@@ -124,7 +124,10 @@ def check_training_parts(cfg: Any) -> None:
             raise ConfigError(f"trainer.distill.{set_key} is set but trainer.distill.teacher is null: name the "
                               "teacher model (e.g. trainer.distill.teacher=resnet50_vd)")
         return
-    MODELS.get(d.teacher)
+    try:
+        MODELS.get(d.teacher)
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace("model.name=", "trainer.distill.teacher=", 1)) from None
     if not d.pretrained:
         raise ConfigError(f"missing required value for trainer.distill.pretrained: the teacher "
                           f"{d.teacher} needs trained weights (a file, a paddletrain checkpoint directory, "
