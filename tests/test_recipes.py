@@ -25,7 +25,8 @@ RECIPES = {
 # CPU-sized: 32 px, batches of 4, two training batches and one validation batch.
 SMALL = ["data.image_size=32", "data.eval_resize=36", "data.batch_size=4", "data.num_workers=0",
          "data.persistent_workers=false", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
-         "trainer.limit_val_batches=1", "sched.warmup_epochs=0", "trainer.cpu_threads=1", "callbacks.progress_bar.enabled=false"]
+         "trainer.limit_val_batches=1", "sched.warmup_epochs=0", "trainer.cpu_threads=1",
+         "callbacks.progress_bar.enabled=false"]
 
 
 def compose_recipe(name: str, *overrides: str):
