@@ -75,23 +75,23 @@ def _image_folder(root: Path, per_class: int = 6, size: int = 40) -> Path:
     return root
 
 
-def _teacher_weights(tmp_path: Path) -> Path:
-    """A small teacher's weights for distill_ssld (the recipe's ImageNet teacher would be downloaded)."""
+def _teacher_checkpoint(tmp_path: Path) -> Path:
+    """A small teacher saved as a paddletrain checkpoint directory (the recipe's ImageNet teacher would be
+    downloaded)."""
     import paddle
 
+    from paddletrain.checkpoint import save_checkpoint
     from paddletrain.models import create_model
 
     paddle.seed(0)
-    path = tmp_path / "teacher.pdparams"
-    paddle.save(create_model("resnet18_vd", num_classes=2).state_dict(), str(path))
-    return path
+    return save_checkpoint(tmp_path / "teacher", {"model": create_model("resnet18_vd", num_classes=2).state_dict()})
 
 
 def _fit_recipe(name: str, root: Path, tmp_path: Path) -> dict:
     extra = []
     if name == "distill_ssld":
         unlabeled = _image_folder(tmp_path / "unlabeled_images") / "train"  # any folder of images
-        extra = ["trainer.distill.teacher=resnet18_vd", f"trainer.distill.pretrained={_teacher_weights(tmp_path)}",
+        extra = ["trainer.distill.teacher=resnet18_vd", f"trainer.distill.pretrained={_teacher_checkpoint(tmp_path)}",
                  f"trainer.distill.unlabeled_root={unlabeled}"]
     run_dir = tmp_path / "run"
     result = run_module("paddletrain.fit", ["--config-dir", str(CONFIGS), f"+experiment={name}", f"data.root={root}",
