@@ -27,6 +27,9 @@ from paddletrain.callbacks.base import Callback
 from paddletrain.callbacks.instantiate import instantiate_callbacks
 from paddletrain.config import DataConfig, FitConfig
 from paddletrain.data import build_datasets, build_loader, build_transform
+from paddletrain.data.mixup import Mixup
+from paddletrain.data.unlabeled import with_unlabeled
+from paddletrain.distill import Distiller
 from paddletrain.errors import TrainingInterrupted, UserError
 from paddletrain.losses import build_loss
 from paddletrain.models import create_model
@@ -56,12 +59,20 @@ class DataBundle:
     in_chans: int
 
 
-def build_data(cfg: DictConfig, seed: int, rank: int = 0, world_size: int = 1) -> DataBundle:
-    """Datasets, transforms and loaders from the ``data`` config."""
+def build_data(cfg: DictConfig, seed: int, rank: int = 0, world_size: int = 1, eval_crop: bool = True,
+               training: bool = True) -> DataBundle:
+    """Datasets, transforms and loaders from the ``data`` config.
+
+    ``eval_crop=False``: evaluation images keep the ``eval_resize`` square (multi-crop test-time augmentation).
+    ``training=False``: only evaluation is coming, so ``trainer.distill.unlabeled_root`` is not read.
+    """
     # Transforms need the channel count the dataset reports, so the loaders apply them (per seeded sample).
     splits = build_datasets(cfg.data)
+    unlabeled = (cfg.trainer.get("distill") or {}).get("unlabeled_root")
+    if unlabeled and training:  # label-free distillation (SSLD) learns from these too
+        splits.train = with_unlabeled(splits.train, unlabeled, splits.in_chans)
     train_tf = build_transform(cfg.data, train=True, in_chans=splits.in_chans)
-    eval_tf = build_transform(cfg.data, train=False, in_chans=splits.in_chans)
+    eval_tf = build_transform(cfg.data, train=False, in_chans=splits.in_chans, crop=eval_crop)
     if len(splits.train) == 0:
         raise UserError(f"data.name={cfg.data.name}: the training split is empty")
     num_classes = cfg.model.num_classes
@@ -152,6 +163,31 @@ def build_optimization(cfg: DictConfig, model: paddle.nn.Layer, train_loader: An
     return build_optimizer(model, cfg.optim, scheduler), scheduler
 
 
+def build_mixup(cfg: DictConfig, num_classes: int, seed: int, rank: int = 0) -> Mixup | None:
+    """Mixup/CutMix from ``data.mixup`` (None when off); its targets are smoothed by ``loss.label_smoothing``."""
+    return Mixup.from_config(cfg.data.mixup, num_classes, label_smoothing=cfg.loss.label_smoothing, seed=seed,
+                             rank=rank)
+
+
+def build_distiller(cfg: DictConfig, num_classes: int, in_chans: int, precision: Precision) -> Distiller | None:
+    """The frozen teacher of ``trainer.distill`` and its loss (None when ``teacher`` is null).
+
+    The teacher is built like the student (registry name + weight source) with the student's classes; its
+    hard-label term is the configured ``loss``.
+    """
+    d = cfg.trainer.get("distill")
+    if d is None or not d.teacher:
+        return None
+    options = OmegaConf.to_container(d.teacher_options, resolve=True) if d.teacher_options else {}
+    teacher = create_model(d.teacher, num_classes=num_classes, in_chans=in_chans, pretrained=d.pretrained,
+                           strict=True, trust_pickle=d.trust_pickle, **options)
+    if precision.amp_active and precision.level == "O2":  # O2 autocast expects low-precision weights
+        teacher = paddle.amp.decorate(models=teacher, level="O2", dtype=precision.dtype)
+    log.info("Distilling from the teacher %s (%s), kind=%s", d.teacher, d.pretrained, d.kind)
+    return Distiller(teacher, kind=d.kind, alpha=d.alpha, temperature=d.temperature, hard_loss=build_loss(cfg.loss),
+                     precision=precision)
+
+
 def build_precision(cfg: DictConfig, device: str) -> Precision:
     """fp32 or AMP from ``trainer.amp``, for ``device``."""
     return Precision.from_config(cfg.trainer.amp, device=device)
@@ -179,7 +215,8 @@ KEY_HPARAMS = ("model.name", "data.name", "optim.name", "optim.lr", "data.batch_
 _RUN_PLUMBING = ("hydra", "name", "tags", "imports", "trainer.resume", "trainer.device", "trainer.cpu_threads",
                  "trainer.node_rank", "trainer.master", "trainer.trust_pickle", "model.trust_pickle", "data.root",
                  "data.download", "data.num_workers", "data.use_shared_memory", "data.persistent_workers",
-                 "callbacks.progress_bar", "callbacks.visualdl", "callbacks.checkpoint")
+                 "callbacks.progress_bar", "callbacks.visualdl", "callbacks.checkpoint",
+                 "trainer.distill.unlabeled_root", "trainer.distill.trust_pickle")
 _ABSENT = object()
 
 
@@ -254,9 +291,13 @@ def build_run(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = ()
         warm_start_from_legacy(Path(t.resume), model, optimizer, t.trust_pickle)
     else:
         resume_from = load_resume_checkpoint(t.resume, run_dir, facts, config=resolved)
+    precision = build_precision(cfg, runtime.device)
+    num_classes = cfg.model.num_classes or len(data.classes)
     trainer = (trainer_cls or Trainer)(
         model, optimizer, scheduler=scheduler, rank=rank, world_size=world_size,
-        loss_fn=build_loss(cfg.loss), precision=build_precision(cfg, runtime.device),
+        loss_fn=build_loss(cfg.loss), precision=precision,
+        batch_transform=build_mixup(cfg, num_classes, seed=t.seed, rank=rank),
+        distiller=build_distiller(cfg, num_classes, data.in_chans, precision),
         callbacks=[*configured, *callbacks],
         max_epochs=t.max_epochs, max_steps=t.max_steps, accumulate_grad_batches=t.accumulate_grad_batches,
         grad_clip_norm=t.grad_clip_norm, limit_train_batches=t.limit_train_batches,

@@ -100,6 +100,30 @@ class ShapesConfig:
     seed: int = allowed(0, ge=0, le=MAX_SEED)
 
 
+# Mixup/CutMix draws: one per batch, per pair of samples, or per sample (paddletrain.data.mixup).
+MIX_MODES = ("batch", "pair", "elem")
+
+
+@dataclass
+class MixupConfig:
+    """Mixup/CutMix on every training batch (paddletrain.data.mixup); off while both alphas are 0.
+
+    The soft targets are smoothed by ``loss.label_smoothing`` (one key for hard and mixed targets).
+    """
+
+    # Beta(alpha, alpha) of Mixup's blend weight and of CutMix's box area; 0 switches that one off.
+    mixup_alpha: float = allowed(0.0, ge=0)
+    cutmix_alpha: float = allowed(0.0, ge=0)
+    # [min, max] CutMix box side as a fraction of the image side, drawn directly (switches CutMix on).
+    cutmix_minmax: Optional[List[float]] = allowed(None, gt=0, le=1)
+    # Chance that a draw mixes at all, and of CutMix rather than Mixup when both are on.
+    prob: float = allowed(1.0, ge=0, le=1)
+    switch_prob: float = allowed(0.5, ge=0, le=1)
+    mode: str = allowed("batch", choices=MIX_MODES)
+    # CutMix's label weight is the pasted area after the box is clipped to the image.
+    correct_lam: bool = True
+
+
 # Transform presets (paddletrain.data.transforms) and the resampling filters PIL resizes with.
 TRANSFORMS = ("imagenet", "small", "none")
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "box", "lanczos", "hamming")
@@ -126,7 +150,15 @@ class DataConfig:
     eval_transform: str = allowed("small", choices=TRANSFORMS)
     hflip: bool = True
     color_jitter: float = allowed(0.0, ge=0)
+    # RandAugment rand-m9-n2-mstd0.5 (a shorthand for data.augment=[{name: rand_augment}]).
     auto_augment: bool = False
+    # Training augmentations, in order, each run at the stage it declares (image or normalised array):
+    # entries {name: <registered in paddletrain.registries.AUGMENTATIONS>, <option>: <value>, ...}, e.g.
+    # {name: rand_augment, num_ops: 2, magnitude: 9}, {name: random_erasing, probability: 0.25}.
+    augment: List[Dict[str, Any]] = field(default_factory=list)
+    # Repeated augmentation: each image k times per epoch, differently augmented, shared across ranks.
+    num_repeats: int = allowed(1, ge=1)
+    mixup: MixupConfig = field(default_factory=MixupConfig)
     batch_size: int = allowed(128, ge=1)
     eval_batch_size: Optional[int] = allowed(None, ge=1)
     num_workers: int = allowed(0, ge=0)
@@ -211,6 +243,30 @@ class LossConfig:
     bce_sum: bool = False
 
 
+DISTILL_KINDS = ("kd", "ssld")
+
+
+@dataclass
+class DistillConfig:
+    """Knowledge distillation from a frozen teacher (paddletrain.distill); off while ``teacher`` is null."""
+
+    # The teacher, given like model.name / model.pretrained: a registered model and its weight source (a file,
+    # a paddletrain checkpoint directory, vision:<arch>, paddleclas:<Name>, ...).
+    teacher: Optional[str] = None
+    pretrained: Optional[str] = None
+    # Model options of the teacher's builder (e.g. {arch: resnet152} for teacher=vision).
+    teacher_options: Dict[str, Any] = field(default_factory=dict)
+    # paddle.load a teacher .pdparams that holds more than arrays (pickles can run code: trust the file first).
+    trust_pickle: bool = False
+    # kd: T^2 KL at the temperature (Hinton et al.); ssld: PaddleClas' label-free symmetric KL.
+    kind: str = allowed("kd", choices=DISTILL_KINDS)
+    # Weight of the distillation term; the hard-label loss (loss.*) gets 1 - alpha. null: 0.5 for kd, 1 for ssld.
+    alpha: Optional[float] = allowed(None, ge=0, le=1)
+    temperature: float = allowed(1.0, gt=0)
+    # ssld with alpha 1: an image folder (any depth, no labels) whose images join the training set.
+    unlabeled_root: Optional[str] = None
+
+
 @dataclass
 class TrainerConfig:
     max_epochs: int = allowed(10, ge=1)
@@ -241,6 +297,7 @@ class TrainerConfig:
     # Stop after this many consecutive non-finite steps.
     max_consecutive_nonfinite: int = allowed(20, ge=1)
     amp: AmpConfig = field(default_factory=AmpConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
 
 
 @dataclass
@@ -267,8 +324,20 @@ class FitConfig:
 
 
 @dataclass
+class TTAConfig:
+    """Test-time augmentation in ``paddletrain.evaluate`` (paddletrain.tta): the softmax outputs of the views
+    are averaged."""
+
+    # Add the horizontally flipped image (doubles the views).
+    flip: bool = False
+    # 1: the usual centre crop; 5: four corner crops and the centre crop of the eval_resize square.
+    crops: int = allowed(1, choices=(1, 5))
+
+
+@dataclass
 class EvaluateConfig(FitConfig):
     checkpoint: str = MISSING
+    tta: TTAConfig = field(default_factory=TTAConfig)
 
 
 SCHEMAS: dict[str, Any] = {

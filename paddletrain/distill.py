@@ -15,11 +15,11 @@ Two ways to learn from a teacher's logits:
 Either is combined with the hard-label loss as ``alpha * distill + (1 - alpha) * hard_loss``; ``alpha = 1``
 needs no labels.
 
-Trainer integration (the Trainer stays unaware of distillation): the teacher is not a sublayer of the
-student, so ``Trainer.state_dict()`` and every checkpoint hold the student only, and the optimizer never sees
-the teacher's parameters. The training step computes the student's logits as usual and asks the distiller
-for the loss; :meth:`Distiller.training_step` is that step, to bind in place of ``Trainer.training_step``
-(or to call from it when ``trainer.distiller`` is set)::
+Trainer integration: ``Trainer(..., distiller=Distiller(...))`` (built from ``trainer.distill`` by
+:func:`paddletrain.build.build_distiller`). The teacher is not a sublayer of the student, so
+``Trainer.state_dict()`` and every checkpoint hold the student only, and the optimizer never sees the
+teacher's parameters. The training step computes the student's logits as usual and asks the distiller for the
+loss (:meth:`Distiller.training_step` is the same step for a Trainer subclass of your own)::
 
     with self.precision.autocast(training=True):
         logits = self.model(images)
@@ -31,31 +31,19 @@ numbers, and runs on every rank on that rank's batch, so exact resume and data p
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import paddle
 import paddle.nn.functional as F
 
+from paddletrain.config import DISTILL_KINDS, DistillConfig
 from paddletrain.errors import ConfigError
 from paddletrain.losses import cross_entropy
 
 if TYPE_CHECKING:  # pragma: no cover
     from paddletrain.precision import Precision
 
-KINDS = ("kd", "ssld")
-
-
-@dataclass
-class DistillConfig:
-    """How the student learns from the teacher (to move into the schema with ``trainer.distill``)."""
-
-    kind: str = "kd"  # kd | ssld
-    # Weight of the distillation term; the hard-label loss gets 1 - alpha. None: 0.5 for kd, 1.0 for ssld
-    # (PaddleClas' SSLD uses no labels).
-    alpha: float | None = None
-    # Softening temperature of kd (ssld works at temperature 1, as PaddleClas).
-    temperature: float = 1.0
+KINDS = DISTILL_KINDS
 
 
 # ---------------------------------------------------------------------------------------------- losses
@@ -125,7 +113,7 @@ class Distiller:
         teacher: a trained classifier with the student's classes (built like any model, e.g.
             ``create_model(name, num_classes=..., pretrained=source)``). It is put in eval mode and its
             parameters stop gradients; it is never part of the student's state.
-        kind, alpha, temperature: see :class:`DistillConfig` and :func:`distillation_loss`.
+        kind, alpha, temperature: see :class:`~paddletrain.config.DistillConfig` and :func:`distillation_loss`.
         hard_loss: the hard-label loss (``loss_fn(logits, targets)``), e.g. from
             :func:`paddletrain.losses.build_loss`; default cross-entropy.
         precision: the student's :class:`~paddletrain.precision.Precision`; the teacher runs under the same

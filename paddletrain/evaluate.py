@@ -5,6 +5,7 @@
 
 The configuration saved in the checkpoint is used, so the model and data match training; any override given on
 the command line (e.g. ``data.root=/other/val``, ``data.eval_batch_size=256``) is applied on top of it.
+``tta.flip=true`` / ``tta.crops=5`` average the predictions over flipped / cropped views (paddletrain.tta).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from paddletrain.errors import ExitCode, UserError
 from paddletrain.registry import prepare
 from paddletrain.runtime import seed_everything, setup_runtime
 from paddletrain.trainer import Trainer
+from paddletrain.tta import TestTimeAugmentation
 from paddletrain.validation import validate_config
 
 log = logging.getLogger("paddletrain")
@@ -36,9 +38,12 @@ def evaluate(cfg: DictConfig, checkpoint: Checkpoint) -> dict[str, float]:
     cfg = resolve_preprocessing(cfg)
     setup_runtime(cfg.trainer.device, cfg.trainer.cpu_threads)
     seed_everything(cfg.trainer.seed)
-    data = build_data(cfg, seed=cfg.trainer.seed)
+    tta = cfg.get("tta") or {}
+    data = build_data(cfg, seed=cfg.trainer.seed, eval_crop=tta.get("crops", 1) == 1, training=False)
     model = checkpoint_model(cfg, checkpoint.state, len(data.classes), data.in_chans,
                              source=f"checkpoint={checkpoint.path}")
+    if tta.get("flip") or tta.get("crops", 1) > 1:  # test-time augmentation (paddletrain.tta)
+        model = TestTimeAugmentation(model, flip=tta.flip, crops=tta.crops, crop_size=cfg.data.image_size)
     trainer = Trainer(model, paddle.optimizer.SGD(parameters=model.parameters()), num_classes=len(data.classes),
                       limit_val_batches=cfg.trainer.limit_val_batches)
     metrics = trainer.validate(data.val_loader)

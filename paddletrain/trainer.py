@@ -19,6 +19,7 @@ from paddletrain import distributed
 from paddletrain.callbacks.base import Callback, StepOutput
 from paddletrain.checkpoint.untrusted import StateValueError
 from paddletrain.errors import NonFiniteLossError, TrainingInterrupted, UserError
+from paddletrain.losses import cross_entropy
 from paddletrain.metrics import ClassificationMeter, Throughput
 from paddletrain.precision import Precision
 from paddletrain.processes import stop_request
@@ -36,7 +37,8 @@ class Trainer:
         model: the network (a ``paddle.nn.Layer``; may be wrapped in ``paddle.DataParallel``).
         optimizer: a ``paddle.optimizer.Optimizer`` over the model's parameters.
         scheduler: an LR scheduler stepped once per optimizer step (``None`` for a constant LR).
-        loss_fn: ``loss_fn(logits, labels) -> scalar``; default cross-entropy.
+        loss_fn: ``loss_fn(logits, targets) -> scalar``; default :func:`paddletrain.losses.cross_entropy`
+            (class indices or soft targets).
         precision: fp32/AMP behaviour (``paddletrain.precision.Precision``); default fp32.
         callbacks: hooks run in the order given (checkpointing callbacks run last).
         max_epochs / max_steps: stop at whichever comes first (``max_steps`` counts optimizer steps).
@@ -56,6 +58,12 @@ class Trainer:
         handle_signals: on SIGTERM/SIGINT finish the current optimizer step, let callbacks save (see
             :class:`~paddletrain.errors.TrainingInterrupted`) and stop; a second signal, at least a second
             after the first, exits at once.
+        batch_transform: ``batch_transform(images, labels) -> (images, targets)`` run on every training batch
+            before the forward pass (e.g. :class:`~paddletrain.data.mixup.Mixup`, whose soft targets the loss
+            takes); metrics still count the original labels. Its ``state_dict``/``load_state_dict``, if any,
+            go into checkpoints (one entry per rank), so a resumed run draws what an uninterrupted one would.
+        distiller: a :class:`~paddletrain.distill.Distiller`; training losses become its loss of the student's
+            logits (its teacher sees the same, transformed, images). Validation keeps ``loss_fn``.
     """
 
     def __init__(
@@ -83,6 +91,8 @@ class Trainer:
         sync_bn: bool = False,
         find_unused_parameters: bool = False,
         handle_signals: bool = True,
+        batch_transform: Optional[Callable[[paddle.Tensor, paddle.Tensor], Tuple[paddle.Tensor, paddle.Tensor]]] = None,
+        distiller: Optional[Any] = None,
     ) -> None:
         if accumulate_grad_batches < 1:
             raise ValueError(f"accumulate_grad_batches must be >= 1, got {accumulate_grad_batches}")
@@ -92,7 +102,7 @@ class Trainer:
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
-        self.loss_fn = loss_fn or paddle.nn.CrossEntropyLoss()
+        self.loss_fn = loss_fn or cross_entropy
         self.precision = precision or Precision()
         # Checkpointing runs after every other callback so it saves their updated state (as Lightning does).
         self.callbacks: List[Callback] = sorted(callbacks, key=lambda c: getattr(c, "run_last", False))
@@ -112,6 +122,8 @@ class Trainer:
         self.world_size = world_size
         self.sync_bn = sync_bn
         self.find_unused_parameters = find_unused_parameters
+        self.batch_transform = batch_transform
+        self.distiller = distiller
         self._is_setup = False
         self.logger = log
 
@@ -163,9 +175,15 @@ class Trainer:
     def training_step(self, batch: Any, batch_idx: int) -> Tuple[paddle.Tensor, Optional[paddle.Tensor], Any]:
         """Forward one training batch; returns (loss, logits, labels). Override for custom tasks."""
         images, labels = batch[0], batch[1]
+        targets = labels
+        if self.batch_transform is not None:
+            images, targets = self.batch_transform(images, labels)
         with self.precision.autocast(training=True):
             logits = self.model(images)
-            loss = self.loss_fn(logits, labels)
+            if self.distiller is None:
+                loss = self.loss_fn(logits, targets)
+        if self.distiller is not None:  # the teacher enters the same autocast on its own
+            loss = self.distiller.loss(logits, images, targets, precision=self.precision)
         return loss, logits, labels
 
     def validation_step(self, batch: Any, batch_idx: int) -> Tuple[paddle.Tensor, Optional[paddle.Tensor], Any]:
@@ -442,6 +460,9 @@ class Trainer:
         sampler = getattr(self.train_loader, "batch_sampler", None)
         if hasattr(sampler, "state_dict"):
             state["sampler"] = sampler.state_dict()
+        if hasattr(self.batch_transform, "state_dict"):  # each rank draws its own stream, like the RNGs
+            own = self.batch_transform.state_dict()
+            state["batch_transform"] = distributed.all_gather_object(own) if self.world_size > 1 else [own]
         return state
 
     def checkpoint_state(self) -> Dict[str, Any]:
@@ -503,6 +524,14 @@ class Trainer:
         if "sampler" in state and hasattr(sampler, "load_state_dict") and self.batch_in_epoch:
             with _restoring("sampler"):
                 sampler.load_state_dict(state["sampler"])
+        saved_transform = state.get("batch_transform")
+        if hasattr(self.batch_transform, "load_state_dict") and isinstance(saved_transform, list):
+            if len(saved_transform) == self.world_size:
+                with _restoring(f"batch_transform[{self.rank}]"):
+                    self.batch_transform.load_state_dict(saved_transform[self.rank])
+            else:
+                log.warning("The checkpoint holds batch-transform states for %d rank(s), this run has %d: "
+                            "Mixup/CutMix draws start afresh", len(saved_transform), self.world_size)
         if len(saved_rngs) == self.world_size:
             set_rng_state(saved_rngs[self.rank], f"rng[{self.rank}]")
         else:

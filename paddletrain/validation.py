@@ -78,6 +78,7 @@ def validate_config(cfg: Any, use: str = "fit") -> None:
     check_names(cfg)
     if cfg.data.mean is not None and cfg.data.std is not None and len(cfg.data.mean) != len(cfg.data.std):
         raise ConfigError(f"data.mean has {len(cfg.data.mean)} values but data.std has {len(cfg.data.std)}")
+    check_training_parts(cfg)
     if use != "export":
         _check_machine(cfg, training=use == "fit")
 
@@ -94,6 +95,56 @@ def check_names(cfg: Any) -> None:
                            (SCHEDULERS, cfg.sched.name), (LOSSES, cfg.loss.name)):
         registry.get(name)
     check_callback_entries(cfg.get("callbacks") or {})
+
+
+def _renamed(error: ConfigError, owner: str, key: str) -> ConfigError:
+    """``error`` with the component's own prefix (``mixup.prob=...``) replaced by the config key's."""
+    return ConfigError(str(error).replace(f"{owner}.", f"{key}.", 1))
+
+
+def check_training_parts(cfg: Any) -> None:
+    """``data.augment`` entries build, ``data.mixup`` options agree and ``trainer.distill`` is complete: the same
+    constructors the run uses check them (each is cheap), so a rule has one home."""
+    from paddletrain.data.mixup import Mixup
+    from paddletrain.data.transforms import build_augmentations
+    from paddletrain.distill import resolve_alpha
+
+    build_augmentations(cfg.data.get("augment") or [])
+    if cfg.data.get("mixup") is not None:
+        try:
+            Mixup.from_config(cfg.data.mixup, num_classes=2, label_smoothing=cfg.loss.label_smoothing)
+        except ConfigError as exc:
+            raise _renamed(exc, "mixup", "data.mixup") from None
+    d = cfg.trainer.get("distill")
+    if d is None:
+        return
+    if not d.teacher:
+        if d.unlabeled_root or d.pretrained:
+            set_key = "unlabeled_root" if d.unlabeled_root else "pretrained"
+            raise ConfigError(f"trainer.distill.{set_key} is set but trainer.distill.teacher is null: name the "
+                              "teacher model (e.g. trainer.distill.teacher=resnet50_vd)")
+        return
+    try:
+        MODELS.get(d.teacher)
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace("model.name=", "trainer.distill.teacher=", 1)) from None
+    if not d.pretrained:
+        raise ConfigError(f"missing required value for trainer.distill.pretrained: the teacher "
+                          f"{d.teacher} needs trained weights (a file, a paddletrain checkpoint directory, "
+                          "vision:<arch>, paddleclas:<Name>, ...)")
+    try:
+        alpha = resolve_alpha(d.kind, d.alpha)
+    except ConfigError as exc:
+        raise _renamed(exc, "distill", "trainer.distill") from None
+    if d.kind == "ssld" and d.temperature != 1.0:
+        raise ConfigError(f"trainer.distill.temperature={d.temperature} applies to trainer.distill.kind=kd; "
+                          "ssld works at temperature 1")
+    if d.unlabeled_root and alpha != 1.0:
+        raise ConfigError(f"trainer.distill.unlabeled_root needs a loss without labels: trainer.distill.alpha=1 "
+                          f"(got {alpha}); the unlabeled images have no hard-label term")
+    if d.unlabeled_root and Mixup.from_config(cfg.data.mixup, num_classes=2) is not None:
+        raise ConfigError("trainer.distill.unlabeled_root cannot be combined with data.mixup: mixed targets need "
+                          "every image's label; set data.mixup.mixup_alpha=0 and data.mixup.cutmix_alpha=0")
 
 
 def _check_machine(cfg: Any, training: bool) -> None:

@@ -338,3 +338,16 @@ def test_batches_from_the_main_thread_do_not_share_memory():
     for x, expected in zip(kept, first):
         np.testing.assert_array_equal(x.numpy(), expected)
     assert [int(x[0, 0, 0, 0]) for x in kept] == [0, 4, 8]
+
+
+def test_augment_list_batches_are_identical_with_0_and_2_workers_and_repeats_reach_the_sampler():
+    augment = [{"name": "rand_augment", "magnitude": 9}, {"name": "random_erasing", "probability": 0.5,
+                                                          "mode": "pixel"}]
+    cfg = _cfg(augment=augment, num_repeats=2)
+    single = build_loader(_augmented(cfg), cfg, train=True, seed=5)
+    cfg2 = _cfg(augment=augment, num_repeats=2, num_workers=2)
+    multi = build_loader(_augmented(cfg2), cfg2, train=True, seed=5)
+    assert single.batch_sampler.num_repeats == 2
+    assert build_loader(TinyDataset(), cfg, train=False, seed=5).batch_sampler.num_repeats == 1  # eval: once
+    for epoch in (0, 1):
+        _assert_same_batches(_batches(single, epoch), _batches(multi, epoch))

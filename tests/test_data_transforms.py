@@ -146,3 +146,57 @@ def test_normalization_is_bit_identical_to_the_plain_formula_and_contiguous(shap
     expected = (chw.astype(np.float32) / 255.0 - np.float32(mean).reshape(-1, 1, 1)) / np.float32(std).reshape(-1, 1, 1)
     assert out.dtype == np.float32 and out.flags.c_contiguous and out.shape == (channels, 7, 5)
     np.testing.assert_array_equal(out, expected)
+
+
+# ------------------------------------------------------------------------------------------ data.augment
+def _names(transform):
+    return [type(step).__name__ for step in transform.transforms]
+
+
+def test_augment_entries_run_at_their_stage_in_the_train_transform_only():
+    cfg = DataConfig(image_size=16, augment=[{"name": "random_erasing", "probability": 1.0},
+                                             {"name": "rand_augment", "num_ops": 1}])
+    train = _names(build_transform(cfg, train=True))
+    # Image stages after crop and flip, before normalisation; array stages after it; the config's order kept.
+    assert train[-3:] == ["RandAugment", "ToNormalizedArray", "RandomErasing"]
+    assert train.index("RandomHorizontalFlip") < train.index("RandAugment")
+    assert "RandAugment" not in _names(build_transform(cfg, train=False))
+    assert "RandomErasing" not in _names(build_transform(cfg, train=False))
+
+
+def test_augment_random_erasing_erases_the_normalised_array():
+    grey = np.full((16, 16, 3), 128, np.uint8)  # normalises to 0.0039..., never exactly 0
+    cfg = DataConfig(image_size=16, hflip=False, train_transform="none",
+                     augment=[{"name": "random_erasing", "probability": 1.0, "mode": "const"}])
+    out = _seeded(build_transform(cfg, train=True), grey, 0)
+    erased = out == 0.0
+    assert erased.any() and not erased.all()
+    assert (erased == erased[:1]).all()  # every channel of a box: the box is erased in normalised space
+
+
+def test_augment_rand_augment_at_magnitude_zero_is_the_identity_of_the_pipeline():
+    image = _random_image(16, 16)
+    plain = DataConfig(image_size=16)
+    identity = DataConfig(image_size=16, augment=[{"name": "rand_augment", "magnitude": 0, "magnitude_std": 0,
+                                                    "increasing": True, "prob": 1.0, "ops": ["rotate", "color"]}])
+    # Same seed, same crop and flip draws (RandAugment draws after them); magnitude 0 changes no pixel.
+    np.testing.assert_array_equal(_seeded(build_transform(identity, train=True), image, 5),
+                                  _seeded(build_transform(plain, train=True), image, 5))
+    strong = DataConfig(image_size=16, augment=[{"name": "rand_augment", "magnitude": 9, "magnitude_std": 0,
+                                                  "prob": 1.0, "ops": ["rotate"]}])
+    assert not np.array_equal(_seeded(build_transform(strong, train=True), image, 5),
+                              _seeded(build_transform(plain, train=True), image, 5))
+
+
+@pytest.mark.parametrize("entry, line", [
+    ({"name": "rand_augment", "magnitude": 12}, "data.augment[0].magnitude=12 must be between 0.0 and 10.0"),
+    ({"name": "rand_augment", "magnitdue": 5}, "data.augment[0].magnitdue: rand_augment has no option 'magnitdue'"),
+    ({"name": "random_erase"}, "data.augment[0]: unknown augmentation data.augment='random_erase'; did you mean "
+                               "random_erasing"),
+    ({"probability": 0.5}, "data.augment[0]={'probability': 0.5} must be a mapping with a name"),
+    ({"name": "random_erasing", "mode": "noise"}, "data.augment[0].mode='noise' is not supported"),
+])
+def test_bad_augment_entries_name_the_entry_and_option(entry, line):
+    with pytest.raises(ConfigError) as info:
+        build_transform(DataConfig(image_size=16, augment=[entry]), train=True)
+    assert str(info.value).startswith(line) and "\n" not in str(info.value)

@@ -343,3 +343,57 @@ def test_a_loader_without_a_length_still_steps_on_its_last_short_group():
     assert known.global_step == unknown.global_step == 6
     for a, b in zip(params(m1), params(m2)):
         np.testing.assert_array_equal(a, b)
+
+
+# ------------------------------------------------------------------------------------------ batch transform
+def image_batches(n_batches=3, batch_size=4, classes=3, seed=0):
+    rng = np.random.default_rng(seed)
+    return [(paddle.to_tensor(rng.standard_normal((batch_size, 1, 4, 4)).astype("float32")),
+             paddle.to_tensor(rng.integers(0, classes, batch_size).astype("int64"))) for _ in range(n_batches)]
+
+
+def image_model(classes=3):
+    paddle.seed(0)
+    return paddle.nn.Sequential(paddle.nn.Flatten(), paddle.nn.Linear(16, classes))
+
+
+def test_batch_transform_feeds_soft_targets_to_the_loss_and_metrics_keep_the_labels():
+    from paddletrain.data.mixup import Mixup
+    from paddletrain.losses import cross_entropy
+
+    seen = []
+
+    def loss_fn(logits, targets):
+        seen.append(targets.numpy())
+        return cross_entropy(logits, targets)
+
+    model = image_model()
+    batches = image_batches()
+    mixup = Mixup(num_classes=3, mixup_alpha=1.0, mode="elem", label_smoothing=0.1, seed=1)
+    trainer = Trainer(model, sgd(model), loss_fn=loss_fn, batch_transform=mixup, num_classes=3,
+                      handle_signals=False)
+    trainer.fit(batches)
+    assert len(seen) == 3 and all(t.shape == (4, 3) and t.dtype == np.float32 for t in seen)
+    np.testing.assert_allclose([t.sum(axis=1) for t in seen], 1.0, rtol=1e-6)
+    assert any(((t > 0.1) & (t < 0.9)).sum() > 4 for t in seen)  # mixed, not just smoothed one-hot rows
+    assert 0.0 <= trainer.metrics["train/top1"] <= 1.0  # accuracy is counted on the original labels
+
+
+def test_batch_transform_state_is_saved_and_restored_so_draws_continue():
+    from paddletrain.data.mixup import Mixup
+
+    def trainer_with(seed):
+        model = image_model()
+        mixup = Mixup(num_classes=3, mixup_alpha=0.4, cutmix_alpha=1.0, mode="elem", seed=seed)
+        return Trainer(model, sgd(model), batch_transform=mixup, handle_signals=False, max_steps=2), mixup
+
+    first, first_mixup = trainer_with(seed=7)
+    first.fit(image_batches())
+    state = first.state_dict()
+    assert state["batch_transform"] == [first_mixup.state_dict()]
+    second, second_mixup = trainer_with(seed=99)  # another stream until the checkpoint's is restored
+    second.setup()
+    second.load_state_dict(state)
+    a, b = first_mixup.draw(4, 4, 4), second_mixup.draw(4, 4, 4)
+    np.testing.assert_array_equal(a.lam, b.lam)
+    np.testing.assert_array_equal(a.boxes, b.boxes)

@@ -35,6 +35,7 @@ import paddle
 
 from paddletrain.data.datasets import BadSampleError, DatasetError
 from paddletrain.data.sampler import ResumableBatchSampler, SampleKey
+from paddletrain.data.unlabeled import UNLABELED
 from paddletrain.errors import ConfigError
 from paddletrain.processes import call_with_worker_setup, stop_signals_held
 
@@ -141,7 +142,8 @@ class SeededDataset(paddle.io.Dataset):
             if saved is not None:
                 random.setstate(saved[0])
                 np.random.set_state(saved[1])
-        if self.num_classes is not None and not 0 <= label < self.num_classes:
+        # UNLABELED marks an extra image for label-free distillation (paddletrain.data.unlabeled).
+        if self.num_classes is not None and not 0 <= label < self.num_classes and label != UNLABELED:
             return BadSample(key.index, key.batch, self.describe(key.index),
                              f"label {label} is outside [0, {self.num_classes}) for a dataset of "
                              f"{self.num_classes} classes", kind="label")
@@ -325,7 +327,8 @@ def build_loader(dataset: Any, cfg: Any, train: bool, seed: int, num_replicas: i
                  transform: Optional[Callable[[Any], Any]] = None) -> CheckedDataLoader:
     """A loader over ``dataset`` configured by a ``DataConfig``.
 
-    Train: shuffled by ``(seed, epoch)``, ``cfg.drop_last``, ``cfg.batch_size``. Eval: dataset order, every
+    Train: shuffled by ``(seed, epoch)``, ``cfg.drop_last``, ``cfg.batch_size``, each image ``cfg.num_repeats``
+    times (repeated augmentation). Eval: dataset order, every
     sample exactly once per rank shard (never dropped), ``cfg.eval_batch_size`` (default ``batch_size``).
     Call ``loader.batch_sampler.set_epoch(epoch)`` each epoch; save/restore ``loader.batch_sampler.state_dict()``
     to resume mid-epoch. ``transform`` is applied after the dataset's own (usually the dataset has it).
@@ -337,8 +340,10 @@ def build_loader(dataset: Any, cfg: Any, train: bool, seed: int, num_replicas: i
         raise ConfigError(f"{key}={batch_size} must be positive")
     if cfg.num_workers < 0:
         raise ConfigError(f"data.num_workers={cfg.num_workers} must be 0 or more")
+    # Repeated augmentation is a training draw; evaluation sees every sample once.
+    repeats = int(getattr(cfg, "num_repeats", 1) or 1) if train else 1
     sampler = ResumableBatchSampler(dataset, batch_size, shuffle=train, drop_last=bool(train and cfg.drop_last),
-                                    seed=seed, num_replicas=num_replicas, rank=rank)
+                                    seed=seed, num_replicas=num_replicas, rank=rank, num_repeats=repeats)
     return CheckedDataLoader(
         SeededDataset(dataset, transform, seed),
         sampler,

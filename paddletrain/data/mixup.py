@@ -34,9 +34,8 @@ from typing import Any
 import numpy as np
 import paddle
 
+from paddletrain.config import MIX_MODES
 from paddletrain.errors import ConfigError, UserError
-
-MIX_MODES = ("batch", "pair", "elem")
 
 
 @dataclass
@@ -121,6 +120,18 @@ class Mixup:
         self.label_smoothing = float(label_smoothing)
         self.enabled = True
         self._rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(seed) % 2**64, int(rank)])))
+
+    @classmethod
+    def from_config(cls, cfg: Any, num_classes: int, label_smoothing: float = 0.0, seed: int = 0,
+                    rank: int = 0) -> Mixup | None:
+        """The mixer ``data.mixup`` (a :class:`~paddletrain.config.MixupConfig`) describes, or None when it is
+        off (both alphas 0 and no ``cutmix_minmax``). ``label_smoothing`` is ``loss.label_smoothing``."""
+        if not cfg.mixup_alpha and not cfg.cutmix_alpha and cfg.cutmix_minmax is None:
+            return None
+        minmax = None if cfg.cutmix_minmax is None else tuple(float(v) for v in cfg.cutmix_minmax)
+        return cls(num_classes, mixup_alpha=float(cfg.mixup_alpha), cutmix_alpha=float(cfg.cutmix_alpha),
+                   cutmix_minmax=minmax, prob=float(cfg.prob), switch_prob=float(cfg.switch_prob), mode=str(cfg.mode),
+                   correct_lam=bool(cfg.correct_lam), label_smoothing=float(label_smoothing), seed=seed, rank=rank)
 
     # ------------------------------------------------------------------------------------------ draws
     def draw(self, batch_size: int, height: int, width: int) -> MixParams:

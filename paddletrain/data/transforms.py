@@ -9,6 +9,7 @@ Random transforms draw from python ``random`` and ``numpy.random`` (as paddle.vi
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, List, Sequence
 
 import numpy as np
@@ -19,6 +20,7 @@ from paddletrain.config import INTERPOLATIONS, TRANSFORMS
 from paddletrain.data.augment import RandAugment
 from paddletrain.data.images import to_mode
 from paddletrain.errors import ConfigError
+from paddletrain.registries import AUGMENTATIONS
 
 PRESETS = TRANSFORMS
 # The usual ImageNet evaluation ratio: resize to image_size / 0.875, then centre-crop image_size.
@@ -111,13 +113,75 @@ def _augmentations(cfg: Any) -> list:
     return steps
 
 
-def build_transform(cfg: Any, train: bool, in_chans: int = 3) -> T.Compose:
+# Where an augmentation runs (its ``stage`` attribute): on the PIL image after crop and flip, or on the
+# normalised array (see paddletrain.registries.AUGMENTATIONS).
+AUGMENT_STAGES = ("image", "array")
+
+
+def build_augmentations(entries: Sequence[Any], key: str = "data.augment") -> list:
+    """Build ``data.augment``: each entry ``{name: <registered augmentation>, <option>: value, ...}``.
+
+    Every problem (not a mapping, no name, an unknown name or option, a value the augmentation refuses, an
+    unknown stage) is one :class:`ConfigError` naming ``key[i]`` and the option.
+    """
+    from omegaconf import DictConfig, OmegaConf
+
+    built = []
+    for i, entry in enumerate(entries or ()):
+        where = f"{key}[{i}]"
+        if isinstance(entry, DictConfig):
+            entry = OmegaConf.to_container(entry, resolve=True)
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise ConfigError(f"{where}={entry!r} must be a mapping with a name, e.g. {{name: rand_augment, "
+                              "magnitude: 9}")
+        options = dict(entry)
+        name = options.pop("name")
+        try:
+            factory = AUGMENTATIONS.get(name)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        accepted = _keyword_options(factory)
+        unknown = sorted(set(options) - accepted) if accepted is not None else []
+        if unknown:
+            raise ConfigError(f"{where}.{unknown[0]}: {name} has no option {unknown[0]!r} (options: "
+                              f"{', '.join(sorted(accepted)) or 'none'})")
+        try:
+            augmentation = factory(**options)
+        except ConfigError as exc:  # "rand_augment.magnitude=12 must be ..." -> "data.augment[0].magnitude=12 ..."
+            message = str(exc)
+            raise ConfigError(f"{where}.{message[len(name) + 1:]}" if message.startswith(f"{name}.")
+                              else f"{where} ({name}): {message}") from None
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{where} ({name}): {exc}") from None
+        stage = getattr(augmentation, "stage", None)
+        if stage not in AUGMENT_STAGES:
+            raise ConfigError(f"{where}: augmentation {name!r} declares stage={stage!r}; it must be one of "
+                              f"{', '.join(AUGMENT_STAGES)}")
+        built.append(augmentation)
+    return built
+
+
+def _keyword_options(factory: Any) -> set[str] | None:
+    """The keyword options ``factory`` takes, or None when it takes ``**kwargs`` (anything goes)."""
+    params = inspect.signature(factory).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                   inspect.Parameter.KEYWORD_ONLY)}
+
+
+def build_transform(cfg: Any, train: bool, in_chans: int = 3, crop: bool = True) -> T.Compose:
     """Build the train or eval pipeline named by ``cfg.train_transform`` / ``cfg.eval_transform``.
 
     Args:
         cfg: a ``paddletrain.config.DataConfig`` (or any object with the same fields).
         train: pick the training preset (random augmentation) or the deterministic eval preset.
         in_chans: image channels the model expects (1 or 3); images are converted to match.
+        crop: eval only; False keeps the centred square of side ``eval_resize`` instead of cropping
+            ``image_size`` out of it (multi-crop test-time augmentation takes its crops from there).
+
+    Training pipelines run ``cfg.augment`` (:func:`build_augmentations`): "image" stages after the crop, flip
+    and the shorthand augmentations, "array" stages after normalisation.
 
     Returns:
         A callable mapping a uint8 HWC array or PIL image to a float32 CHW normalised numpy array.
@@ -133,8 +197,12 @@ def build_transform(cfg: Any, train: bool, in_chans: int = 3) -> T.Compose:
     if any(s == 0 for s in std):
         raise ConfigError(f"data.std must not contain zeros, got {list(cfg.std)}")
 
+    augment = build_augmentations(getattr(cfg, "augment", None) or []) if train else []
     steps: list = [ToPILImage(in_chans)]
-    if preset == "imagenet" and train:
+    if not train and not crop:
+        side = _eval_resize(cfg)
+        steps += [T.Resize(side, interpolation=interpolation), T.CenterCrop(side)]
+    elif preset == "imagenet" and train:
         steps += [T.RandomResizedCrop(size, interpolation=interpolation), *_augmentations(cfg)]
     elif preset == "imagenet":
         steps += [T.Resize(_eval_resize(cfg), interpolation=interpolation), T.CenterCrop(size)]
@@ -143,7 +211,9 @@ def build_transform(cfg: Any, train: bool, in_chans: int = 3) -> T.Compose:
                   *_augmentations(cfg)]
     else:  # small eval, or "none": the network only needs the right size
         steps.append(ResizeIfNeeded(size, interpolation))
+    steps += [a for a in augment if a.stage == "image"]
     steps.append(ToNormalizedArray(mean, std))
+    steps += [a for a in augment if a.stage == "array"]
     return T.Compose(steps)
 
 
