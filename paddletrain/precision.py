@@ -313,8 +313,15 @@ class Precision:
 
 def _checked_scaler_state(saved: Any) -> dict[str, Any]:
     """The saved loss-scaler state with every value in the range paddle's scaler assumes (else StateValueError)."""
-    from paddletrain.checkpoint.untrusted import (StateValueError, checked_bool, checked_int, checked_mapping,
-                                                  checked_number, required, show)
+    from paddletrain.checkpoint.untrusted import (
+        StateValueError,
+        checked_bool,
+        checked_int,
+        checked_mapping,
+        checked_number,
+        required,
+        show,
+    )
 
     saved = dict(checked_mapping(saved, "scaler"))
     scale = required(saved, "scale", "scaler.scale")

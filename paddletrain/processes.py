@@ -22,7 +22,8 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 log = logging.getLogger("paddletrain")
 
@@ -52,7 +53,7 @@ def die_with_parent(signum: int = signal.SIGKILL, parent_pid: int | None = None)
     return True
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _prctl() -> Callable[..., int] | None:
     """libc's ``prctl`` (looked up once, in the parent: a forked worker inherits it), None outside Linux."""
     if not sys.platform.startswith("linux"):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import paddle
 
@@ -28,7 +28,7 @@ RESUME_IGNORED = (
 MAX_KEYS_SHOWN = 8
 
 
-def config_differences(saved: Any, current: Dict[str, Any]) -> List[Tuple[str, Any, Any]]:
+def config_differences(saved: Any, current: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """``(key, checkpoint's value, this run's value)`` for every dotted key outside :data:`RESUME_IGNORED` whose
     value differs between the config saved in a checkpoint and this run's resolved config (a key only one of
     them has counts, with ``None`` for the other)."""
@@ -43,17 +43,17 @@ def _ignored(key: str) -> bool:
     return any(key == prefix or key.startswith(prefix + ".") for prefix in RESUME_IGNORED)
 
 
-def _flatten(node: Any, prefix: str = "", depth: int = 0) -> Dict[str, Any]:
+def _flatten(node: Any, prefix: str = "", depth: int = 0) -> dict[str, Any]:
     # Bounded depth: the saved config comes from a file someone may have crafted.
     if isinstance(node, dict) and node and depth < 16:
-        flat: Dict[str, Any] = {}
+        flat: dict[str, Any] = {}
         for key, value in node.items():
             flat.update(_flatten(value, f"{prefix}{key}.", depth + 1))
         return flat
     return {prefix[:-1]: node} if prefix else {}
 
 
-def warn_config_differences(path: Path, saved: Any, current: Dict[str, Any]) -> None:
+def warn_config_differences(path: Path, saved: Any, current: dict[str, Any]) -> None:
     """One warning line naming the keys whose values differ from the checkpoint's (see :func:`config_differences`)."""
     from paddletrain.checkpoint.untrusted import show
 
@@ -66,8 +66,8 @@ def warn_config_differences(path: Path, saved: Any, current: Dict[str, Any]) -> 
                 ", ".join(shown), f" and {more} more" if more > 0 else "")
 
 
-def load_resume_checkpoint(resume: Optional[str], run_dir: Path, run_info: Dict[str, Any],
-                           config: Optional[Dict[str, Any]] = None) -> Optional[Any]:
+def load_resume_checkpoint(resume: str | None, run_dir: Path, run_info: dict[str, Any],
+                           config: dict[str, Any] | None = None) -> Any | None:
     """The checkpoint to resume from: ``None``, ``auto`` (newest complete one in the run dir) or a directory.
 
     ``auto`` finds the newest checkpoint that fully verifies, whatever state a crash left (see
@@ -80,7 +80,7 @@ def load_resume_checkpoint(resume: Optional[str], run_dir: Path, run_info: Dict[
 
     if resume is None:
         return None
-    path: Optional[Path] = Path(resume)
+    path: Path | None = Path(resume)
     if resume == "auto":
         checkpoints = run_dir / "checkpoints"
         try:

@@ -20,10 +20,11 @@ import socket
 import stat
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional, Union
+from typing import Any
 
 from hydra.experimental.callback import Callback
 
@@ -59,13 +60,13 @@ class RunDirLock:
 
 
 # The one run directory this process writes (a process runs one training at a time).
-_held: Optional[RunDirLock] = None
+_held: RunDirLock | None = None
 # The run directory this process's RunDirGuard found missing and so created, with the top-most of its parents
 # that was missing too (``outputs/`` on a first run); None: it existed, or no guard ran.
-_created: Optional[tuple[Path, Path]] = None
+_created: tuple[Path, Path] | None = None
 
 
-def hold_run_dir(run_dir: Union[str, Path]) -> Optional[RunDirLock]:
+def hold_run_dir(run_dir: str | Path) -> RunDirLock | None:
     """Take the exclusive lock on ``run_dir`` (created if needed) for the rest of this process's life.
 
     Holding a new directory releases the one held before; returns None (unlocked, with a warning) where the
@@ -115,7 +116,7 @@ def hold_run_dir(run_dir: Union[str, Path]) -> Optional[RunDirLock]:
 
 
 @contextmanager
-def holding_run_dir(run_dir: Union[str, Path]) -> Iterator[Optional[RunDirLock]]:
+def holding_run_dir(run_dir: str | Path) -> Iterator[RunDirLock | None]:
     """:func:`hold_run_dir` for the ``with`` block; releases on exit only a lock it took itself."""
     already = held_run_dir() == Path(run_dir).resolve()
     lock = hold_run_dir(run_dir)
@@ -134,7 +135,7 @@ def release_run_dir() -> None:
         _held = None
 
 
-def held_run_dir() -> Optional[Path]:
+def held_run_dir() -> Path | None:
     """The run directory this process holds, or None."""
     return _held.run_dir if _held is not None else None
 
@@ -150,7 +151,7 @@ def describe_holder(fd: int) -> str:
     return f"pid {pid} on {host}"
 
 
-def discard_failed_start(run_dir: Union[str, Path]) -> bool:
+def discard_failed_start(run_dir: str | Path) -> bool:
     """Remove ``run_dir`` after a failed start (bad input, or stopped during start-up) when this run created it
     and it holds nothing but what every start writes: ``.hydra/``, the lock, the run's log file and a
     launcher's ``launch/`` logs. Returns whether it was removed; anything else in it keeps it.

@@ -7,6 +7,7 @@ training loop follows, so the schedule ends exactly on the run's last optimizer 
 """
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -107,7 +108,7 @@ def step(cfg: SchedConfig, base_lr: float, steps: ScheduleSteps) -> LRScheduler:
 def multistep(cfg: SchedConfig, base_lr: float, steps: ScheduleSteps) -> LRScheduler:
     """Multiply by ``sched.gamma`` when each epoch of ``sched.milestones`` starts."""
     milestones = list(cfg.milestones)
-    if not milestones or any(b <= a for a, b in zip(milestones, milestones[1:])):
+    if not milestones or any(b <= a for a, b in itertools.pairwise(milestones)):
         raise ConfigError(f"sched.milestones must be strictly increasing epochs, got {list(cfg.milestones)}")
     return _drops_at_epochs(milestones, "sched.milestones", cfg.gamma, base_lr, steps)
 

@@ -13,8 +13,15 @@ from typing import Any
 
 import paddle
 
-from paddletrain.checkpoint.untrusted import (StateValueError, checked_bool, checked_int, checked_mapping,
-                                              checked_number, required, show)
+from paddletrain.checkpoint.untrusted import (
+    StateValueError,
+    checked_bool,
+    checked_int,
+    checked_mapping,
+    checked_number,
+    required,
+    show,
+)
 from paddletrain.errors import UserError
 
 # Optimizers whose every accumulator is shaped like its parameter or holds one value (beta powers, step
@@ -138,7 +145,7 @@ def _check_like(saved: Any, current: Any, key: str) -> None:
     elif isinstance(current, (list, tuple)):
         if not isinstance(saved, (list, tuple)) or len(saved) != len(current):
             raise StateValueError(key, f"is {show(saved)}: expected a list of {len(current)} values")
-        for i, (s, c) in enumerate(zip(saved, current)):
+        for i, (s, c) in enumerate(zip(saved, current, strict=True)):
             _check_like(s, c, f"{key}[{i}]")
 
 

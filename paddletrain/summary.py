@@ -25,10 +25,10 @@ def run_summary(run_dir: Path, metrics: dict[str, float], trainer: Any) -> dict[
     """What ``summary.json`` holds.
 
     Flat keys (read by tests and tools): ``epochs``, ``global_step``, ``nonfinite_steps``, ``world_size``, every
-    final metric, ``train/throughput`` and ``train/data_time_share`` of the whole fit (this process's: per rank), ``train/images`` and
-    ``train/step_seconds`` (what the throughput divides), ``wall_seconds`` (the fit's wall time, validation and
-    checkpoints included). Nested: ``best`` (monitored metric, its value, 1-based epoch, global step and
-    checkpoint), ``last_checkpoint``, and ``paths`` (run directory, log file, VisualDL directory).
+    final metric, ``train/throughput`` and ``train/data_time_share`` of the whole fit (this process's: per rank),
+    ``train/images`` and ``train/step_seconds`` (what the throughput divides), ``wall_seconds`` (the fit's wall
+    time, validation and checkpoints included). Nested: ``best`` (monitored metric, its value, 1-based epoch,
+    global step and checkpoint), ``last_checkpoint``, and ``paths`` (run directory, log file, VisualDL directory).
     """
     throughput = trainer.run_throughput
     summary: dict[str, Any] = {"epochs": trainer.epoch, "global_step": trainer.global_step,

@@ -17,7 +17,8 @@ Every model has the same contract: ``forward_features`` (unpooled map), ``forwar
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional, Sequence, Type, Union
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import paddle
 import paddle.nn as nn
@@ -95,7 +96,7 @@ class BasicBlock(nn.Layer):
         inplanes: int,
         planes: int,
         stride: int = 1,
-        downsample: Optional[nn.Layer] = None,
+        downsample: nn.Layer | None = None,
         groups: int = 1,
         base_width: int = 64,
         norm_layer: LayerFactory = nn.BatchNorm2D,
@@ -142,7 +143,7 @@ class Bottleneck(nn.Layer):
         inplanes: int,
         planes: int,
         stride: int = 1,
-        downsample: Optional[nn.Layer] = None,
+        downsample: nn.Layer | None = None,
         groups: int = 1,
         base_width: int = 64,
         norm_layer: LayerFactory = nn.BatchNorm2D,
@@ -177,7 +178,7 @@ class Bottleneck(nn.Layer):
         return self.act3(self.drop_path(x) + shortcut)
 
 
-Block = Type[Union[BasicBlock, Bottleneck]]
+Block = type[BasicBlock | Bottleneck]
 
 
 class ResNet(nn.Layer):
@@ -222,8 +223,8 @@ class ResNet(nn.Layer):
         avg_down: bool = False,
         project_first_shortcut: bool = False,
         zero_init_residual: bool = False,
-        norm_layer: Optional[LayerFactory] = None,
-        act_layer: Optional[LayerFactory] = None,
+        norm_layer: LayerFactory | None = None,
+        act_layer: LayerFactory | None = None,
         data_format: str = "NCHW",
         drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
@@ -256,7 +257,7 @@ class ResNet(nn.Layer):
         self.inplanes = 64 if stem_type == "deep" else stem_width
         self.stage_names: list[str] = []
         rates = drop_path_rates(drop_path_rate, sum(layers))
-        for i, (planes, depth) in enumerate(zip(stage_widths, layers)):
+        for i, (planes, depth) in enumerate(zip(stage_widths, layers, strict=True)):
             stride = 1 if i == 0 else 2
             first = sum(layers[:i])
             stage = self._make_layer(
@@ -310,7 +311,7 @@ class ResNet(nn.Layer):
         stride: int,
         avg_down: bool,
         force_projection: bool = False,
-        block_drop_path_rates: Optional[Sequence[float]] = None,
+        block_drop_path_rates: Sequence[float] | None = None,
     ) -> nn.Sequential:
         """One stage: ``blocks`` blocks, the first one strided and with a projection shortcut if needed."""
         rates = list(block_drop_path_rates) if block_drop_path_rates is not None else [0.0] * blocks
@@ -392,7 +393,7 @@ class ResNet(nn.Layer):
         """The classifier head (``fc``): a ``nn.Linear``, or ``nn.Identity`` when ``num_classes == 0``."""
         return self.fc
 
-    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """Replace the head with a freshly initialised one for ``num_classes`` (0 = identity)."""
         if num_classes < 0:
             raise ConfigError(f"num_classes must be >= 0 (0 = feature extractor), got {num_classes}.")

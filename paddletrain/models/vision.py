@@ -12,7 +12,7 @@ architectures do not share a feature/head split.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Optional
+from typing import Any
 
 import paddle.nn as nn
 
@@ -115,7 +115,7 @@ def _adapt_first_conv(net: nn.Layer, name: str, in_chans: int) -> None:
 
 @register_model
 def vision(
-    arch: Optional[str] = None,
+    arch: str | None = None,
     num_classes: int = 1000,
     in_chans: int = 3,
     drop_rate: float = 0.0,

@@ -18,9 +18,18 @@ import numpy as np
 import pytest
 from safetensors import SafetensorError
 
-from paddletrain.checkpoint import (CheckpointError, CheckpointManager, find_latest, is_complete, load_checkpoint,
-                                    save_checkpoint)
-from paddletrain.checkpoint import _fs, retention, storage, tensors
+from paddletrain.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    _fs,
+    find_latest,
+    is_complete,
+    load_checkpoint,
+    retention,
+    save_checkpoint,
+    storage,
+    tensors,
+)
 from paddletrain.checkpoint.storage import MANIFEST, STATE, recover_interrupted_saves
 from tests.conftest import TINY
 from tests.reliability.checkpoint_craft import assert_one_error_line, fit_cli, output
