@@ -37,10 +37,10 @@ from paddletrain.registry import prepare
 from paddletrain.resume import is_legacy_checkpoint, load_resume_checkpoint, warm_start_from_legacy
 from paddletrain.rundir import holding_run_dir
 from paddletrain.runtime import seed_everything, setup_runtime
-from paddletrain.schedules import build_scheduler, schedule_steps
+from paddletrain.schedules import build_scheduler, optimizer_steps_per_epoch, schedule_steps
 from paddletrain.state_checks import check_state_matches
 from paddletrain.summary import write_summary
-from paddletrain.trainer import Trainer, count_batches, optimizer_steps_per_epoch
+from paddletrain.trainer import Trainer, count_batches
 from paddletrain.validation import validate_config
 
 log = logging.getLogger("paddletrain")

@@ -545,15 +545,6 @@ def count_batches(loader: Iterable, limit: Optional[int]) -> Optional[int]:
     return n
 
 
-def optimizer_steps_per_epoch(num_batches: int, accumulate_grad_batches: int) -> int:
-    """Optimizer steps in an epoch of ``num_batches``: one per ``accumulate_grad_batches``, and one on the last
-    batch even when its group is short (its gradients must not leak into the next epoch).
-
-    The one definition the training loop follows and the LR schedule's length is computed from.
-    """
-    return -(-num_batches // accumulate_grad_batches)
-
-
 def _flag_last(batches: Iterator[Any], limit: Optional[int], start: int) -> Iterator[Tuple[Any, bool]]:
     """``(batch, is_last)`` for batches ``start, start + 1, ...`` up to ``limit``.
 
