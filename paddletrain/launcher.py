@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+import psutil
+
 from paddletrain.distributed import OUTCOME_MARKER, RankOutcome, lost_peers
 from paddletrain.errors import ExitCode, describe_ranks
 from paddletrain.processes import LAUNCHER_ENV, REPEAT_WINDOW, STOP_SIGNALS, exit_now, stop_request
@@ -275,8 +277,6 @@ class Launcher:
 
     def _discover(self) -> list[int]:
         """Pids of the ranks alive now (Paddle's launcher's children), remembering every rank ever seen."""
-        import psutil
-
         try:
             children = psutil.Process(self._proc.pid).children(recursive=False)
         except psutil.NoSuchProcess:
@@ -298,8 +298,6 @@ class Launcher:
         return alive
 
     def _forward(self) -> None:
-        import psutil
-
         for pid, process in self._ranks.items():
             if pid in self._signalled:
                 continue
@@ -351,8 +349,6 @@ class Launcher:
 
 def _running(process: Any) -> bool:
     """Whether a psutil process still runs (a zombie waiting for its parent does not)."""
-    import psutil
-
     try:
         return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:

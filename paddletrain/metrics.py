@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import paddle
 
+from paddletrain.checkpoint.untrusted import StateValueError, checked_int, checked_mapping, show
+
 
 @dataclass
 class Throughput:
@@ -90,8 +92,6 @@ class ClassificationMeter:
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         """Restore :meth:`state_dict`; a malformed value raises ``StateValueError`` naming it."""
-        from paddletrain.checkpoint.untrusted import StateValueError, checked_int, checked_mapping, show
-
         checked_mapping(state, "(meter state)")
         ks = state.get("ks")
         if not isinstance(ks, list) or not 1 <= len(ks) <= 16:

@@ -32,6 +32,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import paddle
 
+from paddletrain.checkpoint.untrusted import (
+    StateValueError,
+    checked_bool,
+    checked_int,
+    checked_mapping,
+    checked_number,
+    required,
+    show,
+)
 from paddletrain.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -313,16 +322,6 @@ class Precision:
 
 def _checked_scaler_state(saved: Any) -> dict[str, Any]:
     """The saved loss-scaler state with every value in the range paddle's scaler assumes (else StateValueError)."""
-    from paddletrain.checkpoint.untrusted import (
-        StateValueError,
-        checked_bool,
-        checked_int,
-        checked_mapping,
-        checked_number,
-        required,
-        show,
-    )
-
     saved = dict(checked_mapping(saved, "scaler"))
     scale = required(saved, "scale", "scaler.scale")
     saved["scale"] = scale[0] if isinstance(scale, (list, tuple)) and len(scale) == 1 else scale

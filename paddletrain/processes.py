@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from paddletrain.errors import TrainingInterrupted
+
 log = logging.getLogger("paddletrain")
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -167,8 +169,6 @@ class StopRequest:
 
     def raise_if_requested(self) -> None:
         if self.signum is not None:
-            from paddletrain.errors import TrainingInterrupted
-
             raise TrainingInterrupted(self.signum)
 
     @contextlib.contextmanager

@@ -7,7 +7,11 @@ from typing import Any
 
 import paddle
 
+from paddletrain.checkpoint import find_latest, load_checkpoint, load_legacy
+from paddletrain.checkpoint.legacy import LEGACY_SUFFIXES
+from paddletrain.checkpoint.untrusted import StateValueError, check_inside, show
 from paddletrain.errors import UserError
+from paddletrain.state_checks import check_optimizer_state, check_state_matches
 
 log = logging.getLogger("paddletrain")
 
@@ -55,8 +59,6 @@ def _flatten(node: Any, prefix: str = "", depth: int = 0) -> dict[str, Any]:
 
 def warn_config_differences(path: Path, saved: Any, current: dict[str, Any]) -> None:
     """One warning line naming the keys whose values differ from the checkpoint's (see :func:`config_differences`)."""
-    from paddletrain.checkpoint.untrusted import show
-
     differences = config_differences(saved, current)
     if not differences:
         return
@@ -75,9 +77,6 @@ def load_resume_checkpoint(resume: str | None, run_dir: Path, run_info: dict[str
     different batch or world size is a warning, and so is any other key of ``config`` (this run's resolved
     config) that differs from the checkpoint's saved one (:func:`config_differences`).
     """
-    from paddletrain.checkpoint import find_latest, load_checkpoint
-    from paddletrain.checkpoint.untrusted import StateValueError, check_inside, show
-
     if resume is None:
         return None
     path: Path | None = Path(resume)
@@ -115,8 +114,6 @@ def load_resume_checkpoint(resume: str | None, run_dir: Path, run_info: dict[str
 
 def is_legacy_checkpoint(path: Path) -> bool:
     """A pickled PaddleClas-style checkpoint (``.pdparams``/``.pdopt``) rather than a paddletrain one."""
-    from paddletrain.checkpoint.legacy import LEGACY_SUFFIXES
-
     if path.is_file():
         return path.suffix in LEGACY_SUFFIXES
     return (path.is_dir() and not (path / "manifest.json").exists()
@@ -129,10 +126,6 @@ def warm_start_from_legacy(path: Path, model: paddle.nn.Layer, optimizer: Any, t
     Unpickling runs code from the file, so this needs ``trainer.trust_pickle=true``. A legacy file
     records no epoch, RNG or sampler state: training starts at epoch 0 with these weights.
     """
-    from paddletrain.checkpoint import load_legacy
-    from paddletrain.checkpoint.untrusted import StateValueError
-    from paddletrain.state_checks import check_optimizer_state, check_state_matches
-
     loaded = load_legacy(path, trust_pickle=trust_pickle)
     files = loaded if path.is_dir() else {path.name: loaded}
     weights = next((v for k, v in files.items() if k.endswith(".pdparams")), None)

@@ -12,10 +12,12 @@ without the callback: sweeps, downstream Hydra apps, Python code.
 """
 from __future__ import annotations
 
+import copy
 import errno
 import json
 import logging
 import os
+import shutil
 import socket
 import stat
 import sys
@@ -26,10 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
+from omegaconf import OmegaConf, open_dict, read_write
 
 from paddletrain import distributed
 from paddletrain.errors import UserError
+from paddletrain.validation import validate_config
 
 try:
     import fcntl
@@ -158,8 +163,6 @@ def discard_failed_start(run_dir: str | Path) -> bool:
 
     The caller has already said why the run failed on the console; the log file is closed first.
     """
-    import shutil
-
     run_dir = Path(run_dir).resolve()
     if _created is None or _created[0] != run_dir or not run_dir.is_dir():
         return False
@@ -212,13 +215,6 @@ class RunDirGuard(Callback):
 
     def on_run_start(self, config: Any, **kwargs: Any) -> None:
         global _created
-        import copy
-
-        from hydra.core.hydra_config import HydraConfig
-        from omegaconf import OmegaConf, open_dict, read_write
-
-        from paddletrain.validation import validate_config
-
         if distributed.is_launched():
             return
         try:

@@ -5,6 +5,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from paddletrain.callbacks.base import MODES, Callback, metric_improved
+from paddletrain.checkpoint.untrusted import checked_int, checked_number, checked_optional_int
 from paddletrain.config import check_option
 from paddletrain.registries import CALLBACKS
 
@@ -74,7 +75,6 @@ class EarlyStopping(Callback):
             _log.warning("EarlyStopping: checkpoint tracked %s (%s), now %s (%s); starting a fresh count",
                          state.get("monitor"), state.get("mode"), self.monitor, self.mode)
             return
-        from paddletrain.checkpoint.untrusted import checked_int, checked_number, checked_optional_int
 
         best = checked_number(state.get("best"), "best", allow_none=True)
         best_epoch = checked_optional_int(state.get("best_epoch"), "best_epoch")

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 import paddle
 
 from paddletrain.callbacks.base import Callback, StepOutput
+from paddletrain.checkpoint.untrusted import StateValueError, checked_mapping, show
 from paddletrain.config import check_option
 from paddletrain.registries import CALLBACKS
 
@@ -64,8 +65,6 @@ class ModelEMA(Callback):
 
     def on_load_checkpoint(self, trainer: Trainer, checkpoint: dict[str, Any]) -> None:
         # The averaged weights must fit the model they will be validated in (checked before anything loads).
-        from paddletrain.checkpoint.untrusted import StateValueError, checked_mapping, show
-
         saved = (checkpoint.get("callbacks") or {}).get(self.state_key) if isinstance(checkpoint, dict) else None
         shadow = saved.get("shadow") if isinstance(saved, dict) else None
         if shadow is None:

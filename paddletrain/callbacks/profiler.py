@@ -5,6 +5,7 @@ import contextlib
 import io
 import logging
 import statistics
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -75,14 +76,13 @@ class ProfilerCallback(Callback):
             if trainer.run_dir is None:
                 raise ConfigError("ProfilerCallback needs out_dir when the trainer has no run_dir")
             self.out_dir = Path(trainer.run_dir) / "profiler"
-        from paddle import profiler
-
-        targets = [profiler.ProfilerTarget.CPU]
+        targets = [paddle.profiler.ProfilerTarget.CPU]
         if paddle.device.get_device().startswith("gpu"):
-            targets.append(profiler.ProfilerTarget.GPU)
-        self._profiler = profiler.Profiler(
+            targets.append(paddle.profiler.ProfilerTarget.GPU)
+        self._profiler = paddle.profiler.Profiler(
             targets=targets,
-            scheduler=profiler.make_scheduler(closed=self.wait, ready=self.warmup, record=self.active, repeat=1),
+            scheduler=paddle.profiler.make_scheduler(closed=self.wait, ready=self.warmup, record=self.active,
+                                                     repeat=1),
             on_trace_ready=self._write,
             record_shapes=self.record_shapes,
         )
@@ -144,8 +144,6 @@ class ProfilerCallback(Callback):
 @contextlib.contextmanager
 def warnings_silenced():
     """Paddle warns on stopping a profiler that is not recording (READY -> CLOSED); that is expected here."""
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         yield

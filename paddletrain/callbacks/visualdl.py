@@ -33,6 +33,15 @@ import numpy as np
 from visualdl import LogWriter
 
 from paddletrain.callbacks.base import Callback, StepOutput
+from paddletrain.checkpoint.untrusted import (
+    StateValueError,
+    check_inside,
+    checked_mapping,
+    checked_optional_int,
+    checked_str,
+    checked_str_list,
+    confined_path,
+)
 from paddletrain.config import check_option
 from paddletrain.metrics import Throughput
 from paddletrain.registries import CALLBACKS
@@ -388,14 +397,6 @@ class VisualDLLogger(Callback):
         the file lies is checked when it is opened (:meth:`_resumable_file`), so resuming never writes to or
         cuts a file outside the log directory.
         """
-        from paddletrain.checkpoint.untrusted import (
-            StateValueError,
-            checked_mapping,
-            checked_optional_int,
-            checked_str,
-            checked_str_list,
-        )
-
         if self._writer is not None:
             raise RuntimeError("VisualDLLogger state must be loaded before the first training batch")
         try:
@@ -449,8 +450,6 @@ class VisualDLLogger(Callback):
 
     def _open(self, trainer: Trainer) -> bool:
         """Opens the writer; True when it appends to the file of a resumed run."""
-        from paddletrain.checkpoint.untrusted import check_inside
-
         self._resolve_logdir(trainer)
         if trainer.run_dir is not None:
             # <run_dir>/visualdl must not be a symlink out of the run directory (files are written into it).
@@ -477,8 +476,6 @@ class VisualDLLogger(Callback):
     def _resumable_file(self) -> str | None:
         """The log file a resumed run appends to, if it is safe to: a regular file with a single link, inside
         the log directory once every symlink is resolved; otherwise None (with a warning) for a new file."""
-        from paddletrain.checkpoint.untrusted import StateValueError, confined_path
-
         if not self._file_name:
             return None
         try:
