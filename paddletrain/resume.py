@@ -77,25 +77,40 @@ def load_resume_checkpoint(resume: str | None, run_dir: Path, run_info: dict[str
     different batch or world size is a warning, and so is any other key of ``config`` (this run's resolved
     config) that differs from the checkpoint's saved one (:func:`config_differences`).
     """
-    if resume is None:
+    path = _resume_path(resume, run_dir)
+    if path is None:
         return None
-    path: Path | None = Path(resume)
-    if resume == "auto":
-        checkpoints = run_dir / "checkpoints"
-        try:
-            check_inside(checkpoints, run_dir, "checkpoint directory")
-        except StateValueError as error:
-            raise UserError(f"trainer.resume=auto: {error}") from error
-        path = find_latest(checkpoints, log=log)
-        if path is None:
-            log.info("trainer.resume=auto: no complete checkpoint in %s, starting fresh", checkpoints)
-            return None
-    elif not path.is_dir():
-        raise UserError(f"trainer.resume={resume}: no such checkpoint directory")
     checkpoint = load_checkpoint(path)
     saved = checkpoint.state.get("run", {}) if isinstance(checkpoint.state, dict) else None
     if not isinstance(saved, dict):
         raise UserError(f"cannot resume from {path}: its state has no run record ('run' is {show(saved)})")
+    _check_run_record(path, saved, run_info)
+    if config is not None:
+        warn_config_differences(path, checkpoint.state.get("config"), config)
+    return checkpoint
+
+
+def _resume_path(resume: str | None, run_dir: Path) -> Path | None:
+    """The checkpoint directory ``trainer.resume`` names, or None to start fresh."""
+    if resume is None:
+        return None
+    if resume != "auto":
+        if not Path(resume).is_dir():
+            raise UserError(f"trainer.resume={resume}: no such checkpoint directory")
+        return Path(resume)
+    checkpoints = run_dir / "checkpoints"
+    try:
+        check_inside(checkpoints, run_dir, "checkpoint directory")
+    except StateValueError as error:
+        raise UserError(f"trainer.resume=auto: {error}") from error
+    path = find_latest(checkpoints, log=log)
+    if path is None:
+        log.info("trainer.resume=auto: no complete checkpoint in %s, starting fresh", checkpoints)
+    return path
+
+
+def _check_run_record(path: Path, saved: dict[str, Any], run_info: dict[str, Any]) -> None:
+    """Refuse a checkpoint of another model or number of classes; warn on another batch or world size."""
     def shown(value: Any) -> str:  # the checkpoint's own value, as the user wrote it, within reason
         return str(value) if isinstance(value, (str, int)) and len(str(value)) <= 60 else show(value)
 
@@ -107,9 +122,6 @@ def load_resume_checkpoint(resume: str | None, run_dir: Path, run_info: dict[str
         if key in saved and saved[key] != run_info[key]:
             log.warning("Resuming from %s with %s=%s; the checkpoint was written with %s=%s", path, key,
                         run_info[key], key, shown(saved[key]))
-    if config is not None:
-        warn_config_differences(path, checkpoint.state.get("config"), config)
-    return checkpoint
 
 
 def is_legacy_checkpoint(path: Path) -> bool:
