@@ -224,6 +224,15 @@ def _decay_under(groups: Sequence[dict[str, Any]], key: str) -> list[dict[str, A
     return moved
 
 
+def _adam(optimizer: type[paddle.optimizer.Optimizer], name: str, groups: Sequence[dict[str, Any]],
+          learning_rate: Any, cfg: OptimConfig) -> paddle.optimizer.Optimizer:
+    """Adam or AdamW from the same settings; the class decides how the weight decay applies."""
+    _no_nesterov(cfg, name)
+    beta1, beta2 = _betas(cfg)
+    return optimizer(learning_rate=learning_rate, beta1=beta1, beta2=beta2, epsilon=_eps(cfg, 1e-8),
+                     parameters=list(groups), weight_decay=float(cfg.weight_decay))
+
+
 @OPTIMIZERS.register("sgd")
 def build_sgd(
     groups: Sequence[dict[str, Any]], learning_rate: Any, cfg: OptimConfig
@@ -252,16 +261,7 @@ def build_adamw(
     groups: Sequence[dict[str, Any]], learning_rate: Any, cfg: OptimConfig
 ) -> paddle.optimizer.Optimizer:
     """AdamW (Loshchilov & Hutter 2019): Adam with decoupled weight decay ``w -= lr * wd * w``."""
-    _no_nesterov(cfg, "adamw")
-    beta1, beta2 = _betas(cfg)
-    return paddle.optimizer.AdamW(
-        learning_rate=learning_rate,
-        beta1=beta1,
-        beta2=beta2,
-        epsilon=_eps(cfg, 1e-8),
-        parameters=list(groups),
-        weight_decay=float(cfg.weight_decay),
-    )
+    return _adam(paddle.optimizer.AdamW, "adamw", groups, learning_rate, cfg)
 
 
 @OPTIMIZERS.register("adam")
@@ -269,16 +269,7 @@ def build_adam(
     groups: Sequence[dict[str, Any]], learning_rate: Any, cfg: OptimConfig
 ) -> paddle.optimizer.Optimizer:
     """Adam (Kingma & Ba 2015) with L2 decay added to the gradient (as ``torch.optim.Adam``)."""
-    _no_nesterov(cfg, "adam")
-    beta1, beta2 = _betas(cfg)
-    return paddle.optimizer.Adam(
-        learning_rate=learning_rate,
-        beta1=beta1,
-        beta2=beta2,
-        epsilon=_eps(cfg, 1e-8),
-        parameters=list(groups),
-        weight_decay=float(cfg.weight_decay),
-    )
+    return _adam(paddle.optimizer.Adam, "adam", groups, learning_rate, cfg)
 
 
 @OPTIMIZERS.register("rmsprop")

@@ -169,3 +169,23 @@ def checked_metrics(metrics: Any, key: str = "metrics") -> dict[str, float]:
             raise StateValueError(key, f"has the key {show(name)}: expected metric names")
         checked_number(value, f"{key}.{name}")
     return dict(metrics)
+
+
+def checked_scaler_state(saved: Any) -> dict[str, Any]:
+    """The saved loss-scaler state (``Precision.state_dict()["scaler"]``) with every value in the range paddle's
+    ``GradScaler`` assumes (else StateValueError naming the key)."""
+    saved = dict(checked_mapping(saved, "scaler"))
+    scale = required(saved, "scale", "scaler.scale")
+    saved["scale"] = scale[0] if isinstance(scale, (list, tuple)) and len(scale) == 1 else scale
+    for name, allowed, wanted in (("scale", lambda x: x > 0, "> 0"), ("incr_ratio", lambda x: x >= 1, ">= 1"),
+                                  ("decr_ratio", lambda x: 0 < x <= 1, "in (0, 1]")):
+        number = checked_number(required(saved, name, f"scaler.{name}"), f"scaler.{name}", finite=True)
+        if not allowed(number):
+            raise StateValueError(f"scaler.{name}", f"is {show(saved[name])}: expected a number {wanted}")
+        saved[name] = number
+    for name, low in (("incr_every_n_steps", 1), ("decr_every_n_nan_or_inf", 1), ("incr_count", 0),
+                      ("decr_count", 0)):
+        saved[name] = checked_int(required(saved, name, f"scaler.{name}"), f"scaler.{name}", minimum=low)
+    key = "scaler.use_dynamic_loss_scaling"
+    saved["use_dynamic_loss_scaling"] = checked_bool(required(saved, "use_dynamic_loss_scaling", key), key)
+    return saved
