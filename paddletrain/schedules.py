@@ -19,15 +19,6 @@ from paddletrain.errors import ConfigError
 from paddletrain.registries import SCHEDULERS
 
 
-def optimizer_steps_per_epoch(num_batches: int, accumulate_grad_batches: int) -> int:
-    """Optimizer steps in an epoch of ``num_batches``: one per ``accumulate_grad_batches``, and one on the last
-    batch even when its group is short (its gradients must not leak into the next epoch).
-
-    The one definition the training loop follows and the LR schedule's length is computed from.
-    """
-    return -(-num_batches // accumulate_grad_batches)
-
-
 @dataclass(frozen=True)
 class ScheduleSteps:
     """How long a schedule runs, in optimizer steps."""
