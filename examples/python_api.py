@@ -13,8 +13,7 @@ from paddletrain.callbacks import EarlyStopping, ModelCheckpoint, ProgressBar
 from paddletrain.config import DataConfig, OptimConfig, SchedConfig
 from paddletrain.data import ShapesDataset, build_loader, build_transform
 from paddletrain.optim import build_optimizer
-from paddletrain.schedules import build_scheduler, schedule_steps
-from paddletrain.trainer import optimizer_steps_per_epoch
+from paddletrain.schedules import build_scheduler, optimizer_steps_per_epoch, schedule_steps
 
 
 def main() -> None:

@@ -90,7 +90,9 @@ def capture(url: str, out_dir: Path, chromium: str, width: int, height: int, tim
                 page.set_viewport_size({"width": width, "height": max(height, page.evaluate(
                     "document.documentElement.scrollHeight"))})
                 page.mouse.move(0, 0)  # no chart highlighted under the pointer
-                page.wait_for_timeout(2000)  # the charts' drawing animation
+                # Charts that were below the fold fetch their data only now; on a busy machine that takes seconds.
+                # (VisualDL polls, so the network never goes idle: wait a fixed time.)
+                page.wait_for_timeout(8000)
                 page.screenshot(path=paths["scalars"])
                 page.set_viewport_size({"width": width, "height": height})
 

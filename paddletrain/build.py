@@ -28,6 +28,7 @@ from paddletrain.callbacks.instantiate import instantiate_callbacks
 from paddletrain.config import DataConfig, FitConfig
 from paddletrain.data import build_datasets, build_loader, build_transform
 from paddletrain.data.mixup import Mixup
+from paddletrain.data.unlabeled import with_unlabeled
 from paddletrain.distill import Distiller
 from paddletrain.errors import TrainingInterrupted, UserError
 from paddletrain.losses import build_loss
@@ -39,10 +40,10 @@ from paddletrain.registry import prepare
 from paddletrain.resume import is_legacy_checkpoint, load_resume_checkpoint, warm_start_from_legacy
 from paddletrain.rundir import holding_run_dir
 from paddletrain.runtime import seed_everything, setup_runtime
-from paddletrain.schedules import build_scheduler, schedule_steps
+from paddletrain.schedules import build_scheduler, optimizer_steps_per_epoch, schedule_steps
 from paddletrain.state_checks import check_state_matches
 from paddletrain.summary import write_summary
-from paddletrain.trainer import Trainer, count_batches, optimizer_steps_per_epoch
+from paddletrain.trainer import Trainer, count_batches
 from paddletrain.validation import validate_config
 
 log = logging.getLogger("paddletrain")
@@ -58,12 +59,20 @@ class DataBundle:
     in_chans: int
 
 
-def build_data(cfg: DictConfig, seed: int, rank: int = 0, world_size: int = 1) -> DataBundle:
-    """Datasets, transforms and loaders from the ``data`` config."""
+def build_data(cfg: DictConfig, seed: int, rank: int = 0, world_size: int = 1, eval_crop: bool = True,
+               training: bool = True) -> DataBundle:
+    """Datasets, transforms and loaders from the ``data`` config.
+
+    ``eval_crop=False``: evaluation images keep the ``eval_resize`` square (multi-crop test-time augmentation).
+    ``training=False``: only evaluation is coming, so ``trainer.distill.unlabeled_root`` is not read.
+    """
     # Transforms need the channel count the dataset reports, so the loaders apply them (per seeded sample).
     splits = build_datasets(cfg.data)
+    unlabeled = (cfg.trainer.get("distill") or {}).get("unlabeled_root")
+    if unlabeled and training:  # label-free distillation (SSLD) learns from these too
+        splits.train = with_unlabeled(splits.train, unlabeled, splits.in_chans)
     train_tf = build_transform(cfg.data, train=True, in_chans=splits.in_chans)
-    eval_tf = build_transform(cfg.data, train=False, in_chans=splits.in_chans)
+    eval_tf = build_transform(cfg.data, train=False, in_chans=splits.in_chans, crop=eval_crop)
     if len(splits.train) == 0:
         raise UserError(f"data.name={cfg.data.name}: the training split is empty")
     num_classes = cfg.model.num_classes
@@ -172,6 +181,8 @@ def build_distiller(cfg: DictConfig, num_classes: int, in_chans: int, precision:
     options = OmegaConf.to_container(d.teacher_options, resolve=True) if d.teacher_options else {}
     teacher = create_model(d.teacher, num_classes=num_classes, in_chans=in_chans, pretrained=d.pretrained,
                            strict=True, trust_pickle=d.trust_pickle, **options)
+    if precision.amp_active and precision.level == "O2":  # O2 autocast expects low-precision weights
+        teacher = paddle.amp.decorate(models=teacher, level="O2", dtype=precision.dtype)
     log.info("Distilling from the teacher %s (%s), kind=%s", d.teacher, d.pretrained, d.kind)
     return Distiller(teacher, kind=d.kind, alpha=d.alpha, temperature=d.temperature, hard_loss=build_loss(cfg.loss),
                      precision=precision)
@@ -204,7 +215,8 @@ KEY_HPARAMS = ("model.name", "data.name", "optim.name", "optim.lr", "data.batch_
 _RUN_PLUMBING = ("hydra", "name", "tags", "imports", "trainer.resume", "trainer.device", "trainer.cpu_threads",
                  "trainer.node_rank", "trainer.master", "trainer.trust_pickle", "model.trust_pickle", "data.root",
                  "data.download", "data.num_workers", "data.use_shared_memory", "data.persistent_workers",
-                 "callbacks.progress_bar", "callbacks.visualdl", "callbacks.checkpoint")
+                 "callbacks.progress_bar", "callbacks.visualdl", "callbacks.checkpoint",
+                 "trainer.distill.unlabeled_root", "trainer.distill.trust_pickle")
 _ABSENT = object()
 
 

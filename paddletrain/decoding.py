@@ -18,10 +18,9 @@ import logging
 import os
 import signal
 from collections import deque
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import shared_memory
-from collections.abc import Iterator, Sequence
-from typing import Optional
 
 import numpy as np
 
@@ -36,13 +35,14 @@ PREFETCH_PER_WORKER = 2
 SHM_DIR = "/dev/shm"
 
 # (paths decoded, their stacked inputs or None, (path, reason) for each failure)
-Batch = tuple[list[str], Optional[np.ndarray], list[tuple[str, str]]]  # a runtime alias: Optional for Python 3.9
+Batch = tuple[list[str], np.ndarray | None, list[tuple[str, str]]]  # a runtime alias, evaluated at import
 
 _worker_preprocessing: Preprocessing | None = None
 _worker_blocks: dict[str, shared_memory.SharedMemory] = {}
 
 
 def _decode_each(paths: Sequence[str], preprocessing: Preprocessing) -> Iterator[tuple[str, np.ndarray | None, str]]:
+    # Here, not at the top: paddletrain.data's __init__ loads Paddle (~4 s), which predict's start-up does without.
     from paddletrain.data.images import ImageReadError, open_image
 
     for path in paths:

@@ -14,7 +14,7 @@ import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import paddle
 
@@ -79,16 +79,16 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     return holder[0]
 
 
-def all_gather_object(obj: Any) -> List[Any]:
+def all_gather_object(obj: Any) -> list[Any]:
     """Every rank's ``obj``, in rank order, on every rank."""
     if not is_launched():
         return [obj]
-    gathered: List[Any] = []
+    gathered: list[Any] = []
     paddle.distributed.all_gather_object(gathered, obj)
     return gathered
 
 
-def agree_on_stop(signum: Optional[int]) -> Optional[tuple]:
+def agree_on_stop(signum: int | None) -> tuple | None:
     """The stop request every rank acts on: ``(signal, rank that received it)`` or None (one small all-reduce).
 
     Every rank calls this at the same point (after each optimizer step); the lowest rank holding the highest
@@ -106,8 +106,8 @@ def agree_on_stop(signum: Optional[int]) -> Optional[tuple]:
     return agreed >> 20, (1 << 20) - 1 - (agreed & ((1 << 20) - 1))
 
 
-def lost_peers(text: str, endpoints: Optional[List[str]] = None,
-               self_rank: Optional[int] = None) -> Optional[List[int]]:
+def lost_peers(text: str, endpoints: list[str] | None = None,
+               self_rank: int | None = None) -> list[int] | None:
     """The ranks a gloo transport failure in ``text`` (an error message or a log) points at, or None if none.
 
     Exactly the rank gloo names when it does; otherwise the ranks at the peer's address according to
@@ -129,7 +129,7 @@ def lost_peers(text: str, endpoints: Optional[List[str]] = None,
     return candidates or [i for i in range(len(endpoints)) if i != self_rank]
 
 
-def as_rank_lost(exc: BaseException) -> Optional[RankLostError]:
+def as_rank_lost(exc: BaseException) -> RankLostError | None:
     """A :class:`RankLostError` when ``exc`` is a collective failing because a peer rank is gone, else None."""
     if isinstance(exc, RankLostError):
         return exc
@@ -206,14 +206,14 @@ class RankOutcome:
     code: int
     message: str
     time: float
-    lost_ranks: Optional[List[int]] = None
+    lost_ranks: list[int] | None = None
 
     @staticmethod
     def path(log_dir: Path, rank_id: int) -> Path:
         return Path(log_dir) / f"outcome.{rank_id}.json"
 
     @classmethod
-    def read_all(cls, log_dir: Path) -> Dict[int, "RankOutcome"]:
+    def read_all(cls, log_dir: Path) -> dict[int, RankOutcome]:
         """Every outcome in ``log_dir`` by rank; files that are not ours are ignored."""
         outcomes = {}
         for path in sorted(Path(log_dir).glob("outcome.*.json")):
@@ -228,7 +228,7 @@ class RankOutcome:
         return outcomes
 
 
-def report_outcome(code: int, message: str, lost_ranks: Optional[List[int]] = None) -> None:
+def report_outcome(code: int, message: str, lost_ranks: list[int] | None = None) -> None:
     """Leave this rank's outcome where its launcher reads it (Paddle's ``PADDLE_LOG_DIR``); no-op when not launched.
 
     Also logs it with :data:`OUTCOME_MARKER`, for whoever reads this rank's log.

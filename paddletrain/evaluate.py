@@ -1,7 +1,11 @@
-"""`python -m paddletrain.evaluate checkpoint=<dir> [overrides]`: loss, top-1 and top-5 of a checkpoint.
+"""`python -m paddletrain.evaluate checkpoint=<dir>[:best|:last] [overrides]`: loss, top-1 and top-5 of a checkpoint.
+
+``checkpoint`` is one checkpoint directory, or a run directory with ``:best`` or ``:last`` (see
+:mod:`paddletrain.checkpoint.locate`), e.g. ``checkpoint=outputs/fit/2026-11-23_10-00-00:best``.
 
 The configuration saved in the checkpoint is used, so the model and data match training; any override given on
 the command line (e.g. ``data.root=/other/val``, ``data.eval_batch_size=256``) is applied on top of it.
+``tta.flip=true`` / ``tta.crops=5`` average the predictions over flipped / cropped views (paddletrain.tta).
 """
 from __future__ import annotations
 
@@ -16,11 +20,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from paddletrain.build import build_data, checkpoint_config, checkpoint_model, resolve_preprocessing
 from paddletrain.checkpoint import Checkpoint, load_checkpoint
+from paddletrain.checkpoint.locate import locate_checkpoint
 from paddletrain.config import register_configs
 from paddletrain.errors import ExitCode, UserError
 from paddletrain.registry import prepare
 from paddletrain.runtime import seed_everything, setup_runtime
 from paddletrain.trainer import Trainer
+from paddletrain.tta import TestTimeAugmentation
 from paddletrain.validation import validate_config
 
 log = logging.getLogger("paddletrain")
@@ -32,9 +38,12 @@ def evaluate(cfg: DictConfig, checkpoint: Checkpoint) -> dict[str, float]:
     cfg = resolve_preprocessing(cfg)
     setup_runtime(cfg.trainer.device, cfg.trainer.cpu_threads)
     seed_everything(cfg.trainer.seed)
-    data = build_data(cfg, seed=cfg.trainer.seed)
+    tta = cfg.get("tta") or {}
+    data = build_data(cfg, seed=cfg.trainer.seed, eval_crop=tta.get("crops", 1) == 1, training=False)
     model = checkpoint_model(cfg, checkpoint.state, len(data.classes), data.in_chans,
                              source=f"checkpoint={checkpoint.path}")
+    if tta.get("flip") or tta.get("crops", 1) > 1:  # test-time augmentation (paddletrain.tta)
+        model = TestTimeAugmentation(model, flip=tta.flip, crops=tta.crops, crop_size=cfg.data.image_size)
     trainer = Trainer(model, paddle.optimizer.SGD(parameters=model.parameters()), num_classes=len(data.classes),
                       limit_val_batches=cfg.trainer.limit_val_batches)
     metrics = trainer.validate(data.val_loader)
@@ -51,14 +60,14 @@ register_configs()
 def main(cfg: DictConfig) -> None:
     try:
         if OmegaConf.is_missing(cfg, "checkpoint"):
-            raise UserError("missing required value for checkpoint (e.g. checkpoint=outputs/<run>/checkpoints/<dir>)")
-        checkpoint = load_checkpoint(cfg.checkpoint)
+            raise UserError("missing required value for checkpoint (e.g. checkpoint=outputs/<name>/<time>:best)")
+        checkpoint = load_checkpoint(locate_checkpoint(cfg.checkpoint))
         prepare(cfg, checkpoint)  # the checkpoint's `imports` and the command line's
         # The command line's own overrides go on top of the saved config.
         overrides = [o.lstrip("+~") for o in HydraConfig.get().overrides.task
                      if not o.lstrip("+~").startswith(("checkpoint=", "hydra"))]
         evaluate(checkpoint_config(checkpoint.state.get("config"), overrides, base=cfg,
-                                   source=f"checkpoint={cfg.checkpoint}"), checkpoint)
+                                   source=f"checkpoint={checkpoint.path}"), checkpoint)
     except UserError as exc:
         log.error("%s", exc)
         sys.exit(ExitCode.USER_ERROR)

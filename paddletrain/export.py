@@ -1,8 +1,10 @@
-"""`python -m paddletrain.export checkpoint=<dir>`: a checkpoint -> a verified Paddle Inference (or ONNX) model.
+"""`python -m paddletrain.export checkpoint=<dir>[:best|:last]`: a checkpoint -> a verified Paddle Inference (or
+ONNX) model.
 
 Examples::
 
-    python -m paddletrain.export checkpoint=outputs/run/checkpoints/best out_dir=export/
+    python -m paddletrain.export checkpoint=outputs/fit/2026-11-23_10-00-00:best out_dir=export/
+    python -m paddletrain.export checkpoint=outputs/fit/2026-11-23_10-00-00/checkpoints/epoch0004-step0000200
     python -m paddletrain.export checkpoint=... batch=8            # fixed batch size (default: dynamic)
     python -m paddletrain.export checkpoint=... format=onnx        # needs `pip install paddletrain[onnx]`
 
@@ -13,12 +15,15 @@ checkpoint's own dataset; a difference beyond tolerance fails the export (exit s
 """
 from __future__ import annotations
 
+import inspect
 import json
 import logging
+import os
 import sys
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
 import hydra
 import numpy as np
@@ -28,15 +33,18 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from paddletrain.build import checkpoint_config, checkpoint_model
 from paddletrain.checkpoint import load_checkpoint
+from paddletrain.checkpoint.locate import locate_checkpoint
 from paddletrain.config import allowed, check_field, check_values
 from paddletrain.data import DatasetError, build_datasets, build_transform, preprocessing_info
 from paddletrain.errors import ExitCode, UserError
 from paddletrain.inference import (
     DEVICES,
     MODEL_PREFIX,
+    ONNX_FILE,
     PRECISIONS,
     PREPROCESS_FILE,
     PREPROCESS_FORMAT_VERSION,
+    OnnxPredictor,
     Predictor,
     Preprocessing,
     check_precision_runs_on,
@@ -48,7 +56,6 @@ log = logging.getLogger("paddletrain")
 
 FORMATS = ("paddle", "onnx")
 INPUT_NAME = "x"
-ONNX_FILE = f"{MODEL_PREFIX}.onnx"
 ONNX_OPSET = 13
 # 1 is Hydra's own exit status for a command line it rejects; 3 means "ran, but the result is not good",
 # as in paddletrain.predict.
@@ -127,6 +134,8 @@ class ExportResult:
     files: List[Path]
     parity: Optional[ParityReport] = None
     labels: List[str] = field(default_factory=list)
+    # format=onnx: model.onnx in onnxruntime against the same reference logits (included in ``passed``).
+    onnx_parity: Optional[ParityReport] = None
 
     @property
     def passed(self) -> bool:
@@ -254,22 +263,58 @@ def check_parity(predictor: Predictor, model: paddle.nn.Layer, inputs: np.ndarra
 
 
 def export_onnx(model_dir: Union[str, Path], opset: int = ONNX_OPSET) -> Path:
-    """Convert an export directory's Paddle model to ``model.onnx`` with paddle2onnx (the ``onnx`` extra)."""
+    """Convert an export directory's Paddle model to ``model.onnx`` with paddle2onnx (the ``onnx`` extra).
+
+    Nothing is installed on the way (see :func:`no_install_options`).
+    """
     paddle2onnx = require_paddle2onnx()
     from paddletrain.inference import PARAMS_FILE, find_graph_file
 
     model_dir = Path(model_dir)
     target = model_dir / ONNX_FILE
     try:
-        paddle2onnx.export(model_filename=str(find_graph_file(model_dir)),
-                           params_filename=str(model_dir / PARAMS_FILE), save_file=str(target),
-                           opset_version=opset, enable_onnx_checker=True)
+        with _stdout_to_stderr():
+            paddle2onnx.export(model_filename=str(find_graph_file(model_dir)),
+                               params_filename=str(model_dir / PARAMS_FILE), save_file=str(target),
+                               opset_version=opset, enable_onnx_checker=True,
+                               **no_install_options(paddle2onnx.export))
     except Exception as exc:  # paddle2onnx reports unsupported ops with assorted exception types
         raise UserError(f"paddle2onnx {getattr(paddle2onnx, '__version__', '?')} could not convert "
                         f"{model_dir}: {exc}") from exc
     if not target.is_file():
         raise UserError(f"paddle2onnx finished without writing {target}")
     return target
+
+
+@contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Send file descriptor 1 to stderr for a while: paddle2onnx prints progress from C++ and Python to stdout,
+    which carries the export's JSON summary."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no stdout at all (a daemon): nothing to protect
+        yield
+        return
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def no_install_options(export: Any) -> dict[str, Any]:
+    """paddle2onnx options that keep an export from installing packages.
+
+    From 1.3 on, paddle2onnx folds constants with polygraphy by default (``optimize_tool="polygraphy"``) after
+    setting ``POLYGRAPHY_AUTOINSTALL_DEPS=1``, so polygraphy runs ``pip install onnx_graphsurgeon`` from
+    NVIDIA's index whenever it lacks it. Any other value writes the converted graph as it is (paddle2onnx's own
+    C++ optimizer, ``enable_optimize``, still runs and installs nothing). Older versions have neither the
+    option nor the step.
+    """
+    return {"optimize_tool": "None"} if "optimize_tool" in inspect.signature(export).parameters else {}
 
 
 def require_paddle2onnx() -> Any:
@@ -283,22 +328,16 @@ def require_paddle2onnx() -> Any:
 
 
 def onnx_parity(onnx_file: Path, inputs: np.ndarray, reference: np.ndarray, tolerance: float,
-                fixed_batch: Optional[int] = None) -> ParityReport:
-    """Run ``onnx_file`` in onnxruntime on ``inputs`` and compare with the reference logits."""
+                cpu_threads: Optional[int] = None) -> ParityReport:
+    """Run ``onnx_file`` in onnxruntime (as ``paddletrain.predict`` does) and compare with the reference logits."""
     try:
-        import onnxruntime
-    except ImportError:
+        predictor = OnnxPredictor(onnx_file, device="cpu", cpu_threads=cpu_threads)
+    except UserError as exc:
+        if "not installed" not in str(exc):
+            raise
         raise UserError("the ONNX parity check needs onnxruntime: pip install onnxruntime, or pass check=false "
                         "to skip it (the Paddle model is still verified)") from None
-    session = onnxruntime.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    step = fixed_batch or len(inputs)
-    outputs = []
-    for start in range(0, len(inputs), step):
-        chunk = inputs[start:start + step]
-        padded = np.concatenate([chunk, np.zeros((step - len(chunk), *chunk.shape[1:]), np.float32)])
-        outputs.append(session.run(None, {name: padded})[0][:len(chunk)])
-    return compare_logits(np.concatenate(outputs), reference, tolerance)
+    return compare_logits(predictor.predict(inputs), reference, tolerance)
 
 
 def _check_images(splits: Any, eval_transform: Any, preprocessing: Preprocessing,
@@ -327,9 +366,8 @@ class _Rebuilt:
     preprocessing: dict
 
 
-def _rebuild(checkpoint_dir: Path, data_root: Optional[str], imports: Sequence[str] = ()) -> _Rebuilt:
-    if not checkpoint_dir.is_dir():
-        raise UserError(f"checkpoint={str(checkpoint_dir)!r} is not a directory")
+def _rebuild(checkpoint_spec: Union[str, Path], data_root: Optional[str], imports: Sequence[str] = ()) -> _Rebuilt:
+    checkpoint_dir = locate_checkpoint(checkpoint_spec)
     checkpoint = load_checkpoint(checkpoint_dir)
     prepare({"imports": list(imports)}, checkpoint)  # the checkpoint's `imports` and these
     source = f"checkpoint={checkpoint_dir}"
@@ -359,11 +397,12 @@ def export_checkpoint(checkpoint_dir: Union[str, Path], out_dir: Union[str, Path
                       cpu_threads: Optional[int] = None, imports: Sequence[str] = ()) -> ExportResult:
     """Rebuild the model of a training checkpoint, export it, and (``check=True``) verify the export.
 
-    The dataset of the checkpoint's config is opened for the class names, the channel count and the
-    validation images of the parity check (``data_root`` points at it if it moved). The modules the checkpoint's
-    config names in ``imports`` are imported, plus ``imports``. ``format="onnx"`` also
-    writes ``model.onnx`` (verified with onnxruntime when ``check``). The parity result is in
-    ``result.parity``; this function does not raise when parity fails, the CLI turns that into exit status 3.
+    ``checkpoint_dir`` is a checkpoint directory, or a run directory with ``:best``/``:last``
+    (:func:`~paddletrain.checkpoint.locate.locate_checkpoint`). The dataset of the checkpoint's config is opened
+    for the class names, the channel count and the validation images of the parity check (``data_root`` points
+    at it if it moved). The modules the checkpoint's config names in ``imports`` are imported, plus ``imports``.
+    ``format="onnx"`` also writes ``model.onnx`` (verified in onnxruntime when ``check``, ``result.onnx_parity``).
+    The parity result is in ``result.parity``; this function does not raise when parity fails, the CLI turns that into exit status 3.
     """
     from paddletrain.runtime import set_cpu_threads
 
@@ -375,7 +414,7 @@ def export_checkpoint(checkpoint_dir: Union[str, Path], out_dir: Union[str, Path
     if format == "onnx":
         require_paddle2onnx()  # fail before the slow part
     set_cpu_threads(cpu_threads)
-    rebuilt = _rebuild(Path(checkpoint_dir), data_root, imports)
+    rebuilt = _rebuild(checkpoint_dir, data_root, imports)
     labels = list(rebuilt.splits.classes)
     out = export_model(rebuilt.exportable, out_dir, input_size=tuple(rebuilt.preprocessing["input_size"]),
                        batch=fixed_batch, precision=precision, preprocessing=rebuilt.preprocessing, labels=labels)
@@ -398,10 +437,10 @@ def export_checkpoint(checkpoint_dir: Union[str, Path], out_dir: Union[str, Path
         onnx_file = export_onnx(out)
         result.files.append(onnx_file)
         if check and result.passed:
-            onnx_report = onnx_parity(onnx_file, inputs, reference_logits(rebuilt.model, inputs), TOLERANCE["fp32"],
-                                      fixed_batch)
-            (log.info if onnx_report.passed else log.error)("ONNX %s", onnx_report)
-            result.parity.passed = onnx_report.passed
+            result.onnx_parity = onnx_parity(onnx_file, inputs, reference_logits(rebuilt.model, inputs),
+                                             TOLERANCE["fp32"], cpu_threads)
+            (log.info if result.onnx_parity.passed else log.error)("ONNX %s", result.onnx_parity)
+            result.parity.passed = result.onnx_parity.passed
     return result
 
 
@@ -410,7 +449,8 @@ def _report(result: ExportResult) -> None:
     if result.parity is not None:
         (log.info if result.parity.passed else log.error)("Export %s", result.parity)
     summary = {"out_dir": str(result.out_dir), "format": result.format, "files": [p.name for p in result.files],
-               "parity": asdict(result.parity) if result.parity else None}
+               "parity": asdict(result.parity) if result.parity else None,
+               "onnx_parity": asdict(result.onnx_parity) if result.onnx_parity else None}
     print(json.dumps(summary))
 
 
@@ -418,7 +458,7 @@ def run(cfg: DictConfig, default_out_dir: Optional[str] = None) -> int:
     """The CLI's work for an ``ExportConfig``; returns the exit status (0 ok, 3 parity failed, 2 usage error)."""
     try:
         if OmegaConf.is_missing(cfg, "checkpoint"):
-            raise UserError("missing required value for checkpoint (e.g. checkpoint=outputs/<run>/checkpoints/<dir>)")
+            raise UserError("missing required value for checkpoint (e.g. checkpoint=outputs/<name>/<time>:best)")
         check_values(cfg, ExportConfig)
         out_dir = cfg.out_dir or default_out_dir
         if out_dir is None:

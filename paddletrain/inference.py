@@ -6,6 +6,9 @@ PIR format, ``model.pdmodel`` with older ones), the weights ``model.pdiparams`` 
 >>> predictor = Predictor("export/")                       # CPU with oneDNN, or the GPU when there is one
 >>> image = predictor.preprocessing(PIL.Image.open("cat.jpg"))
 >>> logits = predictor.predict(image[None])                 # (1, num_classes)
+
+:class:`OnnxPredictor` runs an export's ``model.onnx`` in onnxruntime the same way; :func:`load_predictor`
+chooses between them.
 """
 from __future__ import annotations
 
@@ -25,6 +28,9 @@ MODEL_PREFIX = "model"
 PARAMS_FILE = f"{MODEL_PREFIX}.pdiparams"
 # Paddle >= 3 saves the PIR program as JSON; older versions save a protobuf ProgramDesc.
 GRAPH_FILES = (f"{MODEL_PREFIX}.json", f"{MODEL_PREFIX}.pdmodel")
+ONNX_FILE = f"{MODEL_PREFIX}.onnx"
+# Runtimes an export runs in: Paddle Inference (the graph and weights) or onnxruntime (model.onnx).
+BACKENDS = ("auto", "paddle", "onnx")
 PREPROCESS_FILE = "preprocess.json"
 PREPROCESS_FORMAT_VERSION = 1
 DEVICES = ("auto", "cpu", "gpu")
@@ -172,7 +178,75 @@ class _Runtime:
     tensorrt: bool
 
 
-class Predictor:
+class ExportedModel:
+    """What every runtime of an export shares: ``preprocess.json``, the labels, any batch size on a fixed graph.
+
+    A subclass opens the model in its runtime, sets ``runtime`` and implements :meth:`_run` (one batch the graph
+    accepts -> logits), then calls :meth:`_check_outputs`. ``predict`` is the same for all of them, so the
+    Paddle Inference and onnxruntime backends are fed and read identically.
+    """
+
+    model_dir: Path
+    runtime: Any
+
+    def _read_export(self, model_dir: Path, labels: Union[None, str, Path]) -> None:
+        self.model_dir = model_dir
+        self.metadata = read_metadata(self.model_dir)
+        self.input_size = tuple(int(v) for v in self.metadata["input_size"])
+        self.fixed_batch: Optional[int] = self.metadata.get("batch")
+        saved = self.metadata.get("labels")
+        if saved is not None and not (isinstance(saved, list) and all(isinstance(name, str) for name in saved)):
+            raise UserError(f"{self.model_dir / PREPROCESS_FILE}: labels must be a list of class names")
+        self.labels: Optional[List[str]] = read_labels(labels) if labels is not None else (saved or None)
+        self._labels_source = str(labels) if labels is not None else str(self.model_dir / PREPROCESS_FILE)
+        has_preprocessing = "resize_mode" in self.metadata
+        self.preprocessing: Optional[Preprocessing] = Preprocessing(self.metadata) if has_preprocessing else None
+
+    def _check_outputs(self) -> None:
+        self.num_outputs = self._count_outputs()
+        if self.labels is not None and len(self.labels) != self.num_outputs:
+            raise UserError(f"{self._labels_source} has {len(self.labels)} labels but the model in {self.model_dir} "
+                            f"has {self.num_outputs} outputs; give one class name per output")
+
+    def _count_outputs(self) -> int:
+        """The model's output width, from one batch of zeros (Paddle Inference knows it only after a run)."""
+        probe = np.zeros((self.fixed_batch or 1, *self.input_size), np.float32)
+        return int(self._run(probe).shape[-1])
+
+    @property
+    def num_classes(self) -> int:
+        """The number of classes the model scores (its output width)."""
+        return self.num_outputs
+
+    def predict(self, batch: np.ndarray, probs: bool = False) -> np.ndarray:
+        """Logits (or softmax probabilities with ``probs=True``) for an ``(N, C, H, W)`` float32 batch.
+
+        Any N works: an export with a fixed batch size gets the batch split and zero-padded to that size.
+        """
+        batch = np.ascontiguousarray(batch, dtype=np.float32)
+        if batch.ndim != 4 or tuple(batch.shape[1:]) != self.input_size:
+            raise UserError(f"expected a batch of shape (N, {', '.join(map(str, self.input_size))}), "
+                            f"got {tuple(batch.shape)}")
+        if len(batch) == 0:
+            raise UserError("cannot predict an empty batch")
+        if self.fixed_batch:
+            logits = np.concatenate([self._run_padded(batch[i:i + self.fixed_batch])
+                                     for i in range(0, len(batch), self.fixed_batch)])
+        else:
+            logits = self._run(batch)
+        return softmax(logits) if probs else logits
+
+    def _run_padded(self, chunk: np.ndarray) -> np.ndarray:
+        missing = self.fixed_batch - len(chunk)
+        if missing:
+            chunk = np.concatenate([chunk, np.zeros((missing, *chunk.shape[1:]), np.float32)])
+        return self._run(chunk)[:len(chunk) - missing]
+
+    def _run(self, batch: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+
+class Predictor(ExportedModel):
     """An exported model in Paddle Inference, fed NCHW float32 batches of any size.
 
     Args:
@@ -201,21 +275,11 @@ class Predictor:
 
         from paddletrain.runtime import usable_cores
 
-        self.model_dir = Path(model_dir)
-        graph = find_graph_file(self.model_dir)
-        params = self.model_dir / PARAMS_FILE
+        graph = find_graph_file(Path(model_dir))
+        params = Path(model_dir) / PARAMS_FILE
         if not params.is_file():
-            raise UserError(f"{params} is missing; the export in {self.model_dir} is incomplete")
-        self.metadata = read_metadata(self.model_dir)
-        self.input_size = tuple(int(v) for v in self.metadata["input_size"])
-        self.fixed_batch: Optional[int] = self.metadata.get("batch")
-        saved = self.metadata.get("labels")
-        if saved is not None and not (isinstance(saved, list) and all(isinstance(name, str) for name in saved)):
-            raise UserError(f"{self.model_dir / PREPROCESS_FILE}: labels must be a list of class names")
-        self.labels: Optional[List[str]] = read_labels(labels) if labels is not None else (saved or None)
-        labels_source = str(labels) if labels is not None else str(self.model_dir / PREPROCESS_FILE)
-        has_preprocessing = "resize_mode" in self.metadata
-        self.preprocessing: Optional[Preprocessing] = Preprocessing(self.metadata) if has_preprocessing else None
+            raise UserError(f"{params} is missing; the export in {model_dir} is incomplete")
+        self._read_export(Path(model_dir), labels)
 
         precision = precision or self.metadata.get("precision", "fp32")
         # bf16 is the CPU precision, so device=auto runs a bf16 export on the CPU even where there is a GPU.
@@ -254,15 +318,7 @@ class Predictor:
         self._input = self._predictor.get_input_handle(self._predictor.get_input_names()[0])
         self._output = self._predictor.get_output_handle(self._predictor.get_output_names()[0])
         self.runtime = _Runtime(resolved, precision, threads, bool(use_mkldnn and resolved == "cpu"), tensorrt)
-        self.num_outputs = self._count_outputs()
-        if self.labels is not None and len(self.labels) != self.num_outputs:
-            raise UserError(f"{labels_source} has {len(self.labels)} labels but the model in {self.model_dir} "
-                            f"has {self.num_outputs} outputs; give one class name per output")
-
-    def _count_outputs(self) -> int:
-        """The model's output width, from one batch of zeros (Paddle Inference knows it only after a run)."""
-        probe = np.zeros((self.fixed_batch or 1, *self.input_size), np.float32)
-        return int(self._run(probe).shape[-1])
+        self._check_outputs()
 
     def _configure_gpu(self, config: Any, precision: str, tensorrt: bool, gpu_id: int, memory_mb: int,
                        trt_max_batch: int) -> None:
@@ -286,35 +342,6 @@ class Predictor:
         config.set_trt_dynamic_shape_info({name: [1, c, h, w]}, {name: [trt_max_batch, c, h, w]},
                                           {name: [min(32, trt_max_batch), c, h, w]})
 
-    @property
-    def num_classes(self) -> int:
-        """The number of classes the model scores (its output width)."""
-        return self.num_outputs
-
-    def predict(self, batch: np.ndarray, probs: bool = False) -> np.ndarray:
-        """Logits (or softmax probabilities with ``probs=True``) for an ``(N, C, H, W)`` float32 batch.
-
-        Any N works: an export with a fixed batch size gets the batch split and zero-padded to that size.
-        """
-        batch = np.ascontiguousarray(batch, dtype=np.float32)
-        if batch.ndim != 4 or tuple(batch.shape[1:]) != self.input_size:
-            raise UserError(f"expected a batch of shape (N, {', '.join(map(str, self.input_size))}), "
-                            f"got {tuple(batch.shape)}")
-        if len(batch) == 0:
-            raise UserError("cannot predict an empty batch")
-        if self.fixed_batch:
-            logits = np.concatenate([self._run_padded(batch[i:i + self.fixed_batch])
-                                     for i in range(0, len(batch), self.fixed_batch)])
-        else:
-            logits = self._run(batch)
-        return softmax(logits) if probs else logits
-
-    def _run_padded(self, chunk: np.ndarray) -> np.ndarray:
-        missing = self.fixed_batch - len(chunk)
-        if missing:
-            chunk = np.concatenate([chunk, np.zeros((missing, *chunk.shape[1:]), np.float32)])
-        return self._run(chunk)[:len(chunk) - missing]
-
     def _run(self, batch: np.ndarray) -> np.ndarray:
         self._input.reshape(list(batch.shape))
         self._input.copy_from_cpu(batch)
@@ -332,6 +359,117 @@ class Predictor:
         r = self.runtime
         return (f"Predictor({str(self.model_dir)!r}, device={r.device}, precision={r.precision}, "
                 f"cpu_threads={r.cpu_threads}, mkldnn={r.mkldnn}, tensorrt={r.tensorrt})")
+
+
+class OnnxPredictor(ExportedModel):
+    """An export's ``model.onnx`` in onnxruntime, with the export's ``preprocess.json`` and labels.
+
+    Fed and read exactly like :class:`Predictor` (same preprocessing, any batch size, same labels check), so
+    ``paddletrain.predict`` gives the same output format whichever runtime it uses.
+
+    Args:
+        model: an export directory holding ``model.onnx``, or the ``.onnx`` file itself (``preprocess.json``
+            is read from its folder).
+        device: ``auto``/``cpu`` (onnxruntime's CPU provider), or ``gpu`` (its CUDA provider, when installed).
+        cpu_threads: onnxruntime's intra-op threads; ``None`` = every core this process may use.
+        precision: ``None`` or ``fp32``: the ONNX graph runs as exported.
+        labels: a text file of class names replacing the export's.
+    """
+
+    def __init__(self, model: Union[str, Path], device: str = "auto", cpu_threads: Optional[int] = None,
+                 precision: Optional[str] = None, labels: Union[None, str, Path] = None) -> None:
+        from paddletrain.runtime import usable_cores
+
+        onnxruntime = require_onnxruntime()
+        path = Path(model)
+        onnx_file = path / ONNX_FILE if path.is_dir() else path
+        if not onnx_file.is_file() or onnx_file.suffix != ".onnx":
+            raise UserError(f"{onnx_file} is not an ONNX model; export one with `python -m paddletrain.export "
+                            f"checkpoint=<dir> format=onnx`")
+        self._read_export(onnx_file.parent, labels)
+        if precision not in (None, "fp32"):
+            raise UserError(f"precision={precision}: the ONNX backend runs the graph as exported (fp32); use the "
+                            "Paddle backend (backend=paddle) for fp16/bf16")
+        if device not in DEVICES:
+            raise UserError(f"device={device!r} is not one of {', '.join(DEVICES)}")
+        available = onnxruntime.get_available_providers()
+        if device == "gpu" and "CUDAExecutionProvider" not in available:
+            raise UserError(f"device=gpu but this onnxruntime has no CUDA provider (it has {', '.join(available)}); "
+                            "use device=cpu, or install onnxruntime-gpu")
+        use_gpu = device == "gpu" or (device == "auto" and "CUDAExecutionProvider" in available)
+        threads = cpu_threads or usable_cores()
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3  # errors only: onnxruntime's warnings would break the progress bar
+        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if use_gpu else ["CPUExecutionProvider"]
+        try:
+            self._session = onnxruntime.InferenceSession(str(onnx_file), options, providers=providers)
+        except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
+            raise UserError(f"onnxruntime cannot load {onnx_file}: {exc}") from exc
+        self.onnx_file = onnx_file
+        self._input_name = self._session.get_inputs()[0].name
+        self.runtime = _Runtime("gpu" if use_gpu else "cpu", "fp32", threads, False, False)
+        self._check_outputs()
+
+    def _run(self, batch: np.ndarray) -> np.ndarray:
+        try:
+            return np.asarray(self._session.run(None, {self._input_name: batch})[0], np.float32)
+        except Exception as exc:  # onnxruntime's own error types
+            raise UserError(f"onnxruntime failed to run {self.onnx_file}: {str(exc).splitlines()[0]}") from exc
+
+    def __repr__(self) -> str:
+        return (f"OnnxPredictor({str(self.onnx_file)!r}, device={self.runtime.device}, "
+                f"cpu_threads={self.runtime.cpu_threads})")
+
+
+def require_onnxruntime() -> Any:
+    """The onnxruntime module, or a UserError naming the extra that installs it."""
+    try:
+        import onnxruntime
+    except ImportError:
+        raise UserError("running an ONNX model needs onnxruntime, which is not installed: "
+                        "pip install paddletrain[onnx]  (or: pip install onnxruntime)") from None
+    return onnxruntime
+
+
+def choose_backend(model: Union[str, Path], backend: str = "auto") -> str:
+    """``paddle`` or ``onnx`` for ``model`` (an export directory or a ``.onnx`` file).
+
+    ``auto``: a ``.onnx`` file runs in onnxruntime; a directory runs its Paddle graph when it has one, else its
+    ``model.onnx``.
+    """
+    if backend not in BACKENDS:
+        raise UserError(f"backend={backend!r} is not one of {', '.join(BACKENDS)}")
+    path = Path(model)
+    if backend != "auto":
+        return backend
+    if path.is_file() and path.suffix == ".onnx":
+        return "onnx"
+    if path.is_dir() and not any((path / name).is_file() for name in GRAPH_FILES) and (path / ONNX_FILE).is_file():
+        return "onnx"
+    return "paddle"
+
+
+def load_predictor(model: Union[str, Path], backend: str = "auto", device: str = "auto",
+                   cpu_threads: Optional[int] = None, precision: Optional[str] = None,
+                   labels: Union[None, str, Path] = None, **paddle_options: Any) -> ExportedModel:
+    """The export ``model`` in the runtime ``backend`` chooses (:func:`choose_backend`): a :class:`Predictor`
+    (Paddle Inference; ``paddle_options`` such as ``use_mkldnn``, ``tensorrt`` go to it) or an
+    :class:`OnnxPredictor`. Both take the same batches and give the same logits layout."""
+    chosen = choose_backend(model, backend)
+    if chosen == "onnx":
+        # Settings left at their defaults say nothing; any other value is a Paddle Inference setting given in vain.
+        defaults = {"use_mkldnn": True, "tensorrt": False}
+        ignored = {k: v for k, v in paddle_options.items() if v is not None and v != defaults.get(k)}
+        if ignored:
+            raise UserError(f"{', '.join(f'{k}={v}' for k, v in ignored.items())} apply to the Paddle backend only, "
+                            f"not to the ONNX model {model}")
+        return OnnxPredictor(model, device=device, cpu_threads=cpu_threads, precision=precision, labels=labels)
+    if Path(model).is_file():
+        raise UserError(f"{model} is a file; backend=paddle needs the export directory")
+    return Predictor(model, device=device, cpu_threads=cpu_threads, precision=precision, labels=labels,
+                     **paddle_options)
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

@@ -24,9 +24,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, TextIO
+from typing import Any, TextIO
+
+import psutil
 
 from paddletrain.distributed import OUTCOME_MARKER, RankOutcome, lost_peers
 from paddletrain.errors import ExitCode, describe_ranks
@@ -63,15 +66,15 @@ class NodeSpec:
     nproc: int
     nnodes: int = 1
     node_rank: int = 0
-    master: Optional[str] = None
+    master: str | None = None
 
-    def global_ranks(self) -> List[int]:
+    def global_ranks(self) -> list[int]:
         return [self.node_rank * self.nproc + i for i in range(self.nproc)]
 
 
-def decide(spec: NodeSpec, outcomes: Dict[int, RankOutcome], ended_without_outcome: Dict[int, str],
-           stop_signum: Optional[int], launcher_code: Optional[int], launcher_log: Path,
-           endpoints: Optional[List[str]] = None) -> JobOutcome:
+def decide(spec: NodeSpec, outcomes: dict[int, RankOutcome], ended_without_outcome: dict[int, str],
+           stop_signum: int | None, launcher_code: int | None, launcher_log: Path,
+           endpoints: list[str] | None = None) -> JobOutcome:
     """The job's outcome as seen from this node.
 
     ``outcomes``: what ranks reported; ``ended_without_outcome``: this node's ranks that left none, with their
@@ -101,8 +104,8 @@ def decide(spec: NodeSpec, outcomes: Dict[int, RankOutcome], ended_without_outco
                                            f"reporting why; see {launcher_log}")
 
 
-def _lost_rank_line(outcomes: Dict[int, RankOutcome], silent: Dict[int, str],
-                    endpoints: Optional[List[str]]) -> Optional[str]:
+def _lost_rank_line(outcomes: dict[int, RankOutcome], silent: dict[int, str],
+                    endpoints: list[str] | None) -> str | None:
     """One line naming the rank that was lost and who noticed, or None when no rank was lost."""
     noticed = {o.rank: o.lost_ranks or [] for o in outcomes.values() if o.code == ExitCode.RANK_LOST}
     vanished = []
@@ -125,7 +128,7 @@ def _lost_rank_line(outcomes: Dict[int, RankOutcome], silent: Dict[int, str],
     return "; ".join(parts)
 
 
-def _endpoints(log_dir: Path) -> Optional[List[str]]:
+def _endpoints(log_dir: Path) -> list[str] | None:
     """Every rank's ``host:port`` (``PADDLE_TRAINER_ENDPOINTS``), from the environment Paddle saved for a rank."""
     for path in sorted(log_dir.glob("backup_env.*.json")):
         try:
@@ -199,14 +202,14 @@ class Launcher:
         self.spec = spec
         self.log_dir = Path(log_dir)
         self.plan = plan
-        self.stop_signum: Optional[int] = None
+        self.stop_signum: int | None = None
         self._stop_at = 0.0
-        self._ranks: Dict[int, Any] = {}  # pid -> psutil.Process of the ranks seen
-        self._rank_ids: Dict[int, int] = {}  # pid -> global rank
+        self._ranks: dict[int, Any] = {}  # pid -> psutil.Process of the ranks seen
+        self._rank_ids: dict[int, int] = {}  # pid -> global rank
         self._signalled: set = set()
-        self._proc: Optional[subprocess.Popen] = None
+        self._proc: subprocess.Popen | None = None
 
-    def command(self, script: Path, args: Sequence[str]) -> List[str]:
+    def command(self, script: Path, args: Sequence[str]) -> list[str]:
         spec = self.spec
         cmd = [sys.executable, "-c", _BOOTSTRAP, str(os.getpid()), "--nproc_per_node", str(spec.nproc),
                "--log_dir", str(self.log_dir)]
@@ -272,10 +275,8 @@ class Launcher:
                 return
             time.sleep(POLL_SECONDS)
 
-    def _discover(self) -> List[int]:
+    def _discover(self) -> list[int]:
         """Pids of the ranks alive now (Paddle's launcher's children), remembering every rank ever seen."""
-        import psutil
-
         try:
             children = psutil.Process(self._proc.pid).children(recursive=False)
         except psutil.NoSuchProcess:
@@ -297,8 +298,6 @@ class Launcher:
         return alive
 
     def _forward(self) -> None:
-        import psutil
-
         for pid, process in self._ranks.items():
             if pid in self._signalled:
                 continue
@@ -350,8 +349,6 @@ class Launcher:
 
 def _running(process: Any) -> bool:
     """Whether a psutil process still runs (a zombie waiting for its parent does not)."""
-    import psutil
-
     try:
         return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:

@@ -2,10 +2,12 @@
 definition of training throughput."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence
 
 import paddle
+
+from paddletrain.checkpoint.untrusted import StateValueError, checked_int, checked_mapping, show
 
 
 @dataclass
@@ -58,16 +60,16 @@ class ClassificationMeter:
     ``ks`` are the top-k accuracies to report; k larger than the number of classes is dropped.
     """
 
-    def __init__(self, num_classes: Optional[int] = None, ks: Sequence[int] = (1, 5)) -> None:
+    def __init__(self, num_classes: int | None = None, ks: Sequence[int] = (1, 5)) -> None:
         self.ks = tuple(k for k in ks if num_classes is None or k <= num_classes) or (1,)
         self.reset()
 
     def reset(self) -> None:
-        self._loss_sum: Optional[paddle.Tensor] = None
-        self._hits: Optional[paddle.Tensor] = None
+        self._loss_sum: paddle.Tensor | None = None
+        self._hits: paddle.Tensor | None = None
         self.count = 0
 
-    def update(self, loss: paddle.Tensor, logits: Optional[paddle.Tensor], labels: Optional[paddle.Tensor],
+    def update(self, loss: paddle.Tensor, logits: paddle.Tensor | None, labels: paddle.Tensor | None,
                batch_size: int) -> None:
         """Add a batch: ``loss`` is the batch mean; logits/labels may be None for custom tasks."""
         loss = loss.detach()
@@ -84,14 +86,12 @@ class ClassificationMeter:
             self._hits = hits if self._hits is None else self._hits + hits
         self.count += batch_size
 
-    def state_dict(self) -> Dict[str, object]:
+    def state_dict(self) -> dict[str, object]:
         """The running sums, so a run resumed mid-epoch reports the same epoch metrics as an uninterrupted one."""
         return {"ks": list(self.ks), "count": self.count, "loss_sum": self._loss_sum, "hits": self._hits}
 
-    def load_state_dict(self, state: Dict[str, object]) -> None:
+    def load_state_dict(self, state: dict[str, object]) -> None:
         """Restore :meth:`state_dict`; a malformed value raises ``StateValueError`` naming it."""
-        from paddletrain.checkpoint.untrusted import StateValueError, checked_int, checked_mapping, show
-
         checked_mapping(state, "(meter state)")
         ks = state.get("ks")
         if not isinstance(ks, list) or not 1 <= len(ks) <= 16:
@@ -113,13 +113,14 @@ class ClassificationMeter:
             parts.append(self._hits.astype("float64"))
         return paddle.concat(parts)
 
-    def compute(self, prefix: str, sums: Optional[paddle.Tensor] = None) -> Dict[str, float]:
+    def compute(self, prefix: str, sums: paddle.Tensor | None = None) -> dict[str, float]:
         """Mean loss and top-k accuracies as ``{prefix}/loss``, ``{prefix}/top1``...; ``sums`` overrides local sums."""
         values = (sums if sums is not None else self.sums()).numpy().tolist()
         count = values[0]
         if count == 0:
             return {}
         out = {f"{prefix}/loss": values[1] / count}
-        for k, hits in zip(self.ks, values[2:]):
+        # No hits without logits (a custom task): then only the loss is reported.
+        for k, hits in zip(self.ks, values[2:], strict=False):
             out[f"{prefix}/top{k}"] = hits / count
         return out

@@ -15,7 +15,8 @@ unscaled gradients itself.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import paddle
 from paddle import nn
@@ -28,7 +29,7 @@ from paddletrain.registries import OPTIMIZERS
 if TYPE_CHECKING:  # pragma: no cover
     from paddletrain.config import OptimConfig
 
-NORM_LAYERS: Tuple[type, ...] = (
+NORM_LAYERS: tuple[type, ...] = (
     nn.BatchNorm,
     nn.BatchNorm1D,
     nn.BatchNorm2D,
@@ -58,7 +59,7 @@ def _no_decay_ids(model: nn.Layer) -> set:
     return ids
 
 
-def _head_layer(model: nn.Layer, head_name: str) -> Optional[nn.Layer]:
+def _head_layer(model: nn.Layer, head_name: str) -> nn.Layer | None:
     head = getattr(model, head_name, None)
     if isinstance(head, nn.Layer):
         return head
@@ -67,7 +68,7 @@ def _head_layer(model: nn.Layer, head_name: str) -> Optional[nn.Layer]:
     return None
 
 
-def _stage_names(model: nn.Layer, children: "OrderedDict[str, nn.Layer]", head: Optional[nn.Layer]) -> List[str]:
+def _stage_names(model: nn.Layer, children: OrderedDict[str, nn.Layer], head: nn.Layer | None) -> list[str]:
     declared = getattr(model, "stage_names", None)
     if declared:
         return list(declared)
@@ -81,8 +82,8 @@ def _stage_names(model: nn.Layer, children: "OrderedDict[str, nn.Layer]", head: 
 
 
 def _lr_multipliers(
-    model: nn.Layer, head: Optional[nn.Layer], head_lr_mult: float, layer_decay: Optional[float]
-) -> Dict[int, float]:
+    model: nn.Layer, head: nn.Layer | None, head_lr_mult: float, layer_decay: float | None
+) -> dict[int, float]:
     """LR multiplier per parameter id: stem decay^(S+1), stage i decay^(S+1-i), head head_lr_mult."""
     children = OrderedDict(model.named_children())
     stages = _stage_names(model, children, head) if layer_decay is not None else []
@@ -93,7 +94,7 @@ def _lr_multipliers(
         )
     num_stages = len(stages)
     depth = num_stages + 1  # the stem sits one step below the first stage
-    mults: Dict[int, float] = {}
+    mults: dict[int, float] = {}
     for name, child in children.items():
         if child is head:
             continue
@@ -116,9 +117,9 @@ def param_groups(
     weight_decay: float,
     no_decay_norm_bias: bool = True,
     head_lr_mult: float = 1.0,
-    layer_decay: Optional[float] = None,
+    layer_decay: float | None = None,
     head_name: str = "fc",
-) -> List[Dict[str, Any]]:
+) -> list[dict[str, Any]]:
     """Split ``model``'s parameters into Paddle parameter groups.
 
     - No weight decay on normalisation-layer parameters (BatchNorm*, SyncBatchNorm, LayerNorm, GroupNorm,
@@ -148,7 +149,7 @@ def param_groups(
     mults = _lr_multipliers(model, head, head_lr_mult, layer_decay)
     no_decay = _no_decay_ids(model) if no_decay_norm_bias else set()
 
-    groups: "OrderedDict[Tuple[float, bool], List[paddle.Tensor]]" = OrderedDict()
+    groups: OrderedDict[tuple[float, bool], list[paddle.Tensor]] = OrderedDict()
     for param in model.parameters():
         key = (mults.get(id(param), 1.0), id(param) not in no_decay)
         groups.setdefault(key, []).append(param)
@@ -161,7 +162,7 @@ def param_groups(
 
 # ---------------------------------------------------------------------------------------------- optimizers
 def build_optimizer(
-    model: nn.Layer, cfg: "OptimConfig", scheduler_or_lr: Union[LRScheduler, float]
+    model: nn.Layer, cfg: OptimConfig, scheduler_or_lr: LRScheduler | float
 ) -> paddle.optimizer.Optimizer:
     """The optimizer registered as ``optim.name`` (case-insensitive) over :func:`param_groups` of ``model``.
 
@@ -223,9 +224,18 @@ def _decay_under(groups: Sequence[dict[str, Any]], key: str) -> list[dict[str, A
     return moved
 
 
+def _adam(optimizer: type[paddle.optimizer.Optimizer], name: str, groups: Sequence[dict[str, Any]],
+          learning_rate: Any, cfg: OptimConfig) -> paddle.optimizer.Optimizer:
+    """Adam or AdamW from the same settings; the class decides how the weight decay applies."""
+    _no_nesterov(cfg, name)
+    beta1, beta2 = _betas(cfg)
+    return optimizer(learning_rate=learning_rate, beta1=beta1, beta2=beta2, epsilon=_eps(cfg, 1e-8),
+                     parameters=list(groups), weight_decay=float(cfg.weight_decay))
+
+
 @OPTIMIZERS.register("sgd")
 def build_sgd(
-    groups: Sequence[dict[str, Any]], learning_rate: Any, cfg: "OptimConfig"
+    groups: Sequence[dict[str, Any]], learning_rate: Any, cfg: OptimConfig
 ) -> paddle.optimizer.Optimizer:
     """SGD with momentum (Polyak), or Nesterov momentum with ``optim.nesterov``; L2 decay in the gradient.
 
@@ -248,41 +258,23 @@ def build_sgd(
 
 @OPTIMIZERS.register("adamw")
 def build_adamw(
-    groups: Sequence[dict[str, Any]], learning_rate: Any, cfg: "OptimConfig"
+    groups: Sequence[dict[str, Any]], learning_rate: Any, cfg: OptimConfig
 ) -> paddle.optimizer.Optimizer:
     """AdamW (Loshchilov & Hutter 2019): Adam with decoupled weight decay ``w -= lr * wd * w``."""
-    _no_nesterov(cfg, "adamw")
-    beta1, beta2 = _betas(cfg)
-    return paddle.optimizer.AdamW(
-        learning_rate=learning_rate,
-        beta1=beta1,
-        beta2=beta2,
-        epsilon=_eps(cfg, 1e-8),
-        parameters=list(groups),
-        weight_decay=float(cfg.weight_decay),
-    )
+    return _adam(paddle.optimizer.AdamW, "adamw", groups, learning_rate, cfg)
 
 
 @OPTIMIZERS.register("adam")
 def build_adam(
-    groups: Sequence[dict[str, Any]], learning_rate: Any, cfg: "OptimConfig"
+    groups: Sequence[dict[str, Any]], learning_rate: Any, cfg: OptimConfig
 ) -> paddle.optimizer.Optimizer:
     """Adam (Kingma & Ba 2015) with L2 decay added to the gradient (as ``torch.optim.Adam``)."""
-    _no_nesterov(cfg, "adam")
-    beta1, beta2 = _betas(cfg)
-    return paddle.optimizer.Adam(
-        learning_rate=learning_rate,
-        beta1=beta1,
-        beta2=beta2,
-        epsilon=_eps(cfg, 1e-8),
-        parameters=list(groups),
-        weight_decay=float(cfg.weight_decay),
-    )
+    return _adam(paddle.optimizer.Adam, "adam", groups, learning_rate, cfg)
 
 
 @OPTIMIZERS.register("rmsprop")
 def build_rmsprop(
-    groups: Sequence[dict[str, Any]], learning_rate: Any, cfg: "OptimConfig"
+    groups: Sequence[dict[str, Any]], learning_rate: Any, cfg: OptimConfig
 ) -> paddle.optimizer.Optimizer:
     """RMSProp (Tieleman & Hinton 2012) with momentum, L2 decay in the gradient.
 
@@ -307,7 +299,7 @@ def build_rmsprop(
 
 @OPTIMIZERS.register("lamb")
 def build_lamb(
-    groups: Sequence[dict[str, Any]], learning_rate: Any, cfg: "OptimConfig"
+    groups: Sequence[dict[str, Any]], learning_rate: Any, cfg: OptimConfig
 ) -> paddle.optimizer.Optimizer:
     """LAMB (You et al. 2019, "Large Batch Optimization for Deep Learning"), Paddle's kernel.
 
@@ -376,7 +368,7 @@ class LarsMomentum(LarsMomentumOptimizer):
 
 @OPTIMIZERS.register("lars")
 def build_lars(
-    groups: Sequence[dict[str, Any]], learning_rate: Any, cfg: "OptimConfig"
+    groups: Sequence[dict[str, Any]], learning_rate: Any, cfg: OptimConfig
 ) -> paddle.optimizer.Optimizer:
     """:class:`LarsMomentum` with ``optim.momentum``, ``optim.weight_decay``, ``optim.trust_coefficient``."""
     _no_nesterov(cfg, "lars")

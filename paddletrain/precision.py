@@ -33,6 +33,7 @@ import numpy as np
 import paddle
 
 from paddletrain.errors import ConfigError
+from paddletrain.state_checks import checked_scaler_state
 
 if TYPE_CHECKING:  # pragma: no cover
     from paddletrain.config import AmpConfig
@@ -305,32 +306,10 @@ class Precision:
         if not saved:
             logger.info("The checkpoint holds no loss-scaler state: starting from the initial loss scale.")
             return
-        saved = _checked_scaler_state(saved)
+        saved = checked_scaler_state(saved)
         # paddle.amp.GradScaler reads the scale as state["scale"][0].
         saved["scale"] = np.asarray(saved["scale"], dtype=np.float32).reshape([1])
         self.scaler.load_state_dict(saved)
-
-
-def _checked_scaler_state(saved: Any) -> dict[str, Any]:
-    """The saved loss-scaler state with every value in the range paddle's scaler assumes (else StateValueError)."""
-    from paddletrain.checkpoint.untrusted import (StateValueError, checked_bool, checked_int, checked_mapping,
-                                                  checked_number, required, show)
-
-    saved = dict(checked_mapping(saved, "scaler"))
-    scale = required(saved, "scale", "scaler.scale")
-    saved["scale"] = scale[0] if isinstance(scale, (list, tuple)) and len(scale) == 1 else scale
-    for name, allowed, wanted in (("scale", lambda x: x > 0, "> 0"), ("incr_ratio", lambda x: x >= 1, ">= 1"),
-                                  ("decr_ratio", lambda x: 0 < x <= 1, "in (0, 1]")):
-        number = checked_number(required(saved, name, f"scaler.{name}"), f"scaler.{name}", finite=True)
-        if not allowed(number):
-            raise StateValueError(f"scaler.{name}", f"is {show(saved[name])}: expected a number {wanted}")
-        saved[name] = number
-    for name, low in (("incr_every_n_steps", 1), ("decr_every_n_nan_or_inf", 1), ("incr_count", 0),
-                      ("decr_count", 0)):
-        saved[name] = checked_int(required(saved, name, f"scaler.{name}"), f"scaler.{name}", minimum=low)
-    key = "scaler.use_dynamic_loss_scaling"
-    saved["use_dynamic_loss_scaling"] = checked_bool(required(saved, "use_dynamic_loss_scaling", key), key)
-    return saved
 
 
 def _check_scaler_settings(

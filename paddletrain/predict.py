@@ -5,6 +5,13 @@ Examples::
     python -m paddletrain.predict model_dir=export/ input=photos/ output=preds.jsonl
     python -m paddletrain.predict model_dir=export/ input='shots/**/*.png' batch_size=64 num_workers=4 topk=3
     python -m paddletrain.predict model_dir=export/ input=list.txt     # one path a line, relative to the list
+    python -m paddletrain.predict model_dir=export/model.onnx input=photos/     # the ONNX model, in onnxruntime
+    python -m paddletrain.predict checkpoint=outputs/fit/<time>:best input=photos/  # exports it first, verified
+
+``model_dir`` is an export directory (Paddle Inference, or onnxruntime when it holds only ``model.onnx`` or
+``backend=onnx``) or a ``.onnx`` file; either way the export's ``preprocess.json`` feeds the model and the output
+is the same. ``checkpoint`` (instead of ``model_dir``) takes what ``evaluate`` and ``export`` take, exports it
+with the parity check into this run's directory and predicts with that.
 
 Worker processes decode and preprocess (with the export's own ``preprocess.json``) while the main process
 runs the predictor, with a bounded number of batches in flight. Each image gives one line
@@ -33,7 +40,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from paddletrain.config import allowed, check_field, check_values
 from paddletrain.decoding import decoded_batches
 from paddletrain.errors import ExitCode, UserError
-from paddletrain.inference import DEVICES, PRECISIONS, Predictor, label_names, softmax
+from paddletrain.inference import BACKENDS, DEVICES, PRECISIONS, ExportedModel, label_names, load_predictor, softmax
 from paddletrain.registry import prepare
 
 log = logging.getLogger("paddletrain")
@@ -41,13 +48,20 @@ log = logging.getLogger("paddletrain")
 EXIT_USER_ERROR = ExitCode.USER_ERROR
 EXIT_SOME_FAILED = ExitCode.BAD_RESULT
 GLOB_CHARS = "*?["
+# A single input file that is not an image is read as a list of paths when it has one of these suffixes.
+LIST_SUFFIXES = ("", ".txt", ".lst", ".list")
 
 
 @dataclass
 class PredictConfig:
     """Typed schema of `python -m paddletrain.predict` (conf/predict.yaml)."""
 
-    model_dir: str = MISSING
+    # An export directory or a .onnx file (or give `checkpoint` instead).
+    model_dir: Optional[str] = None
+    # A training checkpoint, or a run directory with :best/:last: exported (and verified) first, then run.
+    checkpoint: Optional[str] = None
+    # auto: Paddle Inference for an export directory with a Paddle graph, onnxruntime for a .onnx model.
+    backend: str = allowed("auto", choices=BACKENDS)
     # A folder (searched recursively for images), a text file with one path a line, or a glob pattern.
     input: str = MISSING
     batch_size: int = allowed(32, ge=1)
@@ -103,12 +117,16 @@ class PredictSummary:
 
 def resolve_inputs(spec: str) -> List[str]:
     """The image paths ``spec`` names: a folder (recursive, image extensions), a list file, a glob or one image."""
-    from paddletrain.data.imagefolder import is_image_file
+    from paddletrain.data.imagefolder import IMG_EXTENSIONS, is_image_file
 
     path = Path(spec)
     if path.is_file():
-        return [str(path)] if is_image_file(path) else _nonempty(_read_list(path), f"the list file input={spec!r} "
-                                                                                   "names no paths")
+        if is_image_file(path):
+            return [str(path)]
+        if path.suffix.lower() not in LIST_SUFFIXES:
+            raise UserError(f"input={spec!r}: {path.suffix} files are not supported; images must end with "
+                            f"{', '.join(IMG_EXTENSIONS)} (any case), and a list of paths with .txt or .lst")
+        return _nonempty(_read_list(path), f"the list file input={spec!r} names no paths")
     if path.is_dir():
         found = [os.path.join(root, name) for root, _, names in os.walk(path) for name in names if is_image_file(name)]
         return _nonempty(sorted(found), f"no image files under input={spec!r}")
@@ -193,13 +211,14 @@ def topk_lines(paths: Sequence[str], logits: np.ndarray, labels: Optional[List[s
                           "scores": [round(float(row[i]), 6) for i in ids], "class_ids": ids.tolist()})
 
 
-def predict_files(predictor: Predictor, paths: Sequence[str], batch_size: int = 32, num_workers: Optional[int] = None,
-                  topk: int = 5, output: Union[None, str, Path, IO[str]] = None,
+def predict_files(predictor: ExportedModel, paths: Sequence[str], batch_size: int = 32,
+                  num_workers: Optional[int] = None, topk: int = 5, output: Union[None, str, Path, IO[str]] = None,
                   progress: bool = True) -> PredictSummary:
     """Predict every image of ``paths`` with ``predictor`` and write one JSON line per image.
 
     Args:
-        predictor: a :class:`Predictor` whose export has preprocessing.
+        predictor: a :class:`~paddletrain.inference.Predictor` or :class:`~paddletrain.inference.OnnxPredictor`
+            (see :func:`~paddletrain.inference.load_predictor`) whose export has preprocessing.
         paths: image files; unreadable ones are logged (path and reason) and skipped.
         batch_size: images per predictor call.
         num_workers: decode processes (0: decode in this process; None: half the cores).
@@ -250,24 +269,67 @@ def predict_files(predictor: Predictor, paths: Sequence[str], batch_size: int = 
                           seconds=time.perf_counter() - start, predict_seconds=predict_seconds, failures=failures)
 
 
-def run(cfg: DictConfig) -> int:
-    """The CLI's work for a ``PredictConfig``; returns the exit status (0 all ok, 3 some failed, 2 usage error)."""
+def _model_source(cfg: DictConfig) -> str:
+    """``model_dir`` or ``checkpoint``: exactly one of them, and an export is not a checkpoint nor the reverse."""
+    from paddletrain.checkpoint.locate import CHECKPOINTS_DIR, is_checkpoint_dir, split_choice
+
+    if (cfg.model_dir is None) == (cfg.checkpoint is None):
+        raise UserError("give model_dir=<export dir or .onnx file> or checkpoint=<checkpoint or run dir[:best|:last]>"
+                        f"{' (not both)' if cfg.model_dir is not None else ''}, and input=<folder|list file|glob>")
+    if cfg.checkpoint is not None:
+        return cfg.checkpoint
+    path = Path(split_choice(cfg.model_dir)[0])
+    if is_checkpoint_dir(path) or (path / CHECKPOINTS_DIR).is_dir():
+        raise UserError(f"model_dir={cfg.model_dir} is a training checkpoint or run, not an export: pass "
+                        f"checkpoint={cfg.model_dir} instead (predict exports it first), or export it with "
+                        f"`python -m paddletrain.export checkpoint={cfg.model_dir}`")
+    return cfg.model_dir
+
+
+def _export_for_prediction(cfg: DictConfig, out_dir: Path) -> Optional[Path]:
+    """Export ``cfg.checkpoint`` into ``out_dir`` with the parity check; None when the check fails."""
+    from paddletrain.export import export_checkpoint
+
+    fmt = "onnx" if cfg.backend == "onnx" else "paddle"
+    result = export_checkpoint(cfg.checkpoint, out_dir, format=fmt, cpu_threads=cfg.cpu_threads,
+                               imports=list(cfg.imports))
+    report = result.onnx_parity or result.parity
+    if not result.passed:
+        log.error("The export of checkpoint=%s for prediction failed its check: %s", cfg.checkpoint, report)
+        return None
+    log.info("Exported checkpoint=%s to %s (%s); pass model_dir=%s next time to skip the export", cfg.checkpoint,
+             out_dir, report, out_dir)
+    return out_dir
+
+
+def run(cfg: DictConfig, default_out_dir: Optional[str] = None) -> int:
+    """The CLI's work for a ``PredictConfig``; returns the exit status (0 all ok, 3 some failed, 2 usage error).
+
+    ``default_out_dir`` (the Hydra run directory) receives the export of ``checkpoint=``.
+    """
     try:
-        missing = sorted(OmegaConf.missing_keys(cfg))
-        if missing:
-            raise UserError(f"missing required value for {', '.join(missing)} "
-                            f"(e.g. model_dir=<export dir> input=<folder|list file|glob>)")
+        if OmegaConf.is_missing(cfg, "input"):
+            raise UserError("missing required value for input (e.g. model_dir=<export dir> "
+                            "input=<folder|list file|glob>)")
         check_values(cfg, PredictConfig)
+        model = _model_source(cfg)
         prepare(cfg)
         if cfg.output is not None:
             check_output_location(cfg.output, cfg.input)
         paths = resolve_inputs(cfg.input)
+        if cfg.checkpoint is not None:
+            exported = _export_for_prediction(cfg, Path(default_out_dir or "outputs/predict") / "export")
+            if exported is None:
+                return EXIT_SOME_FAILED
+            model = str(exported)
         if cfg.output is not None:  # before loading the model; predict_files checks again for API callers
-            check_output_file(cfg.output, paths, protected=[Path(cfg.model_dir)])
+            check_output_file(cfg.output, paths, protected=[Path(model) if Path(model).is_dir()
+                                                            else Path(model).parent])
         workers = default_num_workers() if cfg.num_workers is None else cfg.num_workers
         threads = cfg.cpu_threads or default_predictor_threads(workers)
-        predictor = Predictor(cfg.model_dir, device=cfg.device, cpu_threads=threads, use_mkldnn=cfg.use_mkldnn,
-                              precision=cfg.precision, tensorrt=cfg.tensorrt, labels=cfg.labels)
+        predictor = load_predictor(model, backend=cfg.backend, device=cfg.device, cpu_threads=threads,
+                                   precision=cfg.precision, labels=cfg.labels, use_mkldnn=cfg.use_mkldnn,
+                                   tensorrt=cfg.tensorrt)
         log.info("%d input files; %r", len(paths), predictor)
         summary = predict_files(predictor, paths, batch_size=cfg.batch_size, num_workers=workers,
                                 topk=cfg.topk, output=cfg.output, progress=cfg.progress_bar)
@@ -283,7 +345,9 @@ def run(cfg: DictConfig) -> int:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="predict")
 def main(cfg: DictConfig) -> None:
-    sys.exit(run(cfg))
+    from hydra.core.hydra_config import HydraConfig
+
+    sys.exit(run(cfg, default_out_dir=HydraConfig.get().runtime.output_dir))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,10 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from paddletrain.errors import TrainingInterrupted
 
 log = logging.getLogger("paddletrain")
 
@@ -52,7 +55,7 @@ def die_with_parent(signum: int = signal.SIGKILL, parent_pid: int | None = None)
     return True
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _prctl() -> Callable[..., int] | None:
     """libc's ``prctl`` (looked up once, in the parent: a forked worker inherits it), None outside Linux."""
     if not sys.platform.startswith("linux"):
@@ -166,8 +169,6 @@ class StopRequest:
 
     def raise_if_requested(self) -> None:
         if self.signum is not None:
-            from paddletrain.errors import TrainingInterrupted
-
             raise TrainingInterrupted(self.signum)
 
     @contextlib.contextmanager

@@ -3,11 +3,15 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import paddle
 
+from paddletrain.checkpoint import find_latest, load_checkpoint, load_legacy
+from paddletrain.checkpoint.legacy import LEGACY_SUFFIXES
+from paddletrain.checkpoint.untrusted import StateValueError, check_inside, show
 from paddletrain.errors import UserError
+from paddletrain.state_checks import check_optimizer_state, check_state_matches
 
 log = logging.getLogger("paddletrain")
 
@@ -28,7 +32,7 @@ RESUME_IGNORED = (
 MAX_KEYS_SHOWN = 8
 
 
-def config_differences(saved: Any, current: Dict[str, Any]) -> List[Tuple[str, Any, Any]]:
+def config_differences(saved: Any, current: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """``(key, checkpoint's value, this run's value)`` for every dotted key outside :data:`RESUME_IGNORED` whose
     value differs between the config saved in a checkpoint and this run's resolved config (a key only one of
     them has counts, with ``None`` for the other)."""
@@ -43,20 +47,18 @@ def _ignored(key: str) -> bool:
     return any(key == prefix or key.startswith(prefix + ".") for prefix in RESUME_IGNORED)
 
 
-def _flatten(node: Any, prefix: str = "", depth: int = 0) -> Dict[str, Any]:
+def _flatten(node: Any, prefix: str = "", depth: int = 0) -> dict[str, Any]:
     # Bounded depth: the saved config comes from a file someone may have crafted.
     if isinstance(node, dict) and node and depth < 16:
-        flat: Dict[str, Any] = {}
+        flat: dict[str, Any] = {}
         for key, value in node.items():
             flat.update(_flatten(value, f"{prefix}{key}.", depth + 1))
         return flat
     return {prefix[:-1]: node} if prefix else {}
 
 
-def warn_config_differences(path: Path, saved: Any, current: Dict[str, Any]) -> None:
+def warn_config_differences(path: Path, saved: Any, current: dict[str, Any]) -> None:
     """One warning line naming the keys whose values differ from the checkpoint's (see :func:`config_differences`)."""
-    from paddletrain.checkpoint.untrusted import show
-
     differences = config_differences(saved, current)
     if not differences:
         return
@@ -66,8 +68,8 @@ def warn_config_differences(path: Path, saved: Any, current: Dict[str, Any]) -> 
                 ", ".join(shown), f" and {more} more" if more > 0 else "")
 
 
-def load_resume_checkpoint(resume: Optional[str], run_dir: Path, run_info: Dict[str, Any],
-                           config: Optional[Dict[str, Any]] = None) -> Optional[Any]:
+def load_resume_checkpoint(resume: str | None, run_dir: Path, run_info: dict[str, Any],
+                           config: dict[str, Any] | None = None) -> Any | None:
     """The checkpoint to resume from: ``None``, ``auto`` (newest complete one in the run dir) or a directory.
 
     ``auto`` finds the newest checkpoint that fully verifies, whatever state a crash left (see
@@ -75,28 +77,40 @@ def load_resume_checkpoint(resume: Optional[str], run_dir: Path, run_info: Dict[
     different batch or world size is a warning, and so is any other key of ``config`` (this run's resolved
     config) that differs from the checkpoint's saved one (:func:`config_differences`).
     """
-    from paddletrain.checkpoint import find_latest, load_checkpoint
-    from paddletrain.checkpoint.untrusted import StateValueError, check_inside, show
-
-    if resume is None:
+    path = _resume_path(resume, run_dir)
+    if path is None:
         return None
-    path: Optional[Path] = Path(resume)
-    if resume == "auto":
-        checkpoints = run_dir / "checkpoints"
-        try:
-            check_inside(checkpoints, run_dir, "checkpoint directory")
-        except StateValueError as error:
-            raise UserError(f"trainer.resume=auto: {error}") from error
-        path = find_latest(checkpoints, log=log)
-        if path is None:
-            log.info("trainer.resume=auto: no complete checkpoint in %s, starting fresh", checkpoints)
-            return None
-    elif not path.is_dir():
-        raise UserError(f"trainer.resume={resume}: no such checkpoint directory")
     checkpoint = load_checkpoint(path)
     saved = checkpoint.state.get("run", {}) if isinstance(checkpoint.state, dict) else None
     if not isinstance(saved, dict):
         raise UserError(f"cannot resume from {path}: its state has no run record ('run' is {show(saved)})")
+    _check_run_record(path, saved, run_info)
+    if config is not None:
+        warn_config_differences(path, checkpoint.state.get("config"), config)
+    return checkpoint
+
+
+def _resume_path(resume: str | None, run_dir: Path) -> Path | None:
+    """The checkpoint directory ``trainer.resume`` names, or None to start fresh."""
+    if resume is None:
+        return None
+    if resume != "auto":
+        if not Path(resume).is_dir():
+            raise UserError(f"trainer.resume={resume}: no such checkpoint directory")
+        return Path(resume)
+    checkpoints = run_dir / "checkpoints"
+    try:
+        check_inside(checkpoints, run_dir, "checkpoint directory")
+    except StateValueError as error:
+        raise UserError(f"trainer.resume=auto: {error}") from error
+    path = find_latest(checkpoints, log=log)
+    if path is None:
+        log.info("trainer.resume=auto: no complete checkpoint in %s, starting fresh", checkpoints)
+    return path
+
+
+def _check_run_record(path: Path, saved: dict[str, Any], run_info: dict[str, Any]) -> None:
+    """Refuse a checkpoint of another model or number of classes; warn on another batch or world size."""
     def shown(value: Any) -> str:  # the checkpoint's own value, as the user wrote it, within reason
         return str(value) if isinstance(value, (str, int)) and len(str(value)) <= 60 else show(value)
 
@@ -108,15 +122,10 @@ def load_resume_checkpoint(resume: Optional[str], run_dir: Path, run_info: Dict[
         if key in saved and saved[key] != run_info[key]:
             log.warning("Resuming from %s with %s=%s; the checkpoint was written with %s=%s", path, key,
                         run_info[key], key, shown(saved[key]))
-    if config is not None:
-        warn_config_differences(path, checkpoint.state.get("config"), config)
-    return checkpoint
 
 
 def is_legacy_checkpoint(path: Path) -> bool:
     """A pickled PaddleClas-style checkpoint (``.pdparams``/``.pdopt``) rather than a paddletrain one."""
-    from paddletrain.checkpoint.legacy import LEGACY_SUFFIXES
-
     if path.is_file():
         return path.suffix in LEGACY_SUFFIXES
     return (path.is_dir() and not (path / "manifest.json").exists()
@@ -129,10 +138,6 @@ def warm_start_from_legacy(path: Path, model: paddle.nn.Layer, optimizer: Any, t
     Unpickling runs code from the file, so this needs ``trainer.trust_pickle=true``. A legacy file
     records no epoch, RNG or sampler state: training starts at epoch 0 with these weights.
     """
-    from paddletrain.checkpoint import load_legacy
-    from paddletrain.checkpoint.untrusted import StateValueError
-    from paddletrain.state_checks import check_optimizer_state, check_state_matches
-
     loaded = load_legacy(path, trust_pickle=trust_pickle)
     files = loaded if path.is_dir() else {path.name: loaded}
     weights = next((v for k, v in files.items() if k.endswith(".pdparams")), None)

@@ -12,23 +12,29 @@ without the callback: sweeps, downstream Hydra apps, Python code.
 """
 from __future__ import annotations
 
+import copy
 import errno
 import json
 import logging
 import os
+import shutil
 import socket
 import stat
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional, Union
+from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
+from omegaconf import OmegaConf, open_dict, read_write
 
 from paddletrain import distributed
 from paddletrain.errors import UserError
+from paddletrain.validation import validate_config
 
 try:
     import fcntl
@@ -59,13 +65,13 @@ class RunDirLock:
 
 
 # The one run directory this process writes (a process runs one training at a time).
-_held: Optional[RunDirLock] = None
+_held: RunDirLock | None = None
 # The run directory this process's RunDirGuard found missing and so created, with the top-most of its parents
 # that was missing too (``outputs/`` on a first run); None: it existed, or no guard ran.
-_created: Optional[tuple[Path, Path]] = None
+_created: tuple[Path, Path] | None = None
 
 
-def hold_run_dir(run_dir: Union[str, Path]) -> Optional[RunDirLock]:
+def hold_run_dir(run_dir: str | Path) -> RunDirLock | None:
     """Take the exclusive lock on ``run_dir`` (created if needed) for the rest of this process's life.
 
     Holding a new directory releases the one held before; returns None (unlocked, with a warning) where the
@@ -115,7 +121,7 @@ def hold_run_dir(run_dir: Union[str, Path]) -> Optional[RunDirLock]:
 
 
 @contextmanager
-def holding_run_dir(run_dir: Union[str, Path]) -> Iterator[Optional[RunDirLock]]:
+def holding_run_dir(run_dir: str | Path) -> Iterator[RunDirLock | None]:
     """:func:`hold_run_dir` for the ``with`` block; releases on exit only a lock it took itself."""
     already = held_run_dir() == Path(run_dir).resolve()
     lock = hold_run_dir(run_dir)
@@ -134,7 +140,7 @@ def release_run_dir() -> None:
         _held = None
 
 
-def held_run_dir() -> Optional[Path]:
+def held_run_dir() -> Path | None:
     """The run directory this process holds, or None."""
     return _held.run_dir if _held is not None else None
 
@@ -150,15 +156,13 @@ def describe_holder(fd: int) -> str:
     return f"pid {pid} on {host}"
 
 
-def discard_failed_start(run_dir: Union[str, Path]) -> bool:
+def discard_failed_start(run_dir: str | Path) -> bool:
     """Remove ``run_dir`` after a failed start (bad input, or stopped during start-up) when this run created it
     and it holds nothing but what every start writes: ``.hydra/``, the lock, the run's log file and a
     launcher's ``launch/`` logs. Returns whether it was removed; anything else in it keeps it.
 
     The caller has already said why the run failed on the console; the log file is closed first.
     """
-    import shutil
-
     run_dir = Path(run_dir).resolve()
     if _created is None or _created[0] != run_dir or not run_dir.is_dir():
         return False
@@ -211,13 +215,6 @@ class RunDirGuard(Callback):
 
     def on_run_start(self, config: Any, **kwargs: Any) -> None:
         global _created
-        import copy
-
-        from hydra.core.hydra_config import HydraConfig
-        from omegaconf import OmegaConf, open_dict, read_write
-
-        from paddletrain.validation import validate_config
-
         if distributed.is_launched():
             return
         try:

@@ -5,7 +5,6 @@ import logging
 import os
 import random
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 import paddle
@@ -40,7 +39,7 @@ def ranks_on_this_node() -> int:
         return 1
 
 
-def default_cpu_threads(data_workers: int = 0, ranks: int = 1, cores: Optional[int] = None) -> tuple[int, str]:
+def default_cpu_threads(data_workers: int = 0, ranks: int = 1, cores: int | None = None) -> tuple[int, str]:
     """Threads for Paddle's CPU math when the user sets none, and why: this process's share of the usable cores
     (``cores`` divided among the ``ranks`` on this machine), less the cores the data side needs, at least 1.
 
@@ -82,13 +81,13 @@ def select_device(device: str = "auto") -> str:
     return "cpu"
 
 
-def set_cpu_threads(threads: Optional[int], data_workers: int = 0, ranks: Optional[int] = None) -> int:
+def set_cpu_threads(threads: int | None, data_workers: int = 0, ranks: int | None = None) -> int:
     """Set the thread count of Paddle's CPU math (it uses one thread unless told otherwise); ``None`` chooses
     :func:`default_cpu_threads` for ``data_workers`` and ``ranks`` (default: the ranks on this node)."""
     return _choose_threads(threads, data_workers, ranks)[0]
 
 
-def _choose_threads(threads: Optional[int], data_workers: int, ranks: Optional[int]) -> tuple[int, str]:
+def _choose_threads(threads: int | None, data_workers: int, ranks: int | None) -> tuple[int, str]:
     if threads is None:
         threads, reason = default_cpu_threads(data_workers, ranks if ranks is not None else ranks_on_this_node())
     else:
@@ -99,8 +98,8 @@ def _choose_threads(threads: Optional[int], data_workers: int, ranks: Optional[i
     return threads, reason
 
 
-def setup_runtime(device: str = "auto", cpu_threads: Optional[int] = None, deterministic: bool = False,
-                  data_workers: int = 0, ranks: Optional[int] = None) -> RuntimeInfo:
+def setup_runtime(device: str = "auto", cpu_threads: int | None = None, deterministic: bool = False,
+                  data_workers: int = 0, ranks: int | None = None) -> RuntimeInfo:
     """Select the device and CPU threads, and log them with the Paddle version once.
 
     ``cpu_threads=None`` chooses the count from the usable cores, the ``data_workers`` of this process's

@@ -2,11 +2,12 @@
 
 A schedule factory is ``factory(cfg: SchedConfig, base_lr, steps: ScheduleSteps) -> LRScheduler`` for the
 steps after warmup; :func:`build_scheduler` adds the warmup in front. Its length comes from
-:func:`schedule_steps`, computed from the same :func:`paddletrain.trainer.optimizer_steps_per_epoch` the
-training loop follows, so the schedule ends exactly on the run's last optimizer step.
+:func:`schedule_steps`, computed from :func:`optimizer_steps_per_epoch`, the count the training loop follows, so the
+schedule ends exactly on the run's last optimizer step.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,6 +33,15 @@ class ScheduleSteps:
     @property
     def after_warmup(self) -> int:
         return self.total - self.warmup
+
+
+def optimizer_steps_per_epoch(num_batches: int, accumulate_grad_batches: int) -> int:
+    """Optimizer steps in an epoch of ``num_batches``: one per ``accumulate_grad_batches``, and one on the last
+    batch even when its group is short (its gradients must not leak into the next epoch).
+
+    The one definition: the Trainer steps this way, and the LR schedule and VisualDL's log interval count so.
+    """
+    return -(-num_batches // accumulate_grad_batches)
 
 
 def schedule_steps(steps_per_epoch: int, max_epochs: int, warmup_epochs: float = 0.0) -> ScheduleSteps:
@@ -107,7 +117,7 @@ def step(cfg: SchedConfig, base_lr: float, steps: ScheduleSteps) -> LRScheduler:
 def multistep(cfg: SchedConfig, base_lr: float, steps: ScheduleSteps) -> LRScheduler:
     """Multiply by ``sched.gamma`` when each epoch of ``sched.milestones`` starts."""
     milestones = list(cfg.milestones)
-    if not milestones or any(b <= a for a, b in zip(milestones, milestones[1:])):
+    if not milestones or any(b <= a for a, b in itertools.pairwise(milestones)):
         raise ConfigError(f"sched.milestones must be strictly increasing epochs, got {list(cfg.milestones)}")
     return _drops_at_epochs(milestones, "sched.milestones", cfg.gamma, base_lr, steps)
 

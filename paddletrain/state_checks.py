@@ -13,8 +13,15 @@ from typing import Any
 
 import paddle
 
-from paddletrain.checkpoint.untrusted import (StateValueError, checked_bool, checked_int, checked_mapping,
-                                              checked_number, required, show)
+from paddletrain.checkpoint.untrusted import (
+    StateValueError,
+    checked_bool,
+    checked_int,
+    checked_mapping,
+    checked_number,
+    required,
+    show,
+)
 from paddletrain.errors import UserError
 
 # Optimizers whose every accumulator is shaped like its parameter or holds one value (beta powers, step
@@ -138,7 +145,7 @@ def _check_like(saved: Any, current: Any, key: str) -> None:
     elif isinstance(current, (list, tuple)):
         if not isinstance(saved, (list, tuple)) or len(saved) != len(current):
             raise StateValueError(key, f"is {show(saved)}: expected a list of {len(current)} values")
-        for i, (s, c) in enumerate(zip(saved, current)):
+        for i, (s, c) in enumerate(zip(saved, current, strict=True)):
             _check_like(s, c, f"{key}[{i}]")
 
 
@@ -162,3 +169,23 @@ def checked_metrics(metrics: Any, key: str = "metrics") -> dict[str, float]:
             raise StateValueError(key, f"has the key {show(name)}: expected metric names")
         checked_number(value, f"{key}.{name}")
     return dict(metrics)
+
+
+def checked_scaler_state(saved: Any) -> dict[str, Any]:
+    """The saved loss-scaler state (``Precision.state_dict()["scaler"]``) with every value in the range paddle's
+    ``GradScaler`` assumes (else StateValueError naming the key)."""
+    saved = dict(checked_mapping(saved, "scaler"))
+    scale = required(saved, "scale", "scaler.scale")
+    saved["scale"] = scale[0] if isinstance(scale, (list, tuple)) and len(scale) == 1 else scale
+    for name, allowed, wanted in (("scale", lambda x: x > 0, "> 0"), ("incr_ratio", lambda x: x >= 1, ">= 1"),
+                                  ("decr_ratio", lambda x: 0 < x <= 1, "in (0, 1]")):
+        number = checked_number(required(saved, name, f"scaler.{name}"), f"scaler.{name}", finite=True)
+        if not allowed(number):
+            raise StateValueError(f"scaler.{name}", f"is {show(saved[name])}: expected a number {wanted}")
+        saved[name] = number
+    for name, low in (("incr_every_n_steps", 1), ("decr_every_n_nan_or_inf", 1), ("incr_count", 0),
+                      ("decr_count", 0)):
+        saved[name] = checked_int(required(saved, name, f"scaler.{name}"), f"scaler.{name}", minimum=low)
+    key = "scaler.use_dynamic_loss_scaling"
+    saved["use_dynamic_loss_scaling"] = checked_bool(required(saved, "use_dynamic_loss_scaling", key), key)
+    return saved

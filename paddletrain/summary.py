@@ -12,6 +12,10 @@ import math
 from pathlib import Path
 from typing import Any
 
+from paddletrain.callbacks.checkpoint import ModelCheckpoint
+from paddletrain.callbacks.visualdl import VisualDLLogger
+from paddletrain.checkpoint import CheckpointError
+from paddletrain.checkpoint.manifest import read_manifest
 from paddletrain.console import format_duration
 
 log = logging.getLogger("paddletrain")
@@ -25,10 +29,10 @@ def run_summary(run_dir: Path, metrics: dict[str, float], trainer: Any) -> dict[
     """What ``summary.json`` holds.
 
     Flat keys (read by tests and tools): ``epochs``, ``global_step``, ``nonfinite_steps``, ``world_size``, every
-    final metric, ``train/throughput`` and ``train/data_time_share`` of the whole fit (this process's: per rank), ``train/images`` and
-    ``train/step_seconds`` (what the throughput divides), ``wall_seconds`` (the fit's wall time, validation and
-    checkpoints included). Nested: ``best`` (monitored metric, its value, 1-based epoch, global step and
-    checkpoint), ``last_checkpoint``, and ``paths`` (run directory, log file, VisualDL directory).
+    final metric, ``train/throughput`` and ``train/data_time_share`` of the whole fit (this process's: per rank),
+    ``train/images`` and ``train/step_seconds`` (what the throughput divides), ``wall_seconds`` (the fit's wall
+    time, validation and checkpoints included). Nested: ``best`` (monitored metric, its value, 1-based epoch,
+    global step and checkpoint), ``last_checkpoint``, and ``paths`` (run directory, log file, VisualDL directory).
     """
     throughput = trainer.run_throughput
     summary: dict[str, Any] = {"epochs": trainer.epoch, "global_step": trainer.global_step,
@@ -54,10 +58,6 @@ def run_summary(run_dir: Path, metrics: dict[str, float], trainer: Any) -> dict[
 def _checkpoints(trainer: Any) -> tuple[dict[str, Any] | None, str | None]:
     """The best checkpoint (from its own manifest: metric, epoch, step) and the newest one, from the first
     :class:`~paddletrain.callbacks.checkpoint.ModelCheckpoint` of the run."""
-    from paddletrain.callbacks.checkpoint import ModelCheckpoint
-    from paddletrain.checkpoint import CheckpointError
-    from paddletrain.checkpoint.manifest import read_manifest
-
     saver = next((cb for cb in trainer.callbacks if isinstance(cb, ModelCheckpoint) and cb.manager), None)
     if saver is None:
         return None, None
@@ -78,8 +78,6 @@ def _checkpoints(trainer: Any) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def _paths(run_dir: Path, trainer: Any) -> dict[str, str]:
-    from paddletrain.callbacks.visualdl import VisualDLLogger
-
     paths = {"run_dir": str(run_dir)}
     logs = [Path(h.baseFilename) for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
     # The run's own log (Hydra's <job>.log) first, else wherever this process logs to.

@@ -124,7 +124,10 @@ def check_training_parts(cfg: Any) -> None:
             raise ConfigError(f"trainer.distill.{set_key} is set but trainer.distill.teacher is null: name the "
                               "teacher model (e.g. trainer.distill.teacher=resnet50_vd)")
         return
-    MODELS.get(d.teacher)
+    try:
+        MODELS.get(d.teacher)
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace("model.name=", "trainer.distill.teacher=", 1)) from None
     if not d.pretrained:
         raise ConfigError(f"missing required value for trainer.distill.pretrained: the teacher "
                           f"{d.teacher} needs trained weights (a file, a paddletrain checkpoint directory, "
@@ -139,6 +142,9 @@ def check_training_parts(cfg: Any) -> None:
     if d.unlabeled_root and alpha != 1.0:
         raise ConfigError(f"trainer.distill.unlabeled_root needs a loss without labels: trainer.distill.alpha=1 "
                           f"(got {alpha}); the unlabeled images have no hard-label term")
+    if d.unlabeled_root and Mixup.from_config(cfg.data.mixup, num_classes=2) is not None:
+        raise ConfigError("trainer.distill.unlabeled_root cannot be combined with data.mixup: mixed targets need "
+                          "every image's label; set data.mixup.mixup_alpha=0 and data.mixup.cutmix_alpha=0")
 
 
 def _check_machine(cfg: Any, training: bool) -> None:

@@ -4,10 +4,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from typing import List
+from pathlib import Path
 
+import numpy as np
 import pytest
 from hydra import compose, initialize_config_module
+from PIL import Image
 
 import paddletrain.fit  # noqa: F401  (registers the schemas)
 
@@ -23,19 +25,34 @@ TINY = [
 ]
 
 
-def compose_fit(overrides: List[str] = (), name: str = "fit"):
+def compose_fit(overrides: list[str] = (), name: str = "fit"):
     """The config `python -m paddletrain.fit <overrides>` would run with."""
     with initialize_config_module("paddletrain.conf", version_base="1.3"):
         return compose(name, overrides=list(overrides))
 
 
 @pytest.fixture
-def tiny_overrides() -> List[str]:
+def tiny_overrides() -> list[str]:
     return list(TINY)
 
 
-def run_module(module: str, args: List[str], cwd, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_module(module: str, args: list[str], cwd, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run ``python -m module args`` in a fresh process, as a user would."""
     env = dict(os.environ, PYTHONWARNINGS="ignore", HYDRA_FULL_ERROR="0")
     return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
+
+
+def write_image_folder(root: Path, bad_val_index: int | None = None) -> None:
+    """A 2-class image folder of 12x12 PNGs (8 train and 4 val images per class); the validation image at
+    ``bad_val_index`` (in sorted order) is not an image. Validation is not shuffled and rank r of 2 reads
+    samples r, r+2, ...: index 0 is rank 0's, index 1 rank 1's."""
+    rng = np.random.RandomState(0)
+    for split, n in (("train", 8), ("val", 4)):
+        for cls in ("a", "b"):
+            folder = root / split / cls
+            folder.mkdir(parents=True)
+            for i in range(n):
+                Image.fromarray(rng.randint(0, 255, (12, 12, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    if bad_val_index is not None:
+        sorted((root / "val").glob("*/*.png"))[bad_val_index].write_bytes(b"not a png")

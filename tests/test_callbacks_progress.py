@@ -1,4 +1,6 @@
 """ProgressBar: bars on a terminal, timed progress lines in the log, one line per epoch."""
+from __future__ import annotations
+
 import io
 import logging
 import re

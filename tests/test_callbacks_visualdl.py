@@ -18,9 +18,17 @@ from PIL import Image
 from visualdl import LogReader
 
 from paddletrain.callbacks import StepOutput, VisualDLLogger
-from paddletrain.callbacks.visualdl import (AUTO_LOG_POINTS, MAX_HPARAMS, auto_log_interval, denormalize_images,
-                                            hparam_names, run_display_name, scalar_tag, select_hparams,
-                                            tag_sort_key)
+from paddletrain.callbacks.visualdl import (
+    AUTO_LOG_POINTS,
+    MAX_HPARAMS,
+    auto_log_interval,
+    denormalize_images,
+    hparam_names,
+    run_display_name,
+    scalar_tag,
+    select_hparams,
+    tag_sort_key,
+)
 from paddletrain.trainer import Trainer
 
 MEAN, STD = [0.5, 0.4, 0.3], [0.2, 0.25, 0.5]

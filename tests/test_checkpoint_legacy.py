@@ -1,4 +1,6 @@
 """Pickled paddle.save files: refused without trust, loaded without running code by safe_unpickle."""
+from __future__ import annotations
+
 import os
 import pickle
 import subprocess

@@ -1,4 +1,6 @@
 """CheckpointManager retention (last N, best K, protected), pointers, resume state; check_writable."""
+from __future__ import annotations
+
 import json
 import math
 import os

@@ -1,4 +1,6 @@
 """Random generator state: captured without pickle, restored exactly, also through a checkpoint."""
+from __future__ import annotations
+
 import random
 
 import numpy as np

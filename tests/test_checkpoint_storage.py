@@ -17,9 +17,16 @@ import numpy as np
 import paddle
 import pytest
 
-from paddletrain.checkpoint import (CheckpointError, find_checkpoints, find_latest, is_complete, load_checkpoint,
-                                    rng_state, save_checkpoint)
-from paddletrain.checkpoint import storage
+from paddletrain.checkpoint import (
+    CheckpointError,
+    find_checkpoints,
+    find_latest,
+    is_complete,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    storage,
+)
 
 
 def _state(seed: int = 0) -> dict:
@@ -56,7 +63,7 @@ def _assert_same(expected, actual, where="state"):
         assert isinstance(actual, float) and math.isnan(actual), where
     elif isinstance(expected, (list, tuple)):
         assert type(actual) is type(expected) and len(actual) == len(expected), where
-        for i, (e, a) in enumerate(zip(expected, actual)):
+        for i, (e, a) in enumerate(zip(expected, actual, strict=True)):
             _assert_same(e, a, f"{where}[{i}]")
     elif isinstance(expected, dict):
         assert type(actual) is dict and set(actual) == set(expected), where

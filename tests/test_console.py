@@ -26,8 +26,14 @@ from tqdm import tqdm
 
 from paddletrain import console
 from paddletrain.callbacks.base import Callback
-from paddletrain.console import (FILE_ONLY, KNOWN_WARNINGS, above_bar, install_warning_filters,
-                                 route_warnings_to_log, warning_line)
+from paddletrain.console import (
+    FILE_ONLY,
+    KNOWN_WARNINGS,
+    above_bar,
+    install_warning_filters,
+    route_warnings_to_log,
+    warning_line,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 TEST_WARNING = "a warning raised on every training batch by tests.test_console"
@@ -37,7 +43,7 @@ class WarnEveryBatch(Callback):
     """A real warning raised while the bar is drawn (a callback the runs below add with ``_target_``)."""
 
     def on_train_batch_end(self, trainer, output, batch, batch_idx):
-        warnings.warn(TEST_WARNING, UserWarning)
+        warnings.warn(TEST_WARNING, UserWarning, stacklevel=1)
 
 
 # 4 training batches and 2 validation batches per epoch; a progress line after every batch.
@@ -229,7 +235,7 @@ def test_above_bar_routes_python_warnings_above_the_bar(monkeypatch):
         with warnings.catch_warnings(), above_bar(()):
             warnings.simplefilter("always")
             bar.update(1)
-            warnings.warn("plain warning", UserWarning)
+            warnings.warn("plain warning", UserWarning, stacklevel=1)
             bar.update(1)
     finally:
         bar.close()

@@ -1,4 +1,6 @@
 """decoded_batches: worker processes decode into shared memory, in input order, and clean up after themselves."""
+from __future__ import annotations
+
 import logging
 import os
 
@@ -66,7 +68,7 @@ def test_workers_give_the_same_batches_in_order_as_decoding_here(files, preproce
     got = _collect(chunks, preprocessing, workers)
     assert [ok for ok, _, _ in got] == [ok for ok, _, _ in expected]
     assert [len(ok) for ok, _, _ in got] == [4, 3, 3]  # files[4] is not an image
-    for (_, x, failed), (_, y, expected_failed) in zip(got, expected):
+    for (_, x, failed), (_, y, expected_failed) in zip(got, expected, strict=True):
         np.testing.assert_array_equal(x, y)
         assert failed == expected_failed
     assert _shared_blocks() == before  # every block unlinked
@@ -92,7 +94,7 @@ def test_without_room_in_dev_shm_batches_are_pickled_and_the_log_says_so(files, 
     with caplog.at_level(logging.INFO, logger="paddletrain"):
         got = _collect(chunks, preprocessing, 1)
     assert "--shm-size" in caplog.text
-    for (_, x, _), (_, y, _) in zip(got, _collect(chunks, preprocessing, 0)):
+    for (_, x, _), (_, y, _) in zip(got, _collect(chunks, preprocessing, 0), strict=True):
         np.testing.assert_array_equal(x, y)
 
 

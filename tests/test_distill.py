@@ -230,3 +230,28 @@ def test_resuming_a_distillation_run_is_exact(tmp_path):
     assert resumed.global_step == 12
     for a, b in zip(straight.module.parameters(), resumed.module.parameters()):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+@pytest.mark.parametrize("overrides, line", [
+    (["trainer.distill.teacher=resnet20"], "missing required value for trainer.distill.pretrained"),
+    (["trainer.distill.pretrained=/w.pdparams"], "trainer.distill.pretrained is set but trainer.distill.teacher is "
+                                                 "null"),
+    (["trainer.distill.teacher=resnet2O", "trainer.distill.pretrained=/w"],
+     "unknown model trainer.distill.teacher='resnet2O'"),
+    (["trainer.distill.teacher=resnet20", "trainer.distill.pretrained=/w", "trainer.distill.kind=ssld",
+      "trainer.distill.temperature=4"], "trainer.distill.temperature=4.0 applies to trainer.distill.kind=kd"),
+    (["trainer.distill.teacher=resnet20", "trainer.distill.pretrained=/w", "trainer.distill.unlabeled_root=/u"],
+     "trainer.distill.unlabeled_root needs a loss without labels: trainer.distill.alpha=1 (got 0.5)"),
+    (["trainer.distill.teacher=resnet20", "trainer.distill.pretrained=/w", "trainer.distill.kind=ssld",
+      "trainer.distill.unlabeled_root=/u", "data.mixup.mixup_alpha=0.2"],
+     "trainer.distill.unlabeled_root cannot be combined with data.mixup"),
+    (["trainer.distill.kind=dml"], "trainer.distill.kind='dml' is not allowed; choose one of: kd, ssld"),
+])
+def test_distill_config_rules_are_one_line_naming_the_key(overrides, line):
+    from paddletrain.errors import ConfigError
+    from paddletrain.validation import validate_config
+    from tests.conftest import TINY, compose_fit
+
+    with pytest.raises(ConfigError) as info:
+        validate_config(compose_fit([*TINY, *overrides]))
+    assert str(info.value).startswith(line) and "\n" not in str(info.value)

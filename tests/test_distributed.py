@@ -11,10 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from paddletrain.checkpoint import find_latest, load_checkpoint
-from tests.conftest import TINY, run_module
+from tests.conftest import TINY, run_module, write_image_folder
 
 WORKER = Path(__file__).with_name("scripts") / "ddp_worker.py"
 pytestmark = pytest.mark.timeout(300)
@@ -90,21 +89,8 @@ def test_fit_on_two_processes_one_run_dir_rank0_output_and_exact_eval(tmp_path):
     assert json.loads((run_dir / "summary.json").read_text())["epochs"] == 3
 
 
-def write_image_folder(root: Path, corrupt_val_index: int) -> None:
-    rng = np.random.RandomState(0)
-    for split, n in (("train", 8), ("val", 4)):
-        for cls in ("a", "b"):
-            d = root / split / cls
-            d.mkdir(parents=True)
-            for i in range(n):
-                Image.fromarray(rng.randint(0, 255, (12, 12, 3), dtype=np.uint8)).save(d / f"{i}.png")
-    # Validation is not shuffled and rank r takes samples r, r+2, ...: index 1 lands on rank 1 only.
-    bad = sorted((root / "val").glob("*/*.png"))[corrupt_val_index]
-    bad.write_bytes(b"not a png")
-
-
 def test_a_crashing_rank_stops_the_job_quickly_and_is_named(tmp_path):
-    write_image_folder(tmp_path / "data", corrupt_val_index=1)
+    write_image_folder(tmp_path / "data", bad_val_index=1)
     start = time.time()
     result = fit_two(tmp_path, "data=imagefolder", f"data.root={tmp_path / 'data'}", "data.image_size=12",
                      "data.train_transform=none", "data.eval_transform=none", "data.batch_size=4",

@@ -33,6 +33,14 @@ def checkpoint(tmp_path_factory):
     return find_latest(run_dir / "checkpoints")
 
 
+def test_a_run_directory_with_best_exports_its_best_checkpoint(checkpoint, tmp_path):
+    run_dir = checkpoint.parent.parent
+    result = export_checkpoint(f"{run_dir}:best", tmp_path, num_check_images=2)
+    assert result.passed
+    with pytest.raises(UserError, match=r"checkpoint=.*does not exist"):
+        export_checkpoint(f"{tmp_path / 'nope'}:best", tmp_path / "out")
+
+
 def test_export_checkpoint_passes_parity_on_real_validation_images(checkpoint, data_cfg, tmp_path):
     result = export_checkpoint(checkpoint, tmp_path, num_check_images=8)
     assert result.passed
@@ -207,3 +215,79 @@ def test_the_bf16_tolerance_admits_bf16_rounding_and_rejects_real_mistakes(check
     for name, logits in mistakes.items():
         report = compare_logits(logits, expected, tolerance)
         assert not report.passed and report.relative_error > tolerance, (name, report)
+
+
+def test_predict_with_a_checkpoint_exports_it_verified_then_predicts(checkpoint, data_cfg, tmp_path):
+    from paddletrain.predict import PredictConfig, run as predict
+
+    val = build_datasets(data_cfg).val
+    (tmp_path / "images").mkdir()
+    for i in range(3):
+        Image.fromarray(val.load_image(i)).save(tmp_path / "images" / f"{i}.png")
+    preds = tmp_path / "preds.jsonl"
+    cfg = OmegaConf.structured(PredictConfig(checkpoint=f"{checkpoint.parent.parent}:last",
+                                             input=str(tmp_path / "images"), output=str(preds), num_workers=0,
+                                             progress_bar=False, topk=2))
+    assert predict(cfg, default_out_dir=str(tmp_path / "run")) == 0
+    assert (tmp_path / "run" / "export" / "preprocess.json").is_file()
+    lines = [json.loads(line) for line in preds.read_text().splitlines()]
+    assert len(lines) == 3 and all(line["labels"][0] in val.classes for line in lines)
+
+
+def _distributions():
+    import importlib.metadata
+
+    return sorted((d.metadata["Name"] or "", d.version) for d in importlib.metadata.distributions())
+
+
+@pytest.mark.parametrize("batch", ["dynamic", "4"])
+def test_onnx_export_matches_in_onnxruntime_and_installs_nothing(checkpoint, tmp_path, monkeypatch, batch):
+    pytest.importorskip("paddle2onnx", reason="format=onnx needs the onnx extra (paddle2onnx)")
+    pytest.importorskip("onnxruntime", reason="the ONNX parity check needs the onnx extra (onnxruntime)")
+    import subprocess
+    import sys
+    import types
+
+    # paddle2onnx's default optimizer imports polygraphy after setting POLYGRAPHY_AUTOINSTALL_DEPS=1, and
+    # polygraphy then pip-installs onnx_graphsurgeon: a stand-in records whether that step is reached at all.
+    folded, started = [], []
+    fake = types.ModuleType("polygraphy.backend.onnx")
+    fake.fold_constants = lambda model: folded.append(model) or model
+    for name, module in (("polygraphy", types.ModuleType("polygraphy")),
+                         ("polygraphy.backend", types.ModuleType("polygraphy.backend")),
+                         ("polygraphy.backend.onnx", fake)):
+        monkeypatch.setitem(sys.modules, name, module)
+    real_popen = subprocess.Popen
+
+    class RecordingPopen(real_popen):
+        def __init__(self, args, *rest, **kwargs):
+            started.append(args)
+            super().__init__(args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", RecordingPopen)
+    monkeypatch.delenv("POLYGRAPHY_AUTOINSTALL_DEPS", raising=False)
+    before = _distributions()
+
+    result = export_checkpoint(checkpoint, tmp_path, format="onnx", batch=batch, num_check_images=6)  # pads to 8
+
+    assert _distributions() == before
+    assert not folded and "POLYGRAPHY_AUTOINSTALL_DEPS" not in os.environ
+    assert not [args for args in started if "pip" in str(args)]
+    assert (tmp_path / "model.onnx").is_file() and result.passed
+    onnx = result.onnx_parity
+    # A disagreement on a near tie would be rounding (which differs between CPUs); a clear flip is a bug.
+    assert onnx.num_images == 6 and onnx.top1_flips == 0
+    assert onnx.relative_error <= onnx.tolerance
+
+
+def test_cli_onnx_export_at_batch_1_keeps_stdout_to_the_json_summary(checkpoint, tmp_path):
+    pytest.importorskip("paddle2onnx", reason="format=onnx needs the onnx extra (paddle2onnx)")
+    pytest.importorskip("onnxruntime", reason="the ONNX parity check needs the onnx extra (onnxruntime)")
+    result = run_module("paddletrain.export", [f"checkpoint={checkpoint}", "format=onnx", "batch=1",
+                                               "num_check_images=4", f"out_dir={tmp_path / 'out'}",
+                                               f"hydra.run.dir={tmp_path / 'h'}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    [line] = result.stdout.splitlines()  # paddle2onnx's own progress lines went to stderr
+    summary = json.loads(line)
+    assert summary["onnx_parity"]["passed"] and summary["onnx_parity"]["top1_flips"] == 0
+    assert "model.onnx" in summary["files"] and "Paddle2ONNX" in result.stderr

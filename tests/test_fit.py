@@ -20,10 +20,12 @@ def test_fit_then_evaluate_end_to_end(tmp_path):
     checkpoints = sorted(p for p in (run_dir / "checkpoints").iterdir() if p.is_dir() and not p.name.startswith("."))
     assert checkpoints, "no checkpoint written"
 
-    result = run_module("paddletrain.evaluate", [f"checkpoint={checkpoints[-1]}", f"hydra.run.dir={tmp_path / 'ev'}"],
+    # The run directory with `:last` (through Hydra's override parser, colon and all) finds the same checkpoint.
+    result = run_module("paddletrain.evaluate", [f"checkpoint={run_dir}:last", f"hydra.run.dir={tmp_path / 'ev'}"],
                         cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     reported = json.loads(result.stdout.strip().splitlines()[-1])
+    assert reported["checkpoint"] == str(checkpoints[-1])
     # The last checkpoint holds the final weights: evaluation reproduces the final validation metrics.
     assert abs(reported["val/top1"] - summary["val/top1"]) < 1e-6
     assert abs(reported["val/loss"] - summary["val/loss"]) < 1e-4

@@ -10,7 +10,7 @@ from paddletrain.distributed import OUTCOME_MARKER
 from paddletrain.launcher import _LogTail, shown_on_console
 from tests.conftest import TINY, run_module
 
-RANK_LOG = """\
+RANK_LOG = f"""\
 ======================= Modified FLAGS detected =======================
 FLAGS(name='FLAGS_enable_pir_in_executor', current_value=True, default_value=False)
 =======================================================================
@@ -18,9 +18,9 @@ I1123 13:37:58.563987  3622 tcp_store.cc:336] create libuv server at port: 45452
 I1123 13:37:58.569332  3622 tcp_utils.cc:132] Successfully connected to 127.0.0.1:45452
 [2026-11-23 13:37:58,963][paddletrain][INFO] - [rank 0] Device cpu, 1 CPU thread, paddle 3.3.1
 W1123 13:37:59.000000  3622 gloo_context.cc:10] a warning from gloo
-[2026-11-23 13:37:59,745][paddletrain][INFO] - [rank 0] {marker} (exit 0): finished
+[2026-11-23 13:37:59,745][paddletrain][INFO] - [rank 0] {OUTCOME_MARKER} (exit 0): finished
 ====
-""".format(marker=OUTCOME_MARKER)
+"""
 
 
 def test_rank_log_echo_leaves_out_paddle_chatter(tmp_path):

@@ -1,4 +1,6 @@
 """ClassificationMeter and topk_correct: device-side sums that give exact epoch accuracies."""
+from __future__ import annotations
+
 import numpy as np
 import paddle
 import pytest

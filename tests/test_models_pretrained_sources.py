@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
+import sys
 
 import numpy as np
 import paddle
@@ -19,6 +21,7 @@ def isolated_caches(tmp_path, monkeypatch):
     monkeypatch.setenv("PADDLETRAIN_WEIGHTS_HOME", str(tmp_path / "weights"))
     monkeypatch.setenv("HUB_HOME", str(tmp_path / "hub"))
     monkeypatch.setenv("PADDLETRAIN_OFFLINE", "1")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # PaddleClas' own cache is ~/.paddleclas/weights
     (tmp_path / "weights").mkdir()
 
 
@@ -114,6 +117,27 @@ def test_paddleclas_weights_bring_the_first_block_projection_they_need(tmp_path)
         create_model("resnet18", pretrained="paddleclas:ResNet18", project_first_shortcut=False)
 
 
+def test_paddleclas_finds_the_file_paddleclas_itself_downloaded(tmp_path):
+    source = _source_resnet18(project_first_shortcut=True)
+    theirs = tmp_path / "home" / ".paddleclas" / "weights"
+    theirs.mkdir(parents=True)
+    paddle.save(_renamed(source, "paddleclas"), str(theirs / "ResNet18_pretrained.pdparams"))
+    assert describe("paddleclas:ResNet18").path == theirs / "ResNet18_pretrained.pdparams"
+    model = create_model("resnet18", pretrained="paddleclas:ResNet18")  # offline: no download was possible
+    _assert_same_logits(model, source)
+    # Our own cache comes first when it has the file too.
+    (tmp_path / "weights" / "ResNet18_pretrained.pdparams").write_bytes(b"ours")
+    assert describe("paddleclas:ResNet18").path == tmp_path / "weights" / "ResNet18_pretrained.pdparams"
+
+
+def test_a_paddleclas_cache_miss_offline_names_both_caches(tmp_path):
+    with pytest.raises(PretrainedLoadError) as info:
+        load_pretrained(create_model("resnet34"), "paddleclas:ResNet34")
+    message = str(info.value)
+    assert f"put it at {tmp_path / 'weights' / 'ResNet34_pretrained.pdparams'}" in message
+    assert f"or in PaddleClas' own cache {tmp_path / 'home' / '.paddleclas' / 'weights'}" in message
+
+
 def test_unknown_names_list_the_available_ones():
     with pytest.raises(PretrainedLoadError, match="vision:resnet19.*resnet18"):
         describe("vision:resnet19")
@@ -126,11 +150,6 @@ def test_vision_builder_names_find_their_scaled_weights():
     assert describe("vision:inception_v3").preprocessing["input_size"] == (3, 299, 299)
 
 
-needs_no_paddlehub = pytest.mark.skipif(importlib.util.find_spec("paddlehub") is not None,
-                                        reason="paddlehub is installed: hub: goes through it")
-
-
-@needs_no_paddlehub
 def test_hub_module_directory_is_read_with_its_labels(tmp_path):
     paddle.seed(5)
     source = create_model("resnet18_vd", num_classes=3).eval()
@@ -143,10 +162,90 @@ def test_hub_module_directory_is_read_with_its_labels(tmp_path):
     assert model.pretrained_cfg["label_names"] == ["ant", "bee", "wasp"]
 
 
-@needs_no_paddlehub
 def test_missing_hub_module_says_where_it_was_looked_for(tmp_path):
     with pytest.raises(PretrainedLoadError) as info:
         load_pretrained(create_model("resnet50_vd"), "hub:resnet50_vd_imagenet_ssld")
     message = str(info.value)
     assert str(tmp_path / "hub" / "modules" / "resnet50_vd_imagenet_ssld") in message
     assert "hub install resnet50_vd_imagenet_ssld" in message
+
+
+def _hub_module_dir(tmp_path, name="resnet18_vd_tiny"):
+    """A PaddleHub module directory holding a small model's weights (PaddleHub naming) and labels."""
+    paddle.seed(5)
+    source = create_model("resnet18_vd", num_classes=3).eval()
+    module = tmp_path / "hub" / "modules" / name
+    module.mkdir(parents=True)
+    paddle.save(_renamed(source, "paddlehub"), str(module / "resnet18_vd.pdparams"))
+    (module / "label_list.txt").write_text("ant\nbee\nwasp\n")
+    return source, module
+
+
+def _fake_paddlehub(tmp_path, monkeypatch, init_source):
+    """Put a stand-in ``paddlehub`` package first on sys.path (the real one cannot be installed here)."""
+    package = tmp_path / "site" / "paddlehub"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(init_source)
+    monkeypatch.syspath_prepend(str(package.parent))
+    monkeypatch.delitem(sys.modules, "paddlehub", raising=False)
+    importlib.invalidate_caches()
+
+
+def test_a_broken_paddlehub_install_falls_back_to_the_module_directory(tmp_path, monkeypatch, caplog):
+    monkeypatch.delenv("PADDLETRAIN_OFFLINE")
+    source, module = _hub_module_dir(tmp_path)
+    # What paddlehub raises under protobuf >= 4 when its generated _pb2 modules are older.
+    _fake_paddlehub(tmp_path, monkeypatch, "raise TypeError('Descriptors cannot be created directly.\\n"
+                                           "If this call came from a _pb2.py file, your generated code is out of "
+                                           "date')\n")
+    model = create_model("resnet18_vd", num_classes=3, pretrained="hub:resnet18_vd_tiny")
+    _assert_same_logits(model, source)
+    assert model.pretrained_cfg["label_names"] == ["ant", "bee", "wasp"]
+    assert ("paddlehub cannot be imported (TypeError: Descriptors cannot be created directly.); reading the "
+            f"module directory {module} instead") in caplog.text
+
+
+# A module that, like PaddleHub's, names its parameters from Paddle's global counter and loads its weights
+# file by those names: the second module of a process gets other names unless the counter is reset.
+NAME_KEYED_PADDLEHUB = """
+import numpy as np
+from paddletrain.models import create_model
+
+calls = []
+
+
+def Module(name):
+    calls.append(name)
+    model = create_model("resnet18_vd", num_classes=3)
+    weights = np.load(WEIGHTS)
+    for tensor in model.state_dict().values():
+        if tensor.name not in weights:
+            raise KeyError(f"no weights for parameter {tensor.name}")
+        tensor.set_value(weights[tensor.name])
+    model.labels = ["ant", "bee", "wasp"]
+    return model
+"""
+
+
+def test_a_second_hub_model_in_the_same_process_loads_too(tmp_path, monkeypatch):
+    monkeypatch.delenv("PADDLETRAIN_OFFLINE")
+    paddle.seed(3)
+    with paddle.utils.unique_name.guard():  # the names a fresh process gives the module's parameters
+        source = create_model("resnet18_vd", num_classes=3).eval()
+        np.savez(tmp_path / "weights.npz", **{t.name: t.numpy() for t in source.state_dict().values()})
+    _fake_paddlehub(tmp_path, monkeypatch, f"WEIGHTS = {str(tmp_path / 'weights.npz')!r}\n{NAME_KEYED_PADDLEHUB}")
+    create_model("resnet18", num_classes=3)  # other layers made earlier in the process advance the counter
+    first = create_model("resnet18_vd", num_classes=3, pretrained="hub:resnet18_vd_imagenet")
+    second = create_model("resnet18_vd", num_classes=3, pretrained="hub:resnet18_vd_imagenet")
+    _assert_same_logits(first, source)
+    _assert_same_logits(second, source)
+    assert sys.modules["paddlehub"].calls == ["resnet18_vd_imagenet"] * 2
+
+
+def test_offline_never_asks_paddlehub_and_reads_the_module_directory(tmp_path, monkeypatch):
+    source, _ = _hub_module_dir(tmp_path)
+    _fake_paddlehub(tmp_path, monkeypatch, "def Module(name):\n    raise AssertionError('contacted the hub server')\n")
+    model = create_model("resnet18_vd", num_classes=3, pretrained="hub:resnet18_vd_tiny")  # offline (fixture)
+    _assert_same_logits(model, source)
+    with pytest.raises(PretrainedLoadError, match="PADDLETRAIN_OFFLINE is set.*hub install resnet50_vd_x"):
+        load_pretrained(create_model("resnet50_vd"), "hub:resnet50_vd_x")

@@ -250,7 +250,7 @@ def synthetic_gradients(net, steps: int, seed: int = 1):
 def run_steps(net, optimizer, gradients):
     """Optimizer steps whose gradients are exactly ``gradients`` (the loss is linear in the parameters)."""
     for step in gradients:
-        loss = sum((p * paddle.to_tensor(g)).sum() for p, g in zip(net.parameters(), step))
+        loss = sum((p * paddle.to_tensor(g)).sum() for p, g in zip(net.parameters(), step, strict=True))
         loss.backward()
         optimizer.step()
         optimizer.clear_grad()
@@ -345,7 +345,7 @@ def test_three_steps_match_the_published_update_rule_for_decay_and_no_decay_grou
     gradients = synthetic_gradients(net, 3)
     result = run_steps(net, build_optimizer(net, cfg, cfg.lr), gradients)
     expected = reference(setup, gradients, cfg)
-    for (start, wd, mult), got, want in zip(setup, result, expected):
+    for (start, wd, mult), got, want in zip(setup, result, expected, strict=True):
         moved = np.abs(want - start).max()
         assert moved > 1e-3, "the steps must move every tensor for the comparison to mean anything"
         # Compare the displacements: float32 rounding of w itself would hide an error in a small update.
@@ -359,7 +359,7 @@ def test_lars_adapts_only_the_decayed_tensors():
     start = [p.numpy().astype("float64") for p in net.parameters()]
     gradients = synthetic_gradients(net, 1)
     result = run_steps(net, build_optimizer(net, cfg, cfg.lr), gradients)
-    for param, before, after, g in zip(net.parameters(), start, result, gradients[0]):
+    for param, before, after, g in zip(net.parameters(), start, result, gradients[0], strict=True):
         plain_sgd = before - cfg.lr * g
         if len(param.shape) > 1:  # adapted: the trust ratio makes the step far smaller than lr * g
             assert np.abs(after - before).max() < 0.1 * np.abs(plain_sgd - before).max()
@@ -387,7 +387,7 @@ def test_optimizer_state_round_trip_continues_exactly(opt_name):
         resumed.set_state_dict(model_state)
         optimizer.set_state_dict(optimizer_state)
         result = run_steps(resumed, optimizer, gradients[2:])
-    for got, want in zip(result, expected):
+    for got, want in zip(result, expected, strict=True):
         np.testing.assert_array_equal(got, want)
 
 

@@ -114,7 +114,7 @@ def test_skipped_first_step_does_not_change_what_the_next_good_step_does():
     train_step(Precision(), skipped, opt_a, bad=True)
     train_step(Precision(), skipped, opt_a)
     train_step(Precision(), fresh, opt_b)
-    for (name, a), b in zip(weights(skipped).items(), weights(fresh).values()):
+    for (name, a), b in zip(weights(skipped).items(), weights(fresh).values(), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, err_msg=name)
 
 
@@ -129,7 +129,7 @@ def test_fp32_step_matches_a_plain_optimizer_step_and_reports_the_grad_norm():
 
     assert result == StepResult(stepped=True, found_inf=False, grad_norm=pytest.approx(expected_norm, rel=1e-5),
                                 loss_scale=None)
-    for a, b in zip(model.parameters(), reference.parameters()):
+    for a, b in zip(model.parameters(), reference.parameters(), strict=True):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)
 
 
@@ -186,7 +186,7 @@ def test_scaled_good_step_equals_the_unscaled_fp32_step():
     result = train_step(fp16_precision(FakeGradScaler(init_loss_scaling=4096.0)), scaled, opt_a)
     reference = train_step(Precision(), plain, opt_b)
     assert result.grad_norm == pytest.approx(reference.grad_norm, rel=1e-5)
-    for a, b in zip(scaled.parameters(), plain.parameters()):
+    for a, b in zip(scaled.parameters(), plain.parameters(), strict=True):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-7)
 
 
@@ -202,9 +202,10 @@ def test_clipping_happens_on_unscaled_gradients():
     result = train_step(fp16_precision(FakeGradScaler(init_loss_scaling=1024.0)), model, optimizer, clip_norm=clip_norm)
 
     assert result.grad_norm == pytest.approx(true_norm, rel=1e-5)  # the unscaled norm, not 1024x
-    updates = [b - p.numpy() for b, p in zip(before, [p for p in model.parameters() if not p.stop_gradient])]
+    trained = [p for p in model.parameters() if not p.stop_gradient]
+    updates = [b - p.numpy() for b, p in zip(before, trained, strict=True)]
     assert np.sqrt(sum(float((u**2).sum()) for u in updates)) == pytest.approx(clip_norm, rel=1e-4)
-    for update, grad in zip(updates, true_grads):
+    for update, grad in zip(updates, true_grads, strict=True):
         # atol: float32 rounding of weight - update for weights of order 1.
         np.testing.assert_allclose(update, grad * clip_norm / true_norm, rtol=1e-4, atol=2e-7)
 
@@ -215,7 +216,7 @@ def test_clip_norm_larger_than_the_norm_leaves_gradients_alone():
     result = train_step(Precision(), model, opt_a, clip_norm=1e6)
     train_step(Precision(), reference, opt_b)
     assert result.stepped
-    for a, b in zip(model.parameters(), reference.parameters()):
+    for a, b in zip(model.parameters(), reference.parameters(), strict=True):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)
 
 
@@ -274,7 +275,7 @@ def test_clip_grad_norm_without_a_limit_measures_and_leaves_gradients_bit_identi
     norm = clip_grad_norm_(model.parameters(), None)
     assert float(norm) == pytest.approx(np.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in grads)),
                                         rel=1e-5)
-    for grad, p in zip(grads, trained):
+    for grad, p in zip(grads, trained, strict=True):
         np.testing.assert_array_equal(p.grad.numpy(), grad)
     assert clip_grad_norm_([paddle.create_parameter([2], "float32")], 1.0) is None  # no gradient at all
 
@@ -322,7 +323,7 @@ def test_fake_scaler_matches_paddles_real_grad_scaler(real_grad_scaler):
     assert fake_scales == real_scales
     assert real_scales[-1] != 16.0  # the pattern really exercises growth and back-off
     assert real._scale.shape == [1]  # what Paddle's unscale kernel and state_dict expect after GradScaler._update
-    for a, b in zip(real_weights, fake_weights):
+    for a, b in zip(real_weights, fake_weights, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6)
     fake_state, real_state = FakeGradScaler(**settings).state_dict(), real_grad_scaler(**settings).state_dict()
     assert fake_state.keys() == real_state.keys()

@@ -1,6 +1,7 @@
 """predict: inputs from folders, lists and globs; parallel decode; bad files skipped and counted."""
 import io
 import json
+import shutil
 
 import numpy as np
 import paddle
@@ -82,6 +83,76 @@ def test_inputs_that_name_nothing_are_user_errors(tmp_path, monkeypatch, spec, m
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UserError, match=message):
         resolve_inputs(spec)
+
+
+def test_a_single_file_of_another_kind_names_the_supported_extensions(tmp_path):
+    gif = tmp_path / "anim.gif"
+    Image.new("RGB", (4, 4)).save(gif)
+    with pytest.raises(UserError) as error:
+        resolve_inputs(str(gif))
+    assert str(error.value) == (f"input={str(gif)!r}: .gif files are not supported; images must end with .jpg, .jpeg, "
+                                ".png, .ppm, .pgm, .bmp, .tif, .tiff, .webp (any case), and a list of paths with "
+                                ".txt or .lst")
+
+
+@pytest.fixture(scope="module")
+def onnx_dir(export_dir, tmp_path_factory):
+    pytest.importorskip("paddle2onnx", reason="exporting ONNX needs the onnx extra (paddle2onnx)")
+    pytest.importorskip("onnxruntime", reason="running ONNX needs the onnx extra (onnxruntime)")
+    from paddletrain.export import export_onnx
+
+    copy = tmp_path_factory.mktemp("onnx") / "export"
+    shutil.copytree(export_dir, copy)
+    export_onnx(copy)
+    return copy
+
+
+@pytest.mark.parametrize("how", ["file", "backend"])
+def test_predict_runs_an_onnx_export_with_the_same_pipeline_and_output(predictor, onnx_dir, images, tmp_path, how):
+    root, paths = images
+    args = ({"model_dir": str(onnx_dir / "model.onnx")} if how == "file"
+            else {"model_dir": str(onnx_dir), "backend": "onnx"})
+    outputs = {}
+    for name, model_args in (("paddle", {"model_dir": str(onnx_dir), "backend": "paddle"}), ("onnx", args)):
+        outputs[name] = tmp_path / f"{name}.jsonl"
+        cfg = OmegaConf.structured(PredictConfig(input=str(root), output=str(outputs[name]), num_workers=0,
+                                                 progress_bar=False, topk=3, **model_args))
+        assert run(cfg) == 3  # the corrupt file fails in both
+    paddle_lines, onnx_lines = ([json.loads(line) for line in outputs[name].read_text().splitlines()]
+                                for name in ("paddle", "onnx"))
+    assert [line["path"] for line in onnx_lines] == [line["path"] for line in paddle_lines] == paths
+    clear = 0
+    for ours, theirs in zip(onnx_lines, paddle_lines):
+        assert set(ours) == set(theirs) and ours["labels"][0] in LABELS
+        assert ours["scores"] == pytest.approx(theirs["scores"], abs=1e-4)
+        if theirs["scores"][0] - theirs["scores"][1] > 1e-3:  # not a near tie: the order cannot depend on rounding
+            clear += 1
+            assert ours["class_ids"][0] == theirs["class_ids"][0] and ours["labels"][0] == theirs["labels"][0]
+    assert clear >= len(paths) // 2
+
+
+def test_an_onnx_backend_without_onnx_file_and_paddle_only_options_are_refused(onnx_dir, export_dir, tmp_path):
+    from paddletrain.inference import load_predictor
+
+    with pytest.raises(UserError, match="is not an ONNX model"):
+        load_predictor(export_dir, backend="onnx")
+    with pytest.raises(UserError, match="tensorrt=True apply to the Paddle backend only"):
+        load_predictor(onnx_dir / "model.onnx", tensorrt=True)
+    with pytest.raises(UserError, match="use_mkldnn=False apply to the Paddle backend only"):
+        load_predictor(onnx_dir, backend="onnx", use_mkldnn=False)
+    assert load_predictor(onnx_dir, backend="onnx", use_mkldnn=True, tensorrt=False).num_classes == len(LABELS)
+    with pytest.raises(UserError, match="precision=bf16: the ONNX backend runs the graph as exported"):
+        load_predictor(onnx_dir / "model.onnx", precision="bf16")
+
+
+def test_model_dir_must_be_an_export_not_a_training_run(images, tmp_path, caplog):
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    cfg = OmegaConf.structured(PredictConfig(model_dir=str(tmp_path / "run"), input=str(images[0])))
+    assert run(cfg) == 2
+    assert f"pass checkpoint={tmp_path / 'run'} instead (predict exports it first)" in caplog.text
+    neither = OmegaConf.structured(PredictConfig(input=str(images[0])))
+    assert run(neither) == 2
+    assert "give model_dir=<export dir or .onnx file> or checkpoint=" in caplog.text
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

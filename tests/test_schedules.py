@@ -1,6 +1,7 @@
 """Learning-rate schedules: each registered shape, warmup, resume, and their errors naming the key."""
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -26,7 +27,7 @@ def test_cosine_midpoint_is_the_mean_of_lr_and_min_lr_and_it_holds_min_lr_at_the
     assert lrs[0] == pytest.approx(0.1)
     assert lrs[50] == pytest.approx((0.1 + 0.01) / 2)
     assert lrs[100] == pytest.approx(0.01) and lrs[109] == pytest.approx(0.01)
-    assert all(a >= b for a, b in zip(lrs, lrs[1:]))
+    assert all(a >= b for a, b in itertools.pairwise(lrs))
 
 
 def test_linear_warmup_then_cosine_starts_counting_after_warmup():

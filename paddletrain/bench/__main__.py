@@ -1,6 +1,7 @@
 """``python -m paddletrain.bench <benchmark> [key=value ...] [out=results.json]``.
 
-Benchmarks: train, threads, overhead, data, decode, inference, precision, recipes, augment (keys: the fields of each ``*BenchConfig``).
+Benchmarks: train, threads, overhead, data, decode, inference, precision, recipes, augment (keys: the fields
+of each ``*BenchConfig``).
 Prints the markdown tables; ``out=`` also writes the JSON and a ``.md`` beside it.
 
 Examples::
@@ -15,7 +16,10 @@ Examples::
 """
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import logging
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -46,6 +50,68 @@ def _benchmarks() -> Dict[str, Tuple[type, Callable[[Any], Dict[str, Any]]]]:
     }
 
 
+# What each benchmark measures and one command that runs it (shown by --help).
+ABOUT = {
+    "train": ("training step images/s and ms/step", "python -m paddletrain.bench train model=resnet20 batch_size=64"),
+    "threads": ("the training step at each CPU thread count", "python -m paddletrain.bench threads threads=[1,2]"),
+    "overhead": ("the Trainer's per-step overhead over a bare loop",
+                 "python -m paddletrain.bench overhead model=tiny batch_size=8 image_size=8 steps=50"),
+    "data": ("decode+augment rate, loader rate per worker count, data-wait share",
+             "python -m paddletrain.bench data workers=[0,1,2] epochs=3"),
+    "decode": ("predict's decode pipeline (workers, shared memory) in images/s",
+               "python -m paddletrain.bench decode images=256 image_size=224"),
+    "inference": ("dygraph vs exported predictor by batch size, and the predict pipeline",
+                  "python -m paddletrain.bench inference model=resnet18 batch_sizes=[1,8,32] out=bench/inference.json"),
+    "precision": ("fp32 vs bf16 predictor logit error and top-1 agreement, and the mistakes the export check catches",
+                  "python -m paddletrain.bench precision model=resnet50 images=<folder of photos>"),
+    "recipes": ("plain vs regularised vs distilled val top-1, mean ± std over seeds, via the fit command line",
+                "python -m paddletrain.bench recipes datasets=[fashion_mnist] seeds=[0,1,2] out=bench/recipes.json"),
+    "augment": ("the Trainer's data-wait share of the default job with every augmentation on",
+                "python -m paddletrain.bench augment num_workers=2 image_size=32"),
+}
+HELP_FLAGS = ("-h", "--help", "help")
+
+
+def _field_comments(schema: type) -> Dict[str, str]:
+    """The ``#`` comment lines right above each field of ``schema`` (and its bases): the key's meaning."""
+    comments: Dict[str, str] = {}
+    for cls in reversed(schema.__mro__[:-1]):
+        try:
+            lines = inspect.getsource(cls).splitlines()
+        except (OSError, TypeError):
+            continue
+        pending: List[str] = []
+        for line in lines:
+            text = line.strip()
+            if text.startswith("#"):
+                pending.append(text.lstrip("# "))
+                continue
+            match = re.match(r"(\w+)\s*:", text)
+            inline = text.split("  # ", 1)[1] if match and "  # " in text else ""
+            if match and (pending or inline):
+                comments[match.group(1)] = " ".join([*pending, inline]).strip()
+            pending = []
+    return comments
+
+
+def usage(name: Optional[str] = None) -> str:
+    """The --help text: every benchmark with an example, or one benchmark's keys, defaults and example."""
+    benchmarks = _benchmarks()
+    if name is None:
+        rows = [f"  {bench:<10} {ABOUT[bench][0]}\n  {'':<10} e.g. {ABOUT[bench][1]}" for bench in benchmarks]
+        return ("usage: python -m paddletrain.bench <benchmark> [key=value ...] [out=results.json]\n\n"
+                "Prints markdown tables; out= also writes the JSON and a .md beside it.\n\nBenchmarks:\n"
+                + "\n".join(rows) + "\n\nKeys of one benchmark: python -m paddletrain.bench <benchmark> --help")
+    schema = benchmarks[name][0]
+    comments = _field_comments(schema)
+    defaults = dataclasses.asdict(schema())
+    keys = [f"  {f.name}={defaults[f.name]}" + (f"    # {comments[f.name]}" if f.name in comments else "")
+            for f in dataclasses.fields(schema)]
+    return (f"usage: python -m paddletrain.bench {name} [key=value ...] [out=results.json]\n\n"
+            f"Measures {ABOUT[name][0]}.\n\nExample:\n  {ABOUT[name][1]}\n\nKeys (defaults shown):\n"
+            + "\n".join(keys) + "\n  out=None    # also write the results as JSON (and .md) there")
+
+
 def run(argv: List[str]) -> Dict[str, Any]:
     """Parse ``<benchmark> key=value ...``, run it, print markdown and write ``out=`` if given."""
     from paddletrain.bench.common import parse_options
@@ -73,6 +139,10 @@ def run(argv: List[str]) -> Dict[str, Any]:
 def main() -> None:
     # Per-epoch progress lines from the timed Trainer runs would bury the tables.
     logging.getLogger("paddletrain").setLevel(logging.WARNING)
+    argv = sys.argv[1:]
+    if not argv or argv[0] in HELP_FLAGS or (len(argv) > 1 and argv[0] in ABOUT and argv[1] in HELP_FLAGS):
+        print(usage(argv[0] if argv and argv[0] in ABOUT else None))
+        sys.exit(ExitCode.OK if argv else ExitCode.USER_ERROR)
     try:
         run(sys.argv[1:])
     except UserError as exc:

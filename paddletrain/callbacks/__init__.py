@@ -1,4 +1,6 @@
 """Callbacks: the hook contract and the built-in callbacks."""
+from __future__ import annotations
+
 from .base import Callback, StepOutput, metric_improved
 from .checkpoint import ModelCheckpoint
 from .early_stopping import EarlyStopping

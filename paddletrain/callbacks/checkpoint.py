@@ -5,7 +5,7 @@ import hashlib
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import TYPE_CHECKING, Any
 
 import paddle
 
@@ -51,9 +51,9 @@ class ModelCheckpoint(Callback):
     # A stop request (SIGTERM/SIGINT) makes this callback save where the training stopped.
     saves_on_interrupt = True
 
-    def __init__(self, dirpath: str | Path | None = None, monitor: Optional[str] = "val/top1", mode: str = "max",
-                 keep_last: int = 1, keep_best: int = 1, every_n_steps: Optional[int] = None,
-                 every_n_epochs: int = 1, extra_state: Optional[Dict[str, Any]] = None) -> None:
+    def __init__(self, dirpath: str | Path | None = None, monitor: str | None = "val/top1", mode: str = "max",
+                 keep_last: int = 1, keep_best: int = 1, every_n_steps: int | None = None,
+                 every_n_epochs: int = 1, extra_state: dict[str, Any] | None = None) -> None:
         check_option("mode", mode, choices=MODES)
         check_option("keep_last", keep_last, ge=1)
         check_option("keep_best", keep_best, ge=0)
@@ -66,12 +66,12 @@ class ModelCheckpoint(Callback):
         self.every_n_steps = every_n_steps
         self.every_n_epochs = every_n_epochs
         self.extra_state = extra_state or {}
-        self.manager: Optional[CheckpointManager] = None
-        self.last_path: Optional[Path] = None
+        self.manager: CheckpointManager | None = None
+        self.last_path: Path | None = None
         self._warned_missing_monitor = False
-        self._saved_manager_state: Optional[Dict[str, Any]] = None
+        self._saved_manager_state: dict[str, Any] | None = None
 
-    def setup(self, trainer: "Trainer") -> None:
+    def setup(self, trainer: Trainer) -> None:
         if self.dirpath is None:
             if trainer.run_dir is None:
                 raise ConfigError("ModelCheckpoint needs dirpath when the trainer has no run_dir")
@@ -80,7 +80,7 @@ class ModelCheckpoint(Callback):
             self.manager = CheckpointManager(self.dirpath, keep_last=self.keep_last, keep_best=self.keep_best,
                                              monitor=self.monitor, mode=self.mode)
 
-    def on_fit_start(self, trainer: "Trainer") -> None:
+    def on_fit_start(self, trainer: Trainer) -> None:
         self.setup(trainer)  # a no-op after Trainer.fit's setup hook; here for callers that drive hooks by hand
         if trainer.run_dir is not None:
             # Old checkpoints are deleted here: <run_dir>/checkpoints must not be a symlink out of the run.
@@ -91,11 +91,11 @@ class ModelCheckpoint(Callback):
         if resumed is not None:
             self.manager.protect(Path(resumed))
 
-    def on_train_batch_end(self, trainer: "Trainer", output: StepOutput, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: Trainer, output: StepOutput, batch: Any, batch_idx: int) -> None:
         if self.every_n_steps and output.stepped and trainer.global_step % self.every_n_steps == 0:
             self.save(trainer, metric=None)
 
-    def on_train_epoch_end(self, trainer: "Trainer", metrics: Dict[str, float]) -> None:
+    def on_train_epoch_end(self, trainer: Trainer, metrics: dict[str, float]) -> None:
         if (trainer.epoch + 1) % self.every_n_epochs == 0:
             metric = metrics.get(self.monitor) if self.monitor else None
             if self.monitor and metric is None and not self._warned_missing_monitor:
@@ -104,12 +104,12 @@ class ModelCheckpoint(Callback):
                 self._warned_missing_monitor = True
             self.save(trainer, metric=metric)
 
-    def on_exception(self, trainer: "Trainer", exception: BaseException) -> None:
+    def on_exception(self, trainer: Trainer, exception: BaseException) -> None:
         # A signal stops training on a step boundary: save there so `trainer.resume=auto` continues exactly.
         if isinstance(exception, TrainingInterrupted):
             self.save(trainer, metric=None)
 
-    def save(self, trainer: "Trainer", metric: Optional[float]) -> Optional[Path]:
+    def save(self, trainer: Trainer, metric: float | None) -> Path | None:
         """Write one checkpoint now; refuses (and logs) when a parameter is NaN/inf so good ones survive."""
         if not _params_finite(trainer.module):
             log.error("Not saving a checkpoint at global step %d: the model has non-finite parameters; "
@@ -132,13 +132,13 @@ class ModelCheckpoint(Callback):
                  f" ({self.monitor}={metric:.4f})" if metric is not None else "")
         return self.last_path
 
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         return self.manager.state_dict() if self.manager is not None else {}
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.manager.load_state_dict(state)
 
 
-def config_hash(state: Dict[str, Any]) -> str:
+def config_hash(state: dict[str, Any]) -> str:
     """A short digest of the config a checkpoint was trained with (its ``config`` entry), to compare runs."""
     return hashlib.sha256(json.dumps(state.get("config"), sort_keys=True, default=str).encode()).hexdigest()[:16]

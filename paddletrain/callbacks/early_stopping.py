@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import TYPE_CHECKING, Any
 
 from paddletrain.callbacks.base import MODES, Callback, metric_improved
+from paddletrain.checkpoint.untrusted import checked_int, checked_number, checked_optional_int
 from paddletrain.config import check_option
 from paddletrain.registries import CALLBACKS
 
@@ -38,11 +39,11 @@ class EarlyStopping(Callback):
         self.mode = mode
         self.patience = patience
         self.min_delta = float(min_delta)
-        self.best: Optional[float] = None
-        self.best_epoch: Optional[int] = None
+        self.best: float | None = None
+        self.best_epoch: int | None = None
         self.wait = 0
 
-    def on_validation_end(self, trainer: "Trainer", metrics: Dict[str, float]) -> None:
+    def on_validation_end(self, trainer: Trainer, metrics: dict[str, float]) -> None:
         value = self._read_monitor(trainer, metrics)
         if metric_improved(value, self.best, self.mode, self.min_delta):
             self.best, self.best_epoch, self.wait = float(value), trainer.epoch, 0
@@ -56,7 +57,7 @@ class EarlyStopping(Callback):
                     "Early stopping: %s = %s did not improve (mode=%s, min_delta=%g) for %d validations; "
                     "best %s", self.monitor, value, self.mode, self.min_delta, self.wait, best)
 
-    def _read_monitor(self, trainer: "Trainer", metrics: Dict[str, float]) -> float:
+    def _read_monitor(self, trainer: Trainer, metrics: dict[str, float]) -> float:
         available = {**trainer.metrics, **metrics}
         if self.monitor not in available:
             raise KeyError(
@@ -64,17 +65,16 @@ class EarlyStopping(Callback):
                 f"Available metrics: {sorted(available)}. Set early_stopping.monitor to one of them.")
         return available[self.monitor]
 
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         return {"monitor": self.monitor, "mode": self.mode, "best": self.best,
                 "best_epoch": self.best_epoch, "wait": self.wait}
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         if (state.get("monitor"), state.get("mode")) != (self.monitor, self.mode):
             # A best value of another metric or direction would be meaningless here: start afresh.
             _log.warning("EarlyStopping: checkpoint tracked %s (%s), now %s (%s); starting a fresh count",
                          state.get("monitor"), state.get("mode"), self.monitor, self.mode)
             return
-        from paddletrain.checkpoint.untrusted import checked_int, checked_number, checked_optional_int
 
         best = checked_number(state.get("best"), "best", allow_none=True)
         best_epoch = checked_optional_int(state.get("best_epoch"), "best_epoch")

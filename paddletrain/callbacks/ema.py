@@ -1,11 +1,12 @@
 """ModelEMA: an exponential moving average of the weights, validated with and saved in every checkpoint."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import TYPE_CHECKING, Any
 
 import paddle
 
 from paddletrain.callbacks.base import Callback, StepOutput
+from paddletrain.checkpoint.untrusted import StateValueError, checked_mapping, show
 from paddletrain.config import check_option
 from paddletrain.registries import CALLBACKS
 
@@ -27,45 +28,43 @@ class ModelEMA(Callback):
         check_option("decay", decay, gt=0, lt=1)
         self.decay = decay
         self.validate_with_ema = validate_with_ema
-        self.shadow: Optional[Dict[str, paddle.Tensor]] = None
-        self._backup: Optional[Dict[str, paddle.Tensor]] = None
+        self.shadow: dict[str, paddle.Tensor] | None = None
+        self._backup: dict[str, paddle.Tensor] | None = None
 
-    def _floating(self, model: paddle.nn.Layer) -> Dict[str, paddle.Tensor]:
+    def _floating(self, model: paddle.nn.Layer) -> dict[str, paddle.Tensor]:
         return {k: v for k, v in model.state_dict().items() if v.dtype in (paddle.float32, paddle.float64,
                                                                             paddle.float16, paddle.bfloat16)}
 
-    def on_fit_start(self, trainer: "Trainer") -> None:
+    def on_fit_start(self, trainer: Trainer) -> None:
         if self.shadow is None:
             self.shadow = {k: v.detach().astype("float32").clone() for k, v in self._floating(trainer.module).items()}
 
     @paddle.no_grad()
-    def on_train_batch_end(self, trainer: "Trainer", output: StepOutput, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: Trainer, output: StepOutput, batch: Any, batch_idx: int) -> None:
         if not output.stepped or self.shadow is None:
             return
         for key, value in self._floating(trainer.module).items():
             average = self.shadow[key]
             average.set_value(average * self.decay + value.astype("float32") * (1.0 - self.decay))
 
-    def on_validation_start(self, trainer: "Trainer") -> None:
+    def on_validation_start(self, trainer: Trainer) -> None:
         if self.validate_with_ema and self.shadow is not None:
             self._backup = {k: v.clone() for k, v in self._floating(trainer.module).items()}
             trainer.module.set_state_dict(self.shadow)
 
-    def on_validation_end(self, trainer: "Trainer", metrics: Dict[str, float]) -> None:
+    def on_validation_end(self, trainer: Trainer, metrics: dict[str, float]) -> None:
         if self._backup is not None:
             trainer.module.set_state_dict(self._backup)
             self._backup = None
 
-    def on_exception(self, trainer: "Trainer", exception: BaseException) -> None:
+    def on_exception(self, trainer: Trainer, exception: BaseException) -> None:
         self.on_validation_end(trainer, {})  # never leave the EMA weights in place of the trained ones
 
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         return {"decay": self.decay, "shadow": self.shadow}
 
-    def on_load_checkpoint(self, trainer: "Trainer", checkpoint: Dict[str, Any]) -> None:
+    def on_load_checkpoint(self, trainer: Trainer, checkpoint: dict[str, Any]) -> None:
         # The averaged weights must fit the model they will be validated in (checked before anything loads).
-        from paddletrain.checkpoint.untrusted import StateValueError, checked_mapping, show
-
         saved = (checkpoint.get("callbacks") or {}).get(self.state_key) if isinstance(checkpoint, dict) else None
         shadow = saved.get("shadow") if isinstance(saved, dict) else None
         if shadow is None:
@@ -78,7 +77,7 @@ class ModelEMA(Callback):
                 wanted = list(expected[name].shape) if name in expected else "no such weight"
                 raise StateValueError(f"{key}.{name}", f"is {show(value)} of shape {shape}: the model has {wanted}")
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         shadow = state.get("shadow")
         if shadow is not None:
             self.shadow = {k: paddle.to_tensor(v.numpy() if hasattr(v, "numpy") else v, dtype="float32")

@@ -6,7 +6,7 @@ freezes (or not) exactly as the original did.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import TYPE_CHECKING, Any
 
 import paddle
 from paddle import nn
@@ -25,7 +25,7 @@ log = logging.getLogger("paddletrain")
 _BATCH_NORMS = (nn.BatchNorm, nn.BatchNorm1D, nn.BatchNorm2D, nn.BatchNorm3D, nn.SyncBatchNorm)
 
 
-def head_parameters(model: nn.Layer) -> List[paddle.Tensor]:
+def head_parameters(model: nn.Layer) -> list[paddle.Tensor]:
     """The classifier head's parameters: ``model.get_classifier()``'s, else those of a child named ``fc``.
 
     Raises:
@@ -57,9 +57,9 @@ class BackboneFreeze(Callback):
     def __init__(self, epochs: int) -> None:
         check_option("epochs", epochs, ge=0)
         self.epochs = epochs
-        self._frozen: List[paddle.Tensor] = []
+        self._frozen: list[paddle.Tensor] = []
 
-    def on_train_epoch_start(self, trainer: "Trainer") -> None:
+    def on_train_epoch_start(self, trainer: Trainer) -> None:
         if trainer.epoch < self.epochs and not self._frozen:
             self._freeze(trainer.module)
             log.info("Backbone frozen for epochs 0-%d: training the classifier head only", self.epochs - 1)
@@ -67,10 +67,10 @@ class BackboneFreeze(Callback):
             self._unfreeze()
             log.info("Epoch %d: backbone unfrozen, training the whole model", trainer.epoch)
 
-    def on_fit_end(self, trainer: "Trainer") -> None:
+    def on_fit_end(self, trainer: Trainer) -> None:
         self._unfreeze()  # leave the model as it was given, whatever epoch training stopped at
 
-    def on_exception(self, trainer: "Trainer", exception: BaseException) -> None:
+    def on_exception(self, trainer: Trainer, exception: BaseException) -> None:
         self._unfreeze()
 
     @property
@@ -101,14 +101,14 @@ class FreezeBatchNorm(Callback):
     """
 
     def __init__(self) -> None:
-        self._norms: Optional[List[nn.Layer]] = None
+        self._norms: list[nn.Layer] | None = None
 
-    def on_fit_start(self, trainer: "Trainer") -> None:
+    def on_fit_start(self, trainer: Trainer) -> None:
         self._norms = [layer for layer in trainer.module.sublayers() if isinstance(layer, _BATCH_NORMS)]
         if not self._norms:
             log.warning("FreezeBatchNorm: %s has no BatchNorm layers; nothing to freeze", type(trainer.module).__name__)
 
-    def on_train_batch_start(self, trainer: "Trainer", batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, trainer: Trainer, batch: Any, batch_idx: int) -> None:
         for norm in self._norms or ():
             if norm.training:
                 norm.eval()

@@ -1,7 +1,7 @@
 """Per parameter-group learning rates, published as ``train/lr_group{i}`` in ``trainer.metrics``."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List
+from typing import TYPE_CHECKING, Any
 
 from paddletrain.callbacks.base import Callback
 from paddletrain.registries import CALLBACKS
@@ -10,7 +10,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from paddletrain.trainer import Trainer
 
 
-def group_lr_multipliers(optimizer: Any) -> List[float]:
+def group_lr_multipliers(optimizer: Any) -> list[float]:
     """LR multiplier of each parameter group of a Paddle optimizer ([] when it has no groups).
 
     Paddle scales the global learning rate by a group's ``learning_rate`` entry (default 1.0).
@@ -33,13 +33,13 @@ class LearningRateMonitor(Callback):
     """
 
     def __init__(self) -> None:
-        self._multipliers: List[float] = []
+        self._multipliers: list[float] = []
 
-    def on_fit_start(self, trainer: "Trainer") -> None:
+    def on_fit_start(self, trainer: Trainer) -> None:
         multipliers = group_lr_multipliers(trainer.optimizer)
         self._multipliers = multipliers if len(set(multipliers)) > 1 else []
 
-    def on_before_optimizer_step(self, trainer: "Trainer", optimizer: Any) -> None:
+    def on_before_optimizer_step(self, trainer: Trainer, optimizer: Any) -> None:
         if not self._multipliers:
             return
         lr = trainer.current_lr

@@ -5,8 +5,9 @@ import contextlib
 import io
 import logging
 import statistics
+import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, List, Optional, Union
+from typing import TYPE_CHECKING, Any
 
 import paddle
 
@@ -45,7 +46,7 @@ class ProfilerCallback(Callback):
 
     main_process_only = True
 
-    def __init__(self, out_dir: Union[str, Path, None] = None, wait: int = 2, warmup: int = 1, active: int = 5,
+    def __init__(self, out_dir: str | Path | None = None, wait: int = 2, warmup: int = 1, active: int = 5,
                  record_shapes: bool = False) -> None:
         for name, value, minimum in (("wait", wait, 0), ("warmup", warmup, 0), ("active", active, 1)):
             if int(value) != value:
@@ -55,9 +56,9 @@ class ProfilerCallback(Callback):
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.wait, self.warmup, self.active = int(wait), int(warmup), int(active)
         self.record_shapes = record_shapes
-        self._profiler: Optional[paddle.profiler.Profiler] = None
+        self._profiler: paddle.profiler.Profiler | None = None
         self._steps = 0
-        self._recorded: List[StepOutput] = []
+        self._recorded: list[StepOutput] = []
         self.done = False
 
     @property
@@ -68,27 +69,26 @@ class ProfilerCallback(Callback):
     def trace_path(self) -> Path:
         return self.out_dir / TRACE_FILE
 
-    def on_fit_start(self, trainer: "Trainer") -> None:
+    def on_fit_start(self, trainer: Trainer) -> None:
         if self.done or self._profiler is not None:
             return
         if self.out_dir is None:
             if trainer.run_dir is None:
                 raise ConfigError("ProfilerCallback needs out_dir when the trainer has no run_dir")
             self.out_dir = Path(trainer.run_dir) / "profiler"
-        from paddle import profiler
-
-        targets = [profiler.ProfilerTarget.CPU]
+        targets = [paddle.profiler.ProfilerTarget.CPU]
         if paddle.device.get_device().startswith("gpu"):
-            targets.append(profiler.ProfilerTarget.GPU)
-        self._profiler = profiler.Profiler(
+            targets.append(paddle.profiler.ProfilerTarget.GPU)
+        self._profiler = paddle.profiler.Profiler(
             targets=targets,
-            scheduler=profiler.make_scheduler(closed=self.wait, ready=self.warmup, record=self.active, repeat=1),
+            scheduler=paddle.profiler.make_scheduler(closed=self.wait, ready=self.warmup, record=self.active,
+                                                     repeat=1),
             on_trace_ready=self._write,
             record_shapes=self.record_shapes,
         )
         self._profiler.start()
 
-    def on_train_batch_end(self, trainer: "Trainer", output: StepOutput, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: Trainer, output: StepOutput, batch: Any, batch_idx: int) -> None:
         if self._profiler is None:
             return
         if self.wait + self.warmup <= self._steps:
@@ -98,10 +98,10 @@ class ProfilerCallback(Callback):
         if self._steps >= self.wait + self.warmup + self.active:
             self._stop()
 
-    def on_fit_end(self, trainer: "Trainer") -> None:
+    def on_fit_end(self, trainer: Trainer) -> None:
         self._stop()
 
-    def on_exception(self, trainer: "Trainer", exception: BaseException) -> None:
+    def on_exception(self, trainer: Trainer, exception: BaseException) -> None:
         self._stop()
 
     def _stop(self) -> None:
@@ -144,8 +144,6 @@ class ProfilerCallback(Callback):
 @contextlib.contextmanager
 def warnings_silenced():
     """Paddle warns on stopping a profiler that is not recording (READY -> CLOSED); that is expected here."""
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         yield

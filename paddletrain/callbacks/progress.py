@@ -7,7 +7,7 @@ import contextlib
 import math
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Dict, Optional, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from tqdm import tqdm
 
@@ -44,12 +44,12 @@ class _EpochStats:
             self._ema_weight = self.smoothing * self._ema_weight + (1.0 - self.smoothing)
 
     @property
-    def smoothed_loss(self) -> Optional[float]:
+    def smoothed_loss(self) -> float | None:
         # Bias-corrected EMA, so the first batches are not pulled towards zero.
         return self._ema / self._ema_weight if self._ema_weight > 0 else None
 
     @property
-    def mean_loss(self) -> Optional[float]:
+    def mean_loss(self) -> float | None:
         return self.loss_sum / self.loss_count if self.loss_count else None
 
 
@@ -57,7 +57,7 @@ def _format_value(value: float) -> str:
     return f"{value:.4g}"
 
 
-def _position(done: int, total: Optional[int]) -> str:
+def _position(done: int, total: int | None) -> str:
     """``[  12/50 ( 24%)]`` (timm's layout), or ``[  12/?]`` when the length is unknown."""
     if not total:
         return f"[{done:>4}/?]"
@@ -90,10 +90,10 @@ class ProgressBar(Callback):
     def __init__(
         self,
         smoothing: float = 0.98,
-        enabled: Optional[bool] = None,
-        file: Optional[TextIO] = None,
+        enabled: bool | None = None,
+        file: TextIO | None = None,
         mininterval: float = 0.5,
-        log_every_seconds: Optional[float] = 30.0,
+        log_every_seconds: float | None = 30.0,
     ) -> None:
         check_option("smoothing", smoothing, ge=0, lt=1)
         check_option("mininterval", mininterval, ge=0)
@@ -103,20 +103,20 @@ class ProgressBar(Callback):
         self.file = file
         self.mininterval = mininterval
         self.log_every_seconds = log_every_seconds
-        self._bar: Optional[tqdm] = None
-        self._val_bar: Optional[tqdm] = None
-        self._stats: Optional[_EpochStats] = None
-        self._output: Optional[contextlib.ExitStack] = None
+        self._bar: tqdm | None = None
+        self._val_bar: tqdm | None = None
+        self._stats: _EpochStats | None = None
+        self._output: contextlib.ExitStack | None = None
         self._postfix_at = -math.inf
         self._line_at = math.inf
         self._val_start = 0.0
         self._val_done = 0
 
     # ------------------------------------------------------------------ training
-    def on_fit_start(self, trainer: "Trainer") -> None:
+    def on_fit_start(self, trainer: Trainer) -> None:
         self._schedule_line()
 
-    def on_train_epoch_start(self, trainer: "Trainer") -> None:
+    def on_train_epoch_start(self, trainer: Trainer) -> None:
         self._close_bars()
         now = self.clock()
         self._stats = _EpochStats(self.smoothing, now, trainer.batch_in_epoch)
@@ -126,7 +126,7 @@ class ProgressBar(Callback):
                                    desc=f"Epoch {trainer.epoch + 1}/{trainer.max_epochs}", unit="batch")
         self._postfix_at = -math.inf
 
-    def on_train_batch_end(self, trainer: "Trainer", output: StepOutput, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: Trainer, output: StepOutput, batch: Any, batch_idx: int) -> None:
         if self._stats is None:  # a batch outside an epoch hook pair: nothing to show
             return
         self._stats.update(output)
@@ -140,20 +140,20 @@ class ProgressBar(Callback):
         if now >= self._line_at:
             self._log_line(trainer, self.progress_line(trainer, output, batch_idx + 1, now))
 
-    def on_train_epoch_end(self, trainer: "Trainer", metrics: Dict[str, float]) -> None:
+    def on_train_epoch_end(self, trainer: Trainer, metrics: dict[str, float]) -> None:
         self._close_bars()
         if self._stats is not None:
             trainer.logger.info(self.epoch_summary(trainer, {**trainer.metrics, **metrics}))
         self._stats = None
 
     # ------------------------------------------------------------------ validation
-    def on_validation_start(self, trainer: "Trainer") -> None:
+    def on_validation_start(self, trainer: Trainer) -> None:
         self._val_start = self.clock()
         self._val_done = 0
         self._val_bar = self._open_bar(total=getattr(trainer, "num_val_batches", None), initial=0,
                                        desc=f"Validation {trainer.epoch + 1}/{trainer.max_epochs}", unit="batch")
 
-    def on_validation_batch_end(self, trainer: "Trainer", batch: Any, batch_idx: int) -> None:
+    def on_validation_batch_end(self, trainer: Trainer, batch: Any, batch_idx: int) -> None:
         self._val_done = batch_idx + 1
         if self._val_bar is not None:
             self._val_bar.update(self._val_done - self._val_bar.n)
@@ -161,7 +161,7 @@ class ProgressBar(Callback):
         if now >= self._line_at:
             self._log_line(trainer, self.validation_line(trainer, now))
 
-    def on_validation_end(self, trainer: "Trainer", metrics: Dict[str, float]) -> None:
+    def on_validation_end(self, trainer: Trainer, metrics: dict[str, float]) -> None:
         if self._val_bar is not None:
             self._val_bar.close()
             self._val_bar = None
@@ -171,14 +171,14 @@ class ProgressBar(Callback):
             self._release_output()  # a validation outside a training epoch (Trainer.validate)
 
     # ------------------------------------------------------------------ end
-    def on_fit_end(self, trainer: "Trainer") -> None:
+    def on_fit_end(self, trainer: Trainer) -> None:
         self._close_bars()
 
-    def on_exception(self, trainer: "Trainer", exception: BaseException) -> None:
+    def on_exception(self, trainer: Trainer, exception: BaseException) -> None:
         self._close_bars()
 
     # ------------------------------------------------------------------ lines
-    def epoch_summary(self, trainer: "Trainer", metrics: Dict[str, float]) -> str:
+    def epoch_summary(self, trainer: Trainer, metrics: dict[str, float]) -> str:
         """One line: epoch, losses and accuracies present in ``metrics``, training img/s (the Trainer's
         :class:`~paddletrain.metrics.Throughput` of the epoch), the epoch's wall time with its validation share,
         and the data-wait share."""
@@ -203,8 +203,9 @@ class ProgressBar(Callback):
             parts.append(f"skipped non-finite steps {trainer.nonfinite_steps}")
         return f"Epoch {trainer.epoch + 1}/{trainer.max_epochs} | " + " | ".join(parts)
 
-    def progress_line(self, trainer: "Trainer", output: StepOutput, done: int, now: float) -> str:
-        """``Train: epoch 3/5 [ 100/1251 (  8%)] loss 1.234 | lr 0.1 | 412.3 img/s | data 3% | elapsed ... | ETA ...``."""
+    def progress_line(self, trainer: Trainer, output: StepOutput, done: int, now: float) -> str:
+        """``Train: epoch 3/5 [ 100/1251 (  8%)] loss 1.234 | lr 0.1 | 412.3 img/s | data 3% | elapsed ... | ETA ...``.
+        """
         stats = self._stats
         assert stats is not None
         loss = stats.smoothed_loss
@@ -219,7 +220,7 @@ class ProgressBar(Callback):
         return (f"Train: epoch {trainer.epoch + 1}/{trainer.max_epochs} {_position(done, total)} "
                 + " | ".join(parts))
 
-    def validation_line(self, trainer: "Trainer", now: float) -> str:
+    def validation_line(self, trainer: Trainer, now: float) -> str:
         """``Validation: epoch 3/5 [ 40/100 ( 40%)] elapsed 0:00:31 | ETA 0:00:46``."""
         total, done, elapsed = getattr(trainer, "num_val_batches", None), self._val_done, now - self._val_start
         parts = [f"elapsed {format_duration(elapsed)}"]
@@ -228,7 +229,7 @@ class ProgressBar(Callback):
         return (f"Validation: epoch {trainer.epoch + 1}/{trainer.max_epochs} {_position(done, total)} "
                 + " | ".join(parts))
 
-    def _postfix(self, trainer: "Trainer", output: StepOutput) -> str:
+    def _postfix(self, trainer: Trainer, output: StepOutput) -> str:
         stats = self._stats
         assert stats is not None
         loss = stats.smoothed_loss
@@ -243,7 +244,7 @@ class ProgressBar(Callback):
             fields.append(f"skipped={trainer.nonfinite_steps}")
         return " ".join(fields)
 
-    def _log_line(self, trainer: "Trainer", line: str) -> None:
+    def _log_line(self, trainer: Trainer, line: str) -> None:
         # With a bar on the terminal the line is for the log file only: the bar shows the same numbers.
         shown = self._bar is not None or self._val_bar is not None
         trainer.logger.info(line, extra=FILE_ONLY if shown else None)
@@ -253,7 +254,7 @@ class ProgressBar(Callback):
         self._line_at = self.clock() + self.log_every_seconds if self.log_every_seconds else math.inf
 
     # ------------------------------------------------------------------ bars
-    def _open_bar(self, total: Optional[int], initial: int, desc: str, unit: str) -> Optional[tqdm]:
+    def _open_bar(self, total: int | None, initial: int, desc: str, unit: str) -> tqdm | None:
         """A bar on ``file`` when it is shown (see ``enabled``), else None; log output goes above it."""
         file = self.file if self.file is not None else sys.stdout
         shown = self.enabled if self.enabled is not None else _is_terminal(file)

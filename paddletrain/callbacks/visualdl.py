@@ -33,10 +33,19 @@ import numpy as np
 from visualdl import LogWriter
 
 from paddletrain.callbacks.base import Callback, StepOutput
+from paddletrain.checkpoint.untrusted import (
+    StateValueError,
+    check_inside,
+    checked_mapping,
+    checked_optional_int,
+    checked_str,
+    checked_str_list,
+    confined_path,
+)
 from paddletrain.config import check_option
 from paddletrain.metrics import Throughput
 from paddletrain.registries import CALLBACKS
-from paddletrain.trainer import optimizer_steps_per_epoch
+from paddletrain.schedules import optimizer_steps_per_epoch
 
 if TYPE_CHECKING:  # pragma: no cover
     from paddletrain.trainer import Trainer
@@ -308,14 +317,14 @@ class VisualDLLogger(Callback):
         """Path of the log file being written (None before the first write)."""
         return self._writer.file_name if self._writer is not None else None
 
-    def on_fit_start(self, trainer: "Trainer") -> None:
+    def on_fit_start(self, trainer: Trainer) -> None:
         self._resolve_logdir(trainer)
         self._header_pending = True
         self._pending = _Interval()
         self.every_n_steps = self.log_every_n_steps or auto_log_interval(
             trainer.num_train_batches, trainer.max_epochs, trainer.accumulate_grad_batches, trainer.max_steps)
 
-    def on_train_batch_start(self, trainer: "Trainer", batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, trainer: Trainer, batch: Any, batch_idx: int) -> None:
         if not self._header_pending:
             return
         self._header_pending = False
@@ -333,7 +342,7 @@ class VisualDLLogger(Callback):
         if self.log_images:
             self._log_samples(trainer, batch)
 
-    def on_train_batch_end(self, trainer: "Trainer", output: StepOutput, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: Trainer, output: StepOutput, batch: Any, batch_idx: int) -> None:
         self._pending.update(output)
         self._last_lr = output.lr
         if not output.stepped:
@@ -342,7 +351,7 @@ class VisualDLLogger(Callback):
         if trainer.global_step % self.every_n_steps == 0 or last_of_epoch:
             self._write_training(trainer)
 
-    def on_train_epoch_end(self, trainer: "Trainer", metrics: dict[str, float]) -> None:
+    def on_train_epoch_end(self, trainer: Trainer, metrics: dict[str, float]) -> None:
         # An epoch cut short (max_steps, a stop) or of unknown length still ends with a point.
         if self._pending.batches and trainer.global_step != self._train_step:
             self._write_training(trainer)
@@ -351,14 +360,14 @@ class VisualDLLogger(Callback):
         self._write_scalars(trainer, {scalar_tag(k): metrics[k] for k in self._epoch_keys
                                       if _is_number(metrics.get(k))})
 
-    def on_validation_end(self, trainer: "Trainer", metrics: dict[str, float]) -> None:
+    def on_validation_end(self, trainer: Trainer, metrics: dict[str, float]) -> None:
         values = {**trainer.metrics, **metrics}
         self._write_scalars(trainer, {k: v for k, v in values.items() if k.startswith("val/") and _is_number(v)})
 
-    def on_fit_end(self, trainer: "Trainer") -> None:
+    def on_fit_end(self, trainer: Trainer) -> None:
         self.close()
 
-    def on_exception(self, trainer: "Trainer", exception: BaseException) -> None:
+    def on_exception(self, trainer: Trainer, exception: BaseException) -> None:
         self.close()
 
     def close(self) -> None:
@@ -388,9 +397,6 @@ class VisualDLLogger(Callback):
         the file lies is checked when it is opened (:meth:`_resumable_file`), so resuming never writes to or
         cuts a file outside the log directory.
         """
-        from paddletrain.checkpoint.untrusted import (StateValueError, checked_mapping, checked_optional_int,
-                                                      checked_str, checked_str_list)
-
         if self._writer is not None:
             raise RuntimeError("VisualDLLogger state must be loaded before the first training batch")
         try:
@@ -407,7 +413,7 @@ class VisualDLLogger(Callback):
         self._file_name, self._resume_size, self.last_step = file_name, resume_size, last_step
         self._epoch_keys = set(epoch_keys)
 
-    def _write_training(self, trainer: "Trainer") -> None:
+    def _write_training(self, trainer: Trainer) -> None:
         """The training scalars of the interval that ends at this step."""
         published = {k: v for k, v in trainer.metrics.items() if k.startswith("train/") and _is_number(v)
                      and k not in self._epoch_keys and k not in _OWN_TRAIN_TAGS}
@@ -425,7 +431,7 @@ class VisualDLLogger(Callback):
         self._train_step = trainer.global_step
         self._pending = _Interval()
 
-    def _resolve_logdir(self, trainer: "Trainer") -> None:
+    def _resolve_logdir(self, trainer: Trainer) -> None:
         if self.logdir is None:
             if trainer.run_dir is None:
                 raise ValueError("VisualDLLogger needs a logdir: pass logdir=... or give the Trainer a run_dir")
@@ -442,10 +448,8 @@ class VisualDLLogger(Callback):
             log.debug("VisualDL: %s", line)
         return writer
 
-    def _open(self, trainer: "Trainer") -> bool:
+    def _open(self, trainer: Trainer) -> bool:
         """Opens the writer; True when it appends to the file of a resumed run."""
-        from paddletrain.checkpoint.untrusted import check_inside
-
         self._resolve_logdir(trainer)
         if trainer.run_dir is not None:
             # <run_dir>/visualdl must not be a symlink out of the run directory (files are written into it).
@@ -472,8 +476,6 @@ class VisualDLLogger(Callback):
     def _resumable_file(self) -> str | None:
         """The log file a resumed run appends to, if it is safe to: a regular file with a single link, inside
         the log directory once every symlink is resolved; otherwise None (with a warning) for a new file."""
-        from paddletrain.checkpoint.untrusted import StateValueError, confined_path
-
         if not self._file_name:
             return None
         try:
@@ -492,7 +494,7 @@ class VisualDLLogger(Callback):
             return None
         return str(path)
 
-    def _log_samples(self, trainer: "Trainer", batch: Any) -> None:
+    def _log_samples(self, trainer: Trainer, batch: Any) -> None:
         try:
             images = denormalize_images(_batch_images(batch), self.mean, self.std, self.max_images)
         except (ValueError, TypeError) as error:
@@ -502,7 +504,7 @@ class VisualDLLogger(Callback):
         # VisualDL tiles an NCHW batch into one HWC grid (8 per row).
         self._writer.add_image(SAMPLES_TAG, images, step=trainer.global_step, dataformats="NCHW")
 
-    def _write_scalars(self, trainer: "Trainer", scalars: dict[str, float]) -> None:
+    def _write_scalars(self, trainer: Trainer, scalars: dict[str, float]) -> None:
         if not scalars:
             return
         if self._writer is None:

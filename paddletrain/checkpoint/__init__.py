@@ -4,6 +4,8 @@ A checkpoint is a directory ``<name>/`` holding ``tensors.safetensors``, ``state
 ``manifest.json`` (see docs/checkpoints.md). This package knows nothing of the trainer: it stores a
 nested ``state`` dict and gives it back.
 """
+from __future__ import annotations
+
 from ._fs import check_writable
 from .discovery import CheckpointInfo, find_checkpoints, find_latest
 from .errors import CheckpointError

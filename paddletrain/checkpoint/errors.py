@@ -1,4 +1,6 @@
 """The one exception type every checkpoint failure is reported with."""
+from __future__ import annotations
+
 from paddletrain.errors import UserError
 
 

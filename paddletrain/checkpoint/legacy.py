@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import paddle
 
 from . import safe_pickle
 from .errors import CheckpointError
@@ -103,7 +104,6 @@ def load_legacy(path: str | os.PathLike, trust_pickle: bool = False) -> Any:
             "(load_legacy(..., trust_pickle=True)); plain weights also load safely with "
             "paddletrain.checkpoint.safe_unpickle()"
         )
-    import paddle
 
     loaded = {}
     for file in files:

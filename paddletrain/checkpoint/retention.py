@@ -22,8 +22,15 @@ from ._fs import replace_json_atomically, write_error
 from .errors import CheckpointError
 from .manifest import read_manifest
 from .storage import interrupted_save_name, save_checkpoint
-from .untrusted import (StateValueError, checked_int, checked_mapping, checked_number, checked_optional_int,
-                        confined_path, show)
+from .untrusted import (
+    StateValueError,
+    checked_int,
+    checked_mapping,
+    checked_number,
+    checked_optional_int,
+    confined_path,
+    show,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,9 @@ byte values; that tuple is plain data, so it can be stored as JSON and fed back 
 """
 from __future__ import annotations
 
+import functools
 import random
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -80,17 +82,18 @@ def check_rng_state(state: Any, key: str = "rng") -> None:
     _checked_steps(state, key)
 
 
-def _checked_steps(state: Any, key: str) -> list:
+def _checked_steps(state: Any, key: str) -> list[Callable[[], None]]:
+    """One call per part of ``state``, each bound to its value already checked."""
     checked_mapping(state, key)
     apply = []
     if "python" in state:
-        apply.append(lambda value=_python_state(state["python"], f"{key}.python"): random.setstate(value))
+        apply.append(functools.partial(random.setstate, _python_state(state["python"], f"{key}.python")))
     if "numpy" in state:
-        apply.append(lambda value=_numpy_state(state["numpy"], f"{key}.numpy"): np.random.set_state(value))
+        apply.append(functools.partial(np.random.set_state, _numpy_state(state["numpy"], f"{key}.numpy")))
     for name, device in (("paddle_cpu", "cpu"), ("paddle_device", None)):
         if name in state:
             generators = _generator_list(state[name], f"{key}.{name}")
-            apply.append(lambda g=generators, d=device: paddle.set_rng_state(g, d) if d else paddle.set_rng_state(g))
+            apply.append(functools.partial(paddle.set_rng_state, generators, device))
     return apply
 
 

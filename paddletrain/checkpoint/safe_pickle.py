@@ -25,7 +25,8 @@ import io
 import math
 import pickle
 import struct
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -256,7 +257,7 @@ class _SafeUnpickler(pickle._Unpickler):  # type: ignore[name-defined]  # the pu
             raise _Refused("it sets a dict key without a value")
         keys = items[0::2]
         _check_keys(keys, "dict key")
-        for key, value in zip(keys, items[1::2]):
+        for key, value in zip(keys, items[1::2], strict=True):
             target[key] = value
 
     def load_append(self) -> None:

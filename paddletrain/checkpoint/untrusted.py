@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .errors import CheckpointError
 
 # Every step, epoch, batch or byte count a real run reaches is far below this, and ints up to it stay exact as
@@ -132,8 +134,6 @@ def checked_number(value: Any, key: str, *, allow_none: bool = False, finite: bo
 
 
 def _is_numpy_number(value: Any) -> bool:
-    import numpy as np
-
     return isinstance(value, (np.integer, np.floating))
 
 

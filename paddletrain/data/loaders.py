@@ -35,6 +35,7 @@ import paddle
 
 from paddletrain.data.datasets import BadSampleError, DatasetError
 from paddletrain.data.sampler import ResumableBatchSampler, SampleKey
+from paddletrain.data.unlabeled import UNLABELED
 from paddletrain.errors import ConfigError
 from paddletrain.processes import call_with_worker_setup, stop_signals_held
 
@@ -141,7 +142,8 @@ class SeededDataset(paddle.io.Dataset):
             if saved is not None:
                 random.setstate(saved[0])
                 np.random.set_state(saved[1])
-        if self.num_classes is not None and not 0 <= label < self.num_classes:
+        # UNLABELED marks an extra image for label-free distillation (paddletrain.data.unlabeled).
+        if self.num_classes is not None and not 0 <= label < self.num_classes and label != UNLABELED:
             return BadSample(key.index, key.batch, self.describe(key.index),
                              f"label {label} is outside [0, {self.num_classes}) for a dataset of "
                              f"{self.num_classes} classes", kind="label")

@@ -17,7 +17,8 @@ Every model has the same contract: ``forward_features`` (unpooled map), ``forwar
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional, Sequence, Type, Union
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import paddle
 import paddle.nn as nn
@@ -81,11 +82,12 @@ def _drop_path_layer(rate: float) -> nn.Layer:
     return DropPath(rate) if rate > 0 else nn.Identity()
 
 
-class BasicBlock(nn.Layer):
-    """Two 3x3 convs with a residual connection (ResNet-18/34, CIFAR ResNets).
+class _ResidualBlock(nn.Layer):
+    """What both blocks share: the arguments :class:`ResNet` builds them with, the ``downsample`` shortcut, and
+    stochastic depth (``drop_path_rate``) on the residual branch before the addition.
 
-    ``norm_layer`` is called as ``norm_layer(channels, data_format=...)``; ``act_layer`` as ``act_layer()``;
-    ``drop_path_rate`` drops the residual branch per sample in training (stochastic depth) before the addition.
+    ``norm_layer`` is called as ``norm_layer(channels, data_format=...)``; ``act_layer`` as ``act_layer()``. A
+    block builds its branch in ``_build_branch`` and adds it to the shortcut in ``forward``.
     """
 
     expansion: int = 1
@@ -95,7 +97,7 @@ class BasicBlock(nn.Layer):
         inplanes: int,
         planes: int,
         stride: int = 1,
-        downsample: Optional[nn.Layer] = None,
+        downsample: nn.Layer | None = None,
         groups: int = 1,
         base_width: int = 64,
         norm_layer: LayerFactory = nn.BatchNorm2D,
@@ -104,6 +106,22 @@ class BasicBlock(nn.Layer):
         drop_path_rate: float = 0.0,
     ) -> None:
         super().__init__()
+        self._build_branch(inplanes, planes, stride, groups, base_width, norm_layer, act_layer, data_format)
+        self.drop_path = _drop_path_layer(drop_path_rate)
+        self.downsample = downsample
+
+    def _build_branch(self, inplanes: int, planes: int, stride: int, groups: int, base_width: int,
+                      norm_layer: LayerFactory, act_layer: LayerFactory, data_format: str) -> None:
+        raise NotImplementedError
+
+
+class BasicBlock(_ResidualBlock):
+    """Two 3x3 convs with a residual connection (ResNet-18/34, CIFAR ResNets)."""
+
+    expansion: int = 1
+
+    def _build_branch(self, inplanes: int, planes: int, stride: int, groups: int, base_width: int,
+                      norm_layer: LayerFactory, act_layer: LayerFactory, data_format: str) -> None:
         if groups != 1 or base_width != 64:
             raise ConfigError(
                 f"BasicBlock supports only groups=1 and base_width=64, got groups={groups}, "
@@ -114,8 +132,6 @@ class BasicBlock(nn.Layer):
         self.act1 = act_layer()
         self.conv2 = conv3x3(planes, planes, data_format=data_format)
         self.bn2 = norm_layer(planes, data_format=data_format)
-        self.drop_path = _drop_path_layer(drop_path_rate)
-        self.downsample = downsample
         self.act2 = act_layer()
 
     def zero_init_last(self) -> None:
@@ -129,7 +145,7 @@ class BasicBlock(nn.Layer):
         return self.act2(self.drop_path(x) + shortcut)
 
 
-class Bottleneck(nn.Layer):
+class Bottleneck(_ResidualBlock):
     """1x1 reduce, 3x3 (strided, grouped), 1x1 expand by ``expansion``; ResNet-50+, ResNeXt, Wide ResNet.
 
     The stride sits on the 3x3 conv (ResNet v1.5 / "vb"), as in paddle.vision, torchvision and PaddleClas.
@@ -137,20 +153,8 @@ class Bottleneck(nn.Layer):
 
     expansion: int = 4
 
-    def __init__(
-        self,
-        inplanes: int,
-        planes: int,
-        stride: int = 1,
-        downsample: Optional[nn.Layer] = None,
-        groups: int = 1,
-        base_width: int = 64,
-        norm_layer: LayerFactory = nn.BatchNorm2D,
-        act_layer: LayerFactory = nn.ReLU,
-        data_format: str = "NCHW",
-        drop_path_rate: float = 0.0,
-    ) -> None:
-        super().__init__()
+    def _build_branch(self, inplanes: int, planes: int, stride: int, groups: int, base_width: int,
+                      norm_layer: LayerFactory, act_layer: LayerFactory, data_format: str) -> None:
         width = int(planes * (base_width / 64.0)) * groups
         outplanes = planes * self.expansion
         self.conv1 = conv1x1(inplanes, width, data_format=data_format)
@@ -161,8 +165,6 @@ class Bottleneck(nn.Layer):
         self.act2 = act_layer()
         self.conv3 = conv1x1(width, outplanes, data_format=data_format)
         self.bn3 = norm_layer(outplanes, data_format=data_format)
-        self.drop_path = _drop_path_layer(drop_path_rate)
-        self.downsample = downsample
         self.act3 = act_layer()
 
     def zero_init_last(self) -> None:
@@ -177,7 +179,7 @@ class Bottleneck(nn.Layer):
         return self.act3(self.drop_path(x) + shortcut)
 
 
-Block = Type[Union[BasicBlock, Bottleneck]]
+Block = type[BasicBlock | Bottleneck]
 
 
 class ResNet(nn.Layer):
@@ -222,8 +224,8 @@ class ResNet(nn.Layer):
         avg_down: bool = False,
         project_first_shortcut: bool = False,
         zero_init_residual: bool = False,
-        norm_layer: Optional[LayerFactory] = None,
-        act_layer: Optional[LayerFactory] = None,
+        norm_layer: LayerFactory | None = None,
+        act_layer: LayerFactory | None = None,
         data_format: str = "NCHW",
         drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
@@ -256,7 +258,7 @@ class ResNet(nn.Layer):
         self.inplanes = 64 if stem_type == "deep" else stem_width
         self.stage_names: list[str] = []
         rates = drop_path_rates(drop_path_rate, sum(layers))
-        for i, (planes, depth) in enumerate(zip(stage_widths, layers)):
+        for i, (planes, depth) in enumerate(zip(stage_widths, layers, strict=True)):
             stride = 1 if i == 0 else 2
             first = sum(layers[:i])
             stage = self._make_layer(
@@ -310,7 +312,7 @@ class ResNet(nn.Layer):
         stride: int,
         avg_down: bool,
         force_projection: bool = False,
-        block_drop_path_rates: Optional[Sequence[float]] = None,
+        block_drop_path_rates: Sequence[float] | None = None,
     ) -> nn.Sequential:
         """One stage: ``blocks`` blocks, the first one strided and with a projection shortcut if needed."""
         rates = list(block_drop_path_rates) if block_drop_path_rates is not None else [0.0] * blocks
@@ -392,7 +394,7 @@ class ResNet(nn.Layer):
         """The classifier head (``fc``): a ``nn.Linear``, or ``nn.Identity`` when ``num_classes == 0``."""
         return self.fc
 
-    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """Replace the head with a freshly initialised one for ``num_classes`` (0 = identity)."""
         if num_classes < 0:
             raise ConfigError(f"num_classes must be >= 0 (0 = feature extractor), got {num_classes}.")
@@ -472,125 +474,46 @@ def _create_resnet(
 _VD = dict(stem_type="deep", avg_down=True, project_first_shortcut=True)
 _CIFAR = dict(stem_type="cifar", stem_width=16, stage_widths=(16, 32, 64))
 
-
-# ImageNet ResNet / ResNeXt / Wide ResNet (paddle.vision parameter names).
-@register_model
-def resnet18(**kwargs: Any) -> ResNet:
-    """ResNet-18."""
-    return _create_resnet("resnet18", BasicBlock, (2, 2, 2, 2), kwargs)
-
-
-@register_model
-def resnet34(**kwargs: Any) -> ResNet:
-    """ResNet-34."""
-    return _create_resnet("resnet34", BasicBlock, (3, 4, 6, 3), kwargs)
-
-
-@register_model
-def resnet50(**kwargs: Any) -> ResNet:
-    """ResNet-50."""
-    return _create_resnet("resnet50", Bottleneck, (3, 4, 6, 3), kwargs)
-
-
-@register_model
-def resnet101(**kwargs: Any) -> ResNet:
-    """ResNet-101."""
-    return _create_resnet("resnet101", Bottleneck, (3, 4, 23, 3), kwargs)
-
-
-@register_model
-def resnet152(**kwargs: Any) -> ResNet:
-    """ResNet-152."""
-    return _create_resnet("resnet152", Bottleneck, (3, 8, 36, 3), kwargs)
+# The registered architectures: name -> (what it is, block, blocks per stage, settings that define it).
+_ARCHITECTURES: dict[str, tuple[str, Block, tuple[int, ...], dict[str, Any]]] = {
+    # ImageNet ResNet / ResNeXt / Wide ResNet (paddle.vision parameter names).
+    "resnet18": ("ResNet-18.", BasicBlock, (2, 2, 2, 2), {}),
+    "resnet34": ("ResNet-34.", BasicBlock, (3, 4, 6, 3), {}),
+    "resnet50": ("ResNet-50.", Bottleneck, (3, 4, 6, 3), {}),
+    "resnet101": ("ResNet-101.", Bottleneck, (3, 4, 23, 3), {}),
+    "resnet152": ("ResNet-152.", Bottleneck, (3, 8, 36, 3), {}),
+    "resnext50_32x4d": ("ResNeXt-50 32x4d: 32 groups of width 4.", Bottleneck, (3, 4, 6, 3),
+                        dict(groups=32, base_width=4)),
+    "resnext101_32x4d": ("ResNeXt-101 32x4d.", Bottleneck, (3, 4, 23, 3), dict(groups=32, base_width=4)),
+    "resnext101_64x4d": ("ResNeXt-101 64x4d.", Bottleneck, (3, 4, 23, 3), dict(groups=64, base_width=4)),
+    "wide_resnet50_2": ("Wide ResNet-50-2: bottleneck width doubled.", Bottleneck, (3, 4, 6, 3),
+                        dict(base_width=128)),
+    "wide_resnet101_2": ("Wide ResNet-101-2.", Bottleneck, (3, 4, 23, 3), dict(base_width=128)),
+    # ResNet-D in PaddleClas' "vd" layout.
+    "resnet18_vd": ("ResNet-18-vd: deep stem, average-pool shortcuts.", BasicBlock, (2, 2, 2, 2), _VD),
+    "resnet34_vd": ("ResNet-34-vd.", BasicBlock, (3, 4, 6, 3), _VD),
+    "resnet50_vd": ("ResNet-50-vd.", Bottleneck, (3, 4, 6, 3), _VD),
+    "resnet101_vd": ("ResNet-101-vd.", Bottleneck, (3, 4, 23, 3), _VD),
+    "resnet152_vd": ("ResNet-152-vd.", Bottleneck, (3, 8, 36, 3), _VD),
+    # CIFAR ResNets (6n+2 layers, 32x32 inputs).
+    "resnet20": ("CIFAR ResNet-20 (n=3).", BasicBlock, (3, 3, 3), _CIFAR),
+    "resnet32": ("CIFAR ResNet-32 (n=5).", BasicBlock, (5, 5, 5), _CIFAR),
+    "resnet44": ("CIFAR ResNet-44 (n=7).", BasicBlock, (7, 7, 7), _CIFAR),
+    "resnet56": ("CIFAR ResNet-56 (n=9).", BasicBlock, (9, 9, 9), _CIFAR),
+    "resnet110": ("CIFAR ResNet-110 (n=18).", BasicBlock, (18, 18, 18), _CIFAR),
+}
 
 
-@register_model
-def resnext50_32x4d(**kwargs: Any) -> ResNet:
-    """ResNeXt-50 32x4d: 32 groups of width 4."""
-    return _create_resnet("resnext50_32x4d", Bottleneck, (3, 4, 6, 3), kwargs, groups=32, base_width=4)
+def _builder(name: str, doc: str, block: Block, layers: tuple[int, ...], arch: dict[str, Any]) -> Callable[..., ResNet]:
+    """The registered builder of one architecture: ``create_model(name, **options)`` calls it with the options."""
+
+    def build(**kwargs: Any) -> ResNet:
+        return _create_resnet(name, block, layers, kwargs, **arch)
+
+    build.__name__ = build.__qualname__ = name
+    build.__doc__ = doc
+    return build
 
 
-@register_model
-def resnext101_32x4d(**kwargs: Any) -> ResNet:
-    """ResNeXt-101 32x4d."""
-    return _create_resnet("resnext101_32x4d", Bottleneck, (3, 4, 23, 3), kwargs, groups=32, base_width=4)
-
-
-@register_model
-def resnext101_64x4d(**kwargs: Any) -> ResNet:
-    """ResNeXt-101 64x4d."""
-    return _create_resnet("resnext101_64x4d", Bottleneck, (3, 4, 23, 3), kwargs, groups=64, base_width=4)
-
-
-@register_model
-def wide_resnet50_2(**kwargs: Any) -> ResNet:
-    """Wide ResNet-50-2: bottleneck width doubled."""
-    return _create_resnet("wide_resnet50_2", Bottleneck, (3, 4, 6, 3), kwargs, base_width=128)
-
-
-@register_model
-def wide_resnet101_2(**kwargs: Any) -> ResNet:
-    """Wide ResNet-101-2."""
-    return _create_resnet("wide_resnet101_2", Bottleneck, (3, 4, 23, 3), kwargs, base_width=128)
-
-
-# ResNet-D in PaddleClas' "vd" layout.
-@register_model
-def resnet18_vd(**kwargs: Any) -> ResNet:
-    """ResNet-18-vd: deep stem, average-pool shortcuts."""
-    return _create_resnet("resnet18_vd", BasicBlock, (2, 2, 2, 2), kwargs, **_VD)
-
-
-@register_model
-def resnet34_vd(**kwargs: Any) -> ResNet:
-    """ResNet-34-vd."""
-    return _create_resnet("resnet34_vd", BasicBlock, (3, 4, 6, 3), kwargs, **_VD)
-
-
-@register_model
-def resnet50_vd(**kwargs: Any) -> ResNet:
-    """ResNet-50-vd."""
-    return _create_resnet("resnet50_vd", Bottleneck, (3, 4, 6, 3), kwargs, **_VD)
-
-
-@register_model
-def resnet101_vd(**kwargs: Any) -> ResNet:
-    """ResNet-101-vd."""
-    return _create_resnet("resnet101_vd", Bottleneck, (3, 4, 23, 3), kwargs, **_VD)
-
-
-@register_model
-def resnet152_vd(**kwargs: Any) -> ResNet:
-    """ResNet-152-vd."""
-    return _create_resnet("resnet152_vd", Bottleneck, (3, 8, 36, 3), kwargs, **_VD)
-
-
-# CIFAR ResNets (6n+2 layers, 32x32 inputs).
-@register_model
-def resnet20(**kwargs: Any) -> ResNet:
-    """CIFAR ResNet-20 (n=3)."""
-    return _create_resnet("resnet20", BasicBlock, (3, 3, 3), kwargs, **_CIFAR)
-
-
-@register_model
-def resnet32(**kwargs: Any) -> ResNet:
-    """CIFAR ResNet-32 (n=5)."""
-    return _create_resnet("resnet32", BasicBlock, (5, 5, 5), kwargs, **_CIFAR)
-
-
-@register_model
-def resnet44(**kwargs: Any) -> ResNet:
-    """CIFAR ResNet-44 (n=7)."""
-    return _create_resnet("resnet44", BasicBlock, (7, 7, 7), kwargs, **_CIFAR)
-
-
-@register_model
-def resnet56(**kwargs: Any) -> ResNet:
-    """CIFAR ResNet-56 (n=9)."""
-    return _create_resnet("resnet56", BasicBlock, (9, 9, 9), kwargs, **_CIFAR)
-
-
-@register_model
-def resnet110(**kwargs: Any) -> ResNet:
-    """CIFAR ResNet-110 (n=18)."""
-    return _create_resnet("resnet110", BasicBlock, (18, 18, 18), kwargs, **_CIFAR)
+for _name, _spec in _ARCHITECTURES.items():
+    globals()[_name] = register_model(_builder(_name, *_spec))

@@ -12,9 +12,10 @@ architectures do not share a feature/head split.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Optional
+from typing import Any
 
 import paddle.nn as nn
+import paddle.vision.models as vision_models
 
 from ..errors import ConfigError
 from .registry import register_model
@@ -29,9 +30,8 @@ _MULTI_OUTPUT = ("googlenet",)
 
 def list_vision_archs() -> list[str]:
     """The builder functions of ``paddle.vision.models`` (``resnet18``, ``shufflenet_v2_x0_25``, ...)."""
-    import paddle.vision.models as models
-
-    return sorted(n for n in dir(models) if not n.startswith("_") and inspect.isfunction(getattr(models, n)))
+    return sorted(n for n in dir(vision_models)
+                  if not n.startswith("_") and inspect.isfunction(getattr(vision_models, n)))
 
 
 def _sublayer(model: nn.Layer, name: str) -> nn.Layer:
@@ -115,7 +115,7 @@ def _adapt_first_conv(net: nn.Layer, name: str, in_chans: int) -> None:
 
 @register_model
 def vision(
-    arch: Optional[str] = None,
+    arch: str | None = None,
     num_classes: int = 1000,
     in_chans: int = 3,
     drop_rate: float = 0.0,
@@ -132,8 +132,6 @@ def vision(
         drop_rate, zero_init_residual, data_format: accepted for a uniform config, but only at their defaults.
         **kwargs: passed to the builder (e.g. ``scale=0.5`` for ``mobilenet_v2``).
     """
-    import paddle.vision.models as models
-
     archs = list_vision_archs()
     if not arch:
         raise ConfigError(f"model=vision needs model.arch, one of: {', '.join(archs)}")
@@ -153,7 +151,7 @@ def vision(
     if in_chans < 1:
         raise ConfigError(f"in_chans must be >= 1, got {in_chans}")
     try:
-        net = getattr(models, arch)(num_classes=num_classes, **kwargs)
+        net = getattr(vision_models, arch)(num_classes=num_classes, **kwargs)
     except TypeError as err:
         raise ConfigError(f"model=vision arch={arch}: {err}") from err
     head = _find_head(net, num_classes)

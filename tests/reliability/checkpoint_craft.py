@@ -4,8 +4,9 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from paddletrain.checkpoint import find_latest
 from paddletrain.checkpoint.manifest import MANIFEST, build_manifest

@@ -18,9 +18,18 @@ import numpy as np
 import pytest
 from safetensors import SafetensorError
 
-from paddletrain.checkpoint import (CheckpointError, CheckpointManager, find_latest, is_complete, load_checkpoint,
-                                    save_checkpoint)
-from paddletrain.checkpoint import _fs, retention, storage, tensors
+from paddletrain.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    _fs,
+    find_latest,
+    is_complete,
+    load_checkpoint,
+    retention,
+    save_checkpoint,
+    storage,
+    tensors,
+)
 from paddletrain.checkpoint.storage import MANIFEST, STATE, recover_interrupted_saves
 from tests.conftest import TINY
 from tests.reliability.checkpoint_craft import assert_one_error_line, fit_cli, output
@@ -145,14 +154,9 @@ WRITE_POINTS = ["temporary directory", "tensors", "tensors (safetensors' own err
                 "state.json", "manifest.json", "rename into place", "pointer"]
 
 
-@pytest.mark.parametrize("point", WRITE_POINTS)
-@pytest.mark.parametrize("target", ["b", "a"], ids=["new name", "overwrite"])
-def test_full_disk_at_each_write_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch, point,
-                                                                               target):
-    root = tmp_path / "checkpoints"
-    manager = CheckpointManager(root, keep_last=1, keep_best=0)
-    manager.save(_state(1), name="a", metadata={"global_step": 1})
-    real_write, real_mkdir = storage.write_bytes_durably, Path.mkdir
+def _fill_disk_at(point: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the save's write at ``point`` (one of :data:`WRITE_POINTS`) fail as a full disk does."""
+    real_write, real_mkdir, real_replace = storage.write_bytes_durably, Path.mkdir, os.replace
 
     def write(path, data):
         if Path(path).name == point:
@@ -164,30 +168,36 @@ def test_full_disk_at_each_write_is_one_line_and_keeps_the_previous_checkpoint(t
             _no_space()
         real_mkdir(self, *args, **kwargs)
 
+    def replace(src, dst):
+        if Path(src).name.startswith(".tmp-"):
+            _no_space()
+        real_replace(src, dst)
+
     def safetensors_full(arrays, path):
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
-    if point == "temporary directory":
-        monkeypatch.setattr(Path, "mkdir", mkdir)
-    elif point == "tensors":
-        monkeypatch.setattr(storage, "write_tensors", _no_space)
-    elif point == "tensors (safetensors' own error)":
-        monkeypatch.setattr(tensors.safetensors.numpy, "save_file", safetensors_full)
-    elif point == "tensors fsync":
-        monkeypatch.setattr(tensors, "fsync_file", _no_space)
-    elif point in (STATE, MANIFEST):
-        monkeypatch.setattr(storage, "write_bytes_durably", write)
-    elif point == "rename into place":
-        real_replace = os.replace
+    faults = {
+        "temporary directory": (Path, "mkdir", mkdir),
+        "tensors": (storage, "write_tensors", _no_space),
+        "tensors (safetensors' own error)": (tensors.safetensors.numpy, "save_file", safetensors_full),
+        "tensors fsync": (tensors, "fsync_file", _no_space),
+        STATE: (storage, "write_bytes_durably", write),
+        MANIFEST: (storage, "write_bytes_durably", write),
+        "rename into place": (storage.os, "replace", replace),
+        "pointer": (retention, "replace_json_atomically", _no_space),
+    }
+    assert set(faults) == set(WRITE_POINTS)
+    monkeypatch.setattr(*faults[point])
 
-        def replace(src, dst):
-            if Path(src).name.startswith(".tmp-"):
-                _no_space()
-            real_replace(src, dst)
 
-        monkeypatch.setattr(storage.os, "replace", replace)
-    elif point == "pointer":
-        monkeypatch.setattr(retention, "replace_json_atomically", _no_space)
+@pytest.mark.parametrize("point", WRITE_POINTS)
+@pytest.mark.parametrize("target", ["b", "a"], ids=["new name", "overwrite"])
+def test_full_disk_at_each_write_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch, point,
+                                                                               target):
+    root = tmp_path / "checkpoints"
+    manager = CheckpointManager(root, keep_last=1, keep_best=0)
+    manager.save(_state(1), name="a", metadata={"global_step": 1})
+    _fill_disk_at(point, monkeypatch)
 
     with pytest.raises(CheckpointError) as raised:
         manager.save(_state(2), name=target, metadata={"global_step": 2})

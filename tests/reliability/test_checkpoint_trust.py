@@ -16,16 +16,23 @@ import paddle
 import pytest
 import safetensors.numpy
 
+from paddletrain.build import train
 from paddletrain.callbacks import ModelCheckpoint
 from paddletrain.checkpoint import CheckpointError, CheckpointManager, load_checkpoint, save_checkpoint
 from paddletrain.checkpoint.storage import STATE, TENSORS
 from paddletrain.checkpoint.untrusted import StateValueError, confined_path
 from paddletrain.errors import UserError
-from paddletrain.build import train
 from paddletrain.resume import load_resume_checkpoint
 from tests.conftest import TINY, compose_fit
-from tests.reliability.checkpoint_craft import (BAD_TENSOR_FILES, assert_one_error_line, fit_cli, latest, output,
-                                                reseal, rewrite_state)
+from tests.reliability.checkpoint_craft import (
+    BAD_TENSOR_FILES,
+    assert_one_error_line,
+    fit_cli,
+    latest,
+    output,
+    reseal,
+    rewrite_state,
+)
 
 VDL = ["callbacks.visualdl.log_images=true"]
 

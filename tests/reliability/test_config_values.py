@@ -87,7 +87,11 @@ def outside_values(rule: Allowed, hint: Any) -> List[Any]:
     return [[v] if _is_list(hint) else v for v in values]
 
 
-def inside_value(rule: Allowed, hint: Any) -> Any:
+# Lists of a fixed length other than one value per image channel.
+LIST_LENGTHS = {"data.mixup.cutmix_minmax": 2}
+
+
+def inside_value(rule: Allowed, hint: Any, key: str = "") -> Any:
     """A value the rule allows, at an inclusive bound where there is one."""
     low = rule.ge if rule.ge is not None else rule.gt
     high = rule.le if rule.le is not None else rule.lt
@@ -105,7 +109,8 @@ def inside_value(rule: Allowed, hint: Any) -> Any:
     else:  # any number: a large negative one
         value = -1e6
     value = int(value) if _is_int(hint) else float(value)
-    return [value] * 3 if _is_list(hint) else value  # three: one per image channel for mean/std
+    # Three: one per image channel for mean/std.
+    return [value] * LIST_LENGTHS.get(key, 3) if _is_list(hint) else value
 
 
 FIT_RANGES = [(key, rule, hint) for key, rule, hint in declared(FitConfig) if not rule.choices]
@@ -161,7 +166,7 @@ def test_every_fit_key_refuses_a_value_outside_its_declaration(key, value, rule,
 @pytest.mark.parametrize("key, rule, hint", FIT_RANGES, ids=[case[0] for case in FIT_RANGES])
 def test_every_fit_range_accepts_its_bound(key, rule, hint, tiny_cfg):
     cfg = copy.deepcopy(tiny_cfg)
-    OmegaConf.update(cfg, key, inside_value(rule, hint))
+    OmegaConf.update(cfg, key, inside_value(rule, hint, key))
     validate_config(cfg)
 
 

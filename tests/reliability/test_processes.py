@@ -18,7 +18,7 @@ from paddletrain.checkpoint import find_latest
 from paddletrain.distributed import RankOutcome, lost_peers
 from paddletrain.errors import ExitCode
 from paddletrain.launcher import NodeSpec, decide
-from tests.conftest import run_module
+from tests.conftest import run_module, write_image_folder
 from tests.reliability.procs import Run, assert_clean, count_lines
 
 pytestmark = pytest.mark.timeout(300)
@@ -192,18 +192,6 @@ def test_one_signal_one_message_and_no_claim_to_save_without_checkpointing(tmp_p
 
 
 # ---------------------------------------------------------------------------------------------- exit codes
-def write_image_folder(root: Path, bad_val_index: int) -> None:
-    rng = np.random.RandomState(0)
-    for split, n in (("train", 8), ("val", 4)):
-        for cls in ("a", "b"):
-            folder = root / split / cls
-            folder.mkdir(parents=True)
-            for i in range(n):
-                Image.fromarray(rng.randint(0, 255, (12, 12, 3), dtype=np.uint8)).save(folder / f"{i}.png")
-    # Validation is not shuffled and rank r reads samples r, r+2, ...: index 0 is rank 0's, index 1 rank 1's.
-    sorted((root / "val").glob("*/*.png"))[bad_val_index].write_bytes(b"not a png")
-
-
 @pytest.mark.parametrize("bad_rank", [0, 1])
 def test_a_bad_image_on_any_rank_exits_like_one_process_naming_the_rank(tmp_path, bad_rank):
     write_image_folder(tmp_path / "data", bad_val_index=bad_rank)

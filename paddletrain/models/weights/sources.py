@@ -8,9 +8,10 @@ Sources:
 * a paddletrain checkpoint directory (its ``model`` state);
 * ``vision:<arch>``: paddle.vision's published ImageNet weights (URL and md5 from ``paddle.vision.models``);
 * ``paddleclas:<ModelName>``: PaddleClas' published "legendary" ResNet weights (e.g. ``ResNet50_vd``,
-  ``ResNet50_vd_ssld``);
-* ``hub:<module>``: a PaddleHub module's weights, through ``paddlehub`` when installed, else from the module
-  directory ``$HUB_HOME/modules/<module>`` (``HUB_HOME`` defaults to ``~/.paddlehub``).
+  ``ResNet50_vd_ssld``); a file PaddleClas itself downloaded (``~/.paddleclas/weights``) is used as it is;
+* ``hub:<module>``: a PaddleHub module's weights, through ``paddlehub`` when it is installed and imports, else
+  (and always with ``PADDLETRAIN_OFFLINE=1``) from the module directory ``$HUB_HOME/modules/<module>``
+  (``HUB_HOME`` defaults to ``~/.paddlehub``).
 
 Downloads land where Paddle caches weights (``~/.cache/paddle/hapi/weights``, or ``$PADDLETRAIN_WEIGHTS_HOME``);
 a cached file is used without network. With ``PADDLETRAIN_OFFLINE=1`` nothing is downloaded, and a missing
@@ -22,6 +23,7 @@ import hashlib
 import importlib
 import importlib.util
 import json
+import logging
 import os
 import pkgutil
 from dataclasses import dataclass, field
@@ -39,10 +41,13 @@ __all__ = [
     "describe",
     "hub_module_dir",
     "imagenet_label_names",
+    "paddleclas_cache_dir",
     "read_state_dict",
     "read_weights",
     "weights_cache_dir",
 ]
+
+logger = logging.getLogger(__name__)
 
 PREFIXES = ("vision:", "paddleclas:", "hub:")
 SAFE_SUFFIXES = (".safetensors",)
@@ -107,6 +112,11 @@ def weights_cache_dir() -> Path:
     from paddle.utils import download
 
     return Path(download.WEIGHTS_HOME)
+
+
+def paddleclas_cache_dir() -> Path:
+    """PaddleClas' own download cache, ``~/.paddleclas/weights`` (``ppcls.utils.download.WEIGHTS_HOME``)."""
+    return Path("~/.paddleclas/weights").expanduser()
 
 
 def hub_module_dir(name: str) -> Path:
@@ -201,7 +211,11 @@ def _describe_paddleclas(source: str, name: str) -> WeightsInfo:
     architecture = PADDLECLAS_MODELS[name]
     # PaddleClas gives every ResNet a projection shortcut in its first block; the vd builders always have one.
     options = {} if architecture.endswith("_vd") else {"project_first_shortcut": True}
-    return WeightsInfo(source, "paddleclas", path=weights_cache_dir() / url.rsplit("/", 1)[-1], url=url,
+    file_name = url.rsplit("/", 1)[-1]
+    ours, theirs = weights_cache_dir() / file_name, paddleclas_cache_dir() / file_name
+    # A PaddleClas user already has the file where ppcls downloaded it (same URL, same name): no second copy.
+    path = theirs if not ours.is_file() and theirs.is_file() else ours
+    return WeightsInfo(source, "paddleclas", path=path, url=url,
                        preprocessing=dict(IMAGENET_PREPROCESSING), label_names=imagenet_label_names(),
                        architecture=architecture, model_options=options)
 
@@ -336,6 +350,8 @@ def _cached_download(info: WeightsInfo) -> Path:
     path = info.path
     assert path is not None and info.url is not None
     where = f"download {info.url} and put it at {path}" + (f" (md5 {info.md5})" if info.md5 else "")
+    if info.kind == "paddleclas":
+        where += f" or in PaddleClas' own cache {paddleclas_cache_dir()}"
     if path.is_file():
         if info.md5 and _md5(path) != info.md5:
             raise PretrainedLoadError(f"{info.source}: the cached file {path} has md5 {_md5(path)}, expected "
@@ -354,17 +370,26 @@ def _cached_download(info: WeightsInfo) -> Path:
 
 
 def _read_hub(info: WeightsInfo, trust_pickle: bool) -> dict[str, np.ndarray]:
+    """A hub module's weights: through paddlehub when it is installed and works, else from the module directory.
+
+    The directory is read without paddlehub when paddlehub is absent, when it cannot even be imported (a
+    protobuf too new for its generated code raises "Descriptors cannot be created directly"), and with
+    ``PADDLETRAIN_OFFLINE=1`` (``paddlehub.Module`` asks the hub server about a module it does not have).
+    """
     name = info.source[len("hub:"):]
-    if importlib.util.find_spec("paddlehub") is not None:
-        return _read_hub_with_paddlehub(info, name)
     directory = info.path
     assert directory is not None
+    why_not = _why_not_paddlehub()
+    if why_not is None:
+        return _read_hub_with_paddlehub(info, name)
     if not directory.is_dir():
         raise PretrainedLoadError(
-            f"{info.source}: PaddleHub module {name!r} is not installed at {directory} (and paddlehub is not "
-            f"installed). Run `hub install {name}` where paddlehub is installed and copy the module directory to "
-            f"{directory}, or set HUB_HOME to the PaddleHub home that holds modules/{name}."
+            f"{info.source}: PaddleHub module {name!r} is not installed at {directory} ({why_not}). Run "
+            f"`hub install {name}` where paddlehub works and copy the module directory to {directory}, or set "
+            f"HUB_HOME to the PaddleHub home that holds modules/{name}."
         )
+    if why_not.startswith("paddlehub cannot be imported"):
+        logger.warning("%s: %s; reading the module directory %s instead", info.source, why_not, directory)
     files = sorted(directory.glob("*.pdparams")) + sorted(directory.glob("*.safetensors"))
     if len(files) != 1:
         found = ", ".join(p.name for p in files) or "none"
@@ -372,12 +397,29 @@ def _read_hub(info: WeightsInfo, trust_pickle: bool) -> dict[str, np.ndarray]:
     return read_state_dict(str(files[0]), trust_pickle=trust_pickle)
 
 
+def _why_not_paddlehub() -> Optional[str]:
+    """None when paddlehub can load modules here, else why the module directory is read directly."""
+    if _offline():
+        return "PADDLETRAIN_OFFLINE is set, so paddlehub, which may contact its server, is not used"
+    if importlib.util.find_spec("paddlehub") is None:
+        return "paddlehub is not installed"
+    try:
+        importlib.import_module("paddlehub")
+    except Exception as err:  # a broken install fails with whatever its dependencies raise
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        return f"paddlehub cannot be imported ({type(err).__name__}: {first})"
+    return None
+
+
 def _read_hub_with_paddlehub(info: WeightsInfo, name: str) -> dict[str, np.ndarray]:
     import paddle
     import paddlehub
 
     try:
-        module = paddlehub.Module(name=name)
+        # A module names its parameters from Paddle's global name counter and loads its weights by those names:
+        # a fresh name scope gives the second module of a process the same names as the first.
+        with paddle.utils.unique_name.guard():
+            module = paddlehub.Module(name=name)
     except Exception as err:  # paddlehub raises its own types for a missing/broken module
         raise PretrainedLoadError(f"{info.source}: paddlehub could not load module {name!r}: {err}") from err
     if not isinstance(module, paddle.nn.Layer):

@@ -1,0 +1,70 @@
+"""Every command's --help lists its keys and an example that runs as written (parses, for bench)."""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import shlex
+import sys
+
+import pytest
+
+from paddletrain.bench.__main__ import ABOUT, _benchmarks, usage
+from paddletrain.bench.common import parse_options
+from tests.conftest import run_module
+
+HYDRA_COMMANDS = {
+    "fit": ["model:", "trainer:", "max_epochs:", "== Groups", "python -m paddletrain.fit model=resnet18"],
+    "evaluate": ["checkpoint:", "data:", "checkpoint=outputs/resnet20-shapes/2026-11-23_10-00-00:best"],
+    "export": ["checkpoint: ???", "format: paddle", "batch: dynamic", "format=onnx"],
+    "predict": ["model_dir: null", "checkpoint: null", "backend: auto", "input: ???", "model_dir=export/model.onnx"],
+}
+
+
+def help_of(module: str, args: list[str], monkeypatch, capsys) -> tuple[int, str]:
+    """``python -m <module> <args>`` in this process (Hydra's --help exits): its exit status and stdout."""
+    monkeypatch.setattr(sys, "argv", [module, *args])
+    try:
+        importlib.import_module(module).main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code or 0
+    return code, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", sorted(HYDRA_COMMANDS))
+def test_hydra_commands_help_shows_usage_examples_and_keys(command, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, text = help_of(f"paddletrain.{command}", ["--help"], monkeypatch, capsys)
+    assert code == 0
+    assert text.startswith(f"python -m paddletrain.{command}") and "Examples:" in text and "== Keys" in text
+    for expected in HYDRA_COMMANDS[command]:
+        assert expected in text
+    assert "powered by Hydra" not in text and not any(tmp_path.iterdir())  # help writes no run directory
+
+
+def test_bench_help_lists_every_benchmark_with_an_example(tmp_path, monkeypatch, capsys):
+    result = run_module("paddletrain.bench", ["--help"], cwd=tmp_path, timeout=120)  # as a user runs it
+    assert result.returncode == 0, result.stderr
+    for name in _benchmarks():
+        assert f"  {name} " in result.stdout and ABOUT[name][1] in result.stdout
+    code, text = help_of("paddletrain.bench.__main__", [], monkeypatch, capsys)
+    assert code == 2 and "Benchmarks:" in text
+
+
+@pytest.mark.parametrize("name", sorted(ABOUT))
+def test_each_benchmarks_help_lists_its_keys_and_an_example_that_parses(name):
+    schema = _benchmarks()[name][0]
+    text = usage(name)
+    for field in dataclasses.fields(schema):
+        assert f"\n  {field.name}=" in text
+    example = shlex.split(ABOUT[name][1].replace("<folder of photos>", "photos"))
+    assert example[:4] == ["python", "-m", "paddletrain.bench", name]
+    args = [arg for arg in example[4:] if not arg.startswith("out=")]
+    parse_options(schema, args, name)  # raises ConfigError naming the key if the example went stale
+
+
+def test_a_benchmark_help_flag_runs_nothing(monkeypatch, capsys):
+    monkeypatch.setattr("paddletrain.bench.data.run_data", lambda cfg: pytest.fail("the benchmark ran"))
+    code, text = help_of("paddletrain.bench.__main__", ["data", "--help"], monkeypatch, capsys)
+    assert code == 0 and "workers=[0, 1, 2]" in text
+    assert "root=None    # An image folder" in text and "transform=small    # a data.train_transform" in text
