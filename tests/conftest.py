@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from typing import List
+from typing import Dict, List, Optional
 
 import pytest
 from hydra import compose, initialize_config_module
@@ -34,8 +34,9 @@ def tiny_overrides() -> List[str]:
     return list(TINY)
 
 
-def run_module(module: str, args: List[str], cwd, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run ``python -m module args`` in a fresh process, as a user would."""
-    env = dict(os.environ, PYTHONWARNINGS="ignore", HYDRA_FULL_ERROR="0")
+def run_module(module: str, args: List[str], cwd, timeout: float = 300,
+               env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
+    """Run ``python -m module args`` in a fresh process, as a user would (``env``: extra variables)."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "HYDRA_FULL_ERROR": "0", **(env or {})}
     return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
