@@ -2,7 +2,7 @@
 
 A schedule factory is ``factory(cfg: SchedConfig, base_lr, steps: ScheduleSteps) -> LRScheduler`` for the
 steps after warmup; :func:`build_scheduler` adds the warmup in front. Its length comes from
-:func:`schedule_steps`, computed from the same :func:`paddletrain.trainer.optimizer_steps_per_epoch` the
+:func:`schedule_steps`, computed from the same :func:`optimizer_steps_per_epoch` the
 training loop follows, so the schedule ends exactly on the run's last optimizer step.
 """
 from __future__ import annotations
@@ -121,3 +121,12 @@ def _drops_at_epochs(epochs: Sequence[int], key: str, gamma: float, base_lr: flo
     if not at:  # no drop within the run
         return LambdaDecay(base_lr, lambda step: 1.0)
     return MultiStepDecay(base_lr, milestones=at, gamma=gamma)
+
+
+def optimizer_steps_per_epoch(num_batches: int, accumulate_grad_batches: int) -> int:
+    """Optimizer steps in an epoch of ``num_batches``: one per ``accumulate_grad_batches``, and one on the last
+    batch even when its group is short (its gradients must not leak into the next epoch).
+
+    The one definition the training loop follows and the LR schedule's length is computed from.
+    """
+    return -(-num_batches // accumulate_grad_batches)

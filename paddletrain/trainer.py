@@ -22,6 +22,7 @@ from paddletrain.errors import NonFiniteLossError, TrainingInterrupted, UserErro
 from paddletrain.metrics import ClassificationMeter, Throughput
 from paddletrain.precision import Precision
 from paddletrain.processes import stop_request
+from paddletrain.schedules import optimizer_steps_per_epoch  # noqa: F401  (defined there; kept importable here)
 from paddletrain.state_checks import (check_optimizer_state, check_scheduler_state, check_state_matches,
                                       checked_metrics, checked_progress)
 
@@ -543,15 +544,6 @@ def count_batches(loader: Iterable, limit: Optional[int]) -> Optional[int]:
     if limit is not None:
         n = limit if n is None else min(n, limit)
     return n
-
-
-def optimizer_steps_per_epoch(num_batches: int, accumulate_grad_batches: int) -> int:
-    """Optimizer steps in an epoch of ``num_batches``: one per ``accumulate_grad_batches``, and one on the last
-    batch even when its group is short (its gradients must not leak into the next epoch).
-
-    The one definition the training loop follows and the LR schedule's length is computed from.
-    """
-    return -(-num_batches // accumulate_grad_batches)
 
 
 def _flag_last(batches: Iterator[Any], limit: Optional[int], start: int) -> Iterator[Tuple[Any, bool]]:

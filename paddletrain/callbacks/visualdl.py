@@ -36,7 +36,7 @@ from paddletrain.callbacks.base import Callback, StepOutput
 from paddletrain.config import check_option
 from paddletrain.metrics import Throughput
 from paddletrain.registries import CALLBACKS
-from paddletrain.trainer import optimizer_steps_per_epoch
+from paddletrain.schedules import optimizer_steps_per_epoch
 
 if TYPE_CHECKING:  # pragma: no cover
     from paddletrain.trainer import Trainer
