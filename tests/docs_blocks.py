@@ -110,7 +110,8 @@ def _strip_comment(line: str) -> str:
 def commands(block: Block) -> list[Command]:
     """The logical commands of a shell block.
 
-    ``bash``/``sh`` blocks: every non-blank, non-comment line is a command; a trailing ``\\`` continues it. ``console``
+    ``bash``/``sh`` blocks: every non-blank, non-comment line is a command (``a && b`` two); a trailing ``\\``
+    continues it. ``console``
     blocks: lines starting with ``$ `` are commands, the lines after one (up to the next) its expected output.
     """
     if block.lang not in SHELL_LANGS:
@@ -141,6 +142,8 @@ def commands(block: Block) -> list[Command]:
                 i += 1
             while expected and not expected[-1].strip():
                 expected.pop()
-        if text:
-            result.append(Command(block, block.line + 1 + start, text, tuple(expected)))
+        # `a && b` is two commands (each may be run or skipped on its own); set -e keeps `&&`'s meaning.
+        parts = [part.strip() for part in text.split(" && ")] if not console else [text]
+        for part in filter(None, parts):
+            result.append(Command(block, block.line + 1 + start, part, tuple(expected)))
     return result
