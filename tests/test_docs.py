@@ -7,14 +7,16 @@ an image folder, a few photos, tiny Fashion-MNIST files and one small trained ru
 2. Shell blocks (``bash``, ``sh``) run as bash scripts in document order, ``set -e``: ``cd``, variables and
    ``&`` behave as for a reader pasting them. ``console`` blocks are transcripts: each ``$ command`` runs on its own
    and its output must match the lines shown (``...`` matches anything).
-3. The document's other Python blocks run in order in one interpreter, sharing their names, like a reader's session.
+3. The document's other Python blocks run in order in one interpreter, sharing their names, like a reader's session;
+   what a block takes as given (a model, a batch) is in :data:`GIVEN`.
 
 Fast runs (the default suite) shrink the work: ``python -m paddletrain.fit`` (and a Hydra app's ``app.py``) gets
 :data:`SMALL_RUN` appended, ``max_epochs=N`` in Python becomes one epoch of two batches. Placeholders such as
 ``<time>``, ``<checkpoint>`` or ``<run dir>`` become what earlier commands created (:func:`resolve_placeholders`).
 Commands and snippets in :data:`RULES` are instead run only by the slow suite, as written
-(``pytest -m slow tests/test_docs.py``), or never, with the reason. A block in a language that is neither run nor
-shown (``text``, ``json``, ...) fails, and so does a rule that no longer matches anything.
+(``pytest -m slow tests/test_docs.py``), or never, with the reason; a `fit` command among them is still composed
+and validated in the default suite. A block in a language that is neither run nor shown (``text``, ``json``, ...)
+fails, and so does a rule that no longer matches anything.
 """
 from __future__ import annotations
 
@@ -68,6 +70,9 @@ class Rule:
     pattern: str
     kind: str
     reason: str
+    # Whether a `python -m paddletrain.fit` it keeps from the default suite can still be composed and validated
+    # there (test_fit_commands_not_run_here_still_compose); False when it needs what the test lacks (a plugin).
+    composes: bool = True
 
     def matches(self, doc: str, text: str) -> bool:
         return doc == self.doc and re.search(self.pattern, text) is not None
@@ -89,11 +94,12 @@ RULES = [
          "installs into the environment; tests/test_plugins.py installs it into a fresh virtual environment and "
          "runs the commands after it"),
     Rule("docs/extending.md", r"model\.name=tiny_resnet data\.name=bars data\.image_size=16", SKIP,
-         "needs the plugin installed (above); tests/test_plugins.py runs it"),
+         "needs the plugin installed (above); tests/test_plugins.py runs it", composes=False),
     Rule("docs/extending.md", r"tiny_resnet-bars/<time>", SKIP, "needs the plugin installed; tests/test_plugins.py"),
     Rule("docs/extending.md", r"list_models\('tiny\*'\)", SKIP, "needs the plugin installed; tests/test_plugins.py"),
     Rule("docs/configuration.md", r"_target_=my_package\.MyLogger", SKIP,
-         "names the reader's own class; extending.md runs the same form with its my_callbacks.BestTop1"),
+         "names the reader's own class; extending.md runs the same form with its my_callbacks.BestTop1",
+         composes=False),
     Rule("docs/extending.md", r"^# app\.py \(abridged\)", SKIP,
          "an excerpt of examples/downstream_app/app.py, which the commands after it run"),
     # long-running servers, other machines, GPUs, downloads
@@ -483,3 +489,31 @@ def test_checkpoint_names_in_the_docs_are_the_ones_written():
         for match in re.finditer(r"\bepoch[\w=.-]*?step[=_-]?\d+", path.read_text(encoding="utf-8")):
             epoch, step = (int(n) for n in re.findall(r"\d+", match.group(0))[:2])
             assert match.group(0) == checkpoint_name(epoch, step), f"{path.name}: {match.group(0)}"
+
+
+def test_fit_commands_not_run_here_still_compose():
+    """A `python -m paddletrain.fit` the default suite does not run (skipped, or left to the slow suite) is still
+    parsed as Hydra parses it, composed and validated, so a renamed key or preset in it fails here."""
+    from hydra import compose, initialize_config_module
+    from hydra._internal.utils import get_args_parser  # Hydra's own command-line parser (what fit.py runs)
+
+    from paddletrain.validation import validate_config
+
+    checked = 0
+    for block in all_blocks():
+        if block.lang not in SHELL_LANGS:
+            continue
+        for command in commands(block):
+            rule = rule_for(block.doc, command.text)
+            if (not command.text.startswith("python -m paddletrain.fit") or rule is None or rule.kind == BOTH
+                    or not rule.composes):
+                continue
+            args = get_args_parser().parse_args(shlex.split(re.sub(r"<[^<>]+>", "x", command.text))[3:])
+            overrides = list(args.overrides)
+            if args.config_dir:
+                overrides.append(f"hydra.searchpath=[file://{ROOT / args.config_dir}]")
+            with initialize_config_module("paddletrain.conf", version_base="1.3"):
+                cfg = compose("fit", overrides=overrides)
+            validate_config(cfg)
+            checked += 1
+    assert checked >= 5
