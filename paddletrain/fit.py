@@ -290,7 +290,8 @@ def run_from_command_line() -> None:
     global _set_full_error
     if os.environ.get("HYDRA_FULL_ERROR") != "1":
         # Hydra then raises its rejection instead of printing it over several lines.
-        os.environ["HYDRA_FULL_ERROR"] = _set_full_error = "1"
+        os.environ["HYDRA_FULL_ERROR"] = "1"
+        _set_full_error = True
     try:
         main()
     except SystemExit as exc:
