@@ -21,7 +21,10 @@ if __name__ == "__main__":
     install_warning_filters()
     route_warnings_to_log()
 
+import dataclasses  # noqa: E402
+import difflib  # noqa: E402
 import logging  # noqa: E402
+import os  # noqa: E402
 import shlex  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
@@ -30,7 +33,9 @@ from typing import List, NoReturn, Optional  # noqa: E402
 
 import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from hydra.errors import HydraException, MissingConfigException  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException  # noqa: E402
 
 from paddletrain import distributed  # noqa: E402
 from paddletrain.build import saves_checkpoints, train  # noqa: E402
@@ -54,6 +59,8 @@ def run_dir_from_hydra() -> Path:
 register_configs()
 # Whether Hydra got as far as calling main(): an exit status 1 before that is Hydra rejecting the command line.
 _main_ran = False
+# Whether this process set HYDRA_FULL_ERROR to get Hydra's rejection as an exception (main() unsets it again).
+_set_full_error = False
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="fit")
@@ -67,6 +74,8 @@ def main(cfg: DictConfig) -> Optional[float]:
     """
     global _main_ran
     _main_ran = True
+    if _set_full_error:  # from here on, Hydra reports errors its own way (and children do not inherit the flag)
+        os.environ.pop("HYDRA_FULL_ERROR", None)
     run_dir = run_dir_from_hydra()
     t = cfg.trainer
     if (t.devices > 1 or t.num_nodes > 1) and not distributed.is_launched():
@@ -251,8 +260,38 @@ def launch_workers(cfg: DictConfig, run_dir: Path) -> None:
     finish(outcome.code, outcome.message, run_dir=run_dir if outcome.code == ExitCode.USER_ERROR else None)
 
 
+def hydra_error_line(exc: BaseException) -> str:
+    """One line for a command line Hydra rejected: the key or preset, what is wrong and, when a name is close,
+    what was probably meant (Hydra's own report spans 6-7 lines)."""
+    cause = exc.__cause__
+    if isinstance(exc, MissingConfigException) and exc.options:
+        wanted = (exc.missing_cfg_file or "").rsplit("/", 1)[-1]
+        presets = [o for o in exc.options if not o.endswith("_schema")]  # schemas are not presets to pick
+        close = difflib.get_close_matches(wanted, presets, n=3)
+        hint = f"did you mean {', '.join(close)}?" if close else f"available: {', '.join(presets)}"
+        return f"{str(exc).splitlines()[0]}; {hint}"
+    if isinstance(cause, OmegaConfBaseException) and cause.full_key:
+        key = cause.full_key
+        if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
+            parent, _, name = key.rpartition(".")
+            schema = cause.object_type
+            fields = [f.name for f in dataclasses.fields(schema)] if dataclasses.is_dataclass(schema) else []
+            close = [f"{parent}.{c}" if parent else c for c in difflib.get_close_matches(name, fields, n=3)]
+            hint = f"did you mean {', '.join(close)}?" if close else "check the spelling"
+            return f"unknown config key {key} (not in the schema; {hint})"
+        return f"{key}: {str(cause.msg).splitlines()[0]}"
+    return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+
+
 def run_from_command_line() -> None:
-    """``main()``, with Hydra's own rejection of a command line (exit 1) mapped to :attr:`ExitCode.USER_ERROR`."""
+    """``main()``, with a command line Hydra rejects (unknown key, wrong type, missing preset, bad syntax) reported
+    in one line (:func:`hydra_error_line`) and exit status :attr:`ExitCode.USER_ERROR`, like every other bad input.
+    ``HYDRA_FULL_ERROR=1`` in the environment keeps Hydra's full report."""
+    global _set_full_error
+    if os.environ.get("HYDRA_FULL_ERROR") != "1":
+        # Hydra then raises its rejection instead of printing it over several lines.
+        os.environ["HYDRA_FULL_ERROR"] = "1"
+        _set_full_error = True
     try:
         main()
     except SystemExit as exc:
@@ -260,6 +299,11 @@ def run_from_command_line() -> None:
         if exc.code == 1 and not _main_ran:
             sys.exit(ExitCode.USER_ERROR)
         raise
+    except (HydraException, OmegaConfBaseException) as exc:
+        if _main_ran or not _set_full_error:
+            raise
+        print(f"[paddletrain][ERROR] - {hydra_error_line(exc)}", file=sys.stderr, flush=True)
+        sys.exit(ExitCode.USER_ERROR)
 
 
 if __name__ == "__main__":

@@ -36,9 +36,10 @@ def tiny_overrides() -> list[str]:
     return list(TINY)
 
 
-def run_module(module: str, args: list[str], cwd, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run ``python -m module args`` in a fresh process, as a user would."""
-    env = dict(os.environ, PYTHONWARNINGS="ignore", HYDRA_FULL_ERROR="0")
+def run_module(module: str, args: list[str], cwd, timeout: float = 300,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m module args`` in a fresh process, as a user would (``env``: extra variables)."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "HYDRA_FULL_ERROR": "0", **(env or {})}
     return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 

@@ -31,11 +31,25 @@ def test_fit_then_evaluate_end_to_end(tmp_path):
     assert abs(reported["val/loss"] - summary["val/loss"]) < 1e-4
 
 
-def test_unknown_key_fails_at_startup_with_one_line(tmp_path):
-    result = run_module("paddletrain.fit", ["trainer.max_epoch=3", f"hydra.run.dir={tmp_path}"], cwd=tmp_path)
-    assert result.returncode != 0
-    assert "max_epoch" in result.stderr and "Traceback" not in result.stderr
-    assert not (tmp_path / "summary.json").exists()
+@pytest.mark.parametrize("override, line", [
+    ("trainer.max_epoch=3", "unknown config key trainer.max_epoch (not in the schema; did you mean "
+                            "trainer.max_epochs, trainer.max_steps?)"),
+    ("optim.lr=fast", "optim.lr: Value 'fast' of type 'str' could not be converted to Float"),
+    ("model=resnet_20", "In 'fit': Could not find 'model/resnet_20'; did you mean resnet20, resnet50, resnet32?"),
+])
+def test_a_command_line_hydra_rejects_is_one_line(tmp_path, override, line):
+    run_dir = tmp_path / "run"
+    result = run_module("paddletrain.fit", [override, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert result.returncode == 2
+    assert (result.stdout + result.stderr).strip().splitlines() == [f"[paddletrain][ERROR] - {line}"]
+    assert not run_dir.exists()
+
+
+def test_hydra_full_error_keeps_hydras_own_report(tmp_path):
+    env_result = run_module("paddletrain.fit", ["trainer.max_epoch=3", f"hydra.run.dir={tmp_path / 'run'}"],
+                            cwd=tmp_path, env={"HYDRA_FULL_ERROR": "1"})
+    assert env_result.returncode != 0
+    assert "Traceback" in env_result.stderr and "ConfigCompositionException" in env_result.stderr
 
 
 def test_bad_choice_fails_before_building_anything(tmp_path):
