@@ -117,6 +117,11 @@ RULES = [
     Rule("README.md", r"^python -m paddletrain\.bench", SLOW, "a benchmark: minutes"),
     Rule("README.md", r"max_epochs=5, num_classes", BOTH, "5 epochs of the default job: 2 minutes"),
     Rule("docs/performance.md", r"\$B |^B=", SLOW, "a benchmark: minutes"),
+    Rule("docs/recipes.md", r"^python -m paddletrain\.bench recipes", SLOW,
+         "every run of the measured table: about an hour (finished runs under runs_dir are read, not redone)"),
+    Rule("docs/recipes.md", r"hydra\.run\.dir=/tmp/measure/runs/", SKIP,
+         "one row of the measured table, on the real datasets; the `bench recipes` command above runs every row "
+         "as written (tests/test_bench_recipes.py checks that its commands are these)"),
     Rule("docs/monitoring.md", r"^python -m paddletrain\.fit|visualdl_screenshots", SLOW,
          "two full default runs and a headless browser, as the screenshots were made"),
 ]
@@ -152,7 +157,7 @@ GIVEN = [
                    "class_names = ['circle', 'ring', 'square', 'triangle', 'star', 'cross']\n"),
 ]
 # Paths a Python block names with "..." for the reader's own run: the newest match in the workspace.
-PYTHON_PATHS = {"outputs/.../checkpoints/best": "outputs/*/*/checkpoints/epoch*"}
+PYTHON_PATHS = {"outputs/.../checkpoints/best": "outputs/*/*/checkpoints/epoch*", "outputs/<name>/<time>": "outputs/resnet20-shapes/*"}
 
 
 def given_for(doc: str, text: str) -> str:
@@ -264,11 +269,12 @@ def resolve_placeholders(text: str) -> str:
     def path(match: re.Match) -> str:
         token = match.group(0)
         prefix, _, value = token.rpartition("=") if "=" in token else ("", "", token)
+        value, choice = re.fullmatch(r"(.*?)((?::best|:last)?)", value).groups()  # checkpoint=<run>:best
         pattern = NAMED.get(value) or re.sub(r"<[^<>]+>", lambda m: IN_PATH.get(m.group(0), "*"), value).rstrip("/")
         patterns = [pattern]
         if CHECKPOINT_NAME.search(pattern):
             patterns.append(CHECKPOINT_NAME.sub("epoch*-step*", pattern))
-        return (prefix + "=" if prefix else "") + '"$(newest ' + " ".join(shlex.quote(p) for p in patterns) + ')"'
+        return (prefix + "=" if prefix else "") + '"$(newest ' + " ".join(shlex.quote(p) for p in patterns) + ')"' + choice
 
     return re.sub(r"[^\s'\"]*(?:<[^<>\s]+(?: [^<>\s]+)?>|epoch\d{4}-step\d{7})[^\s'\"]*", path, text)
 
@@ -508,7 +514,8 @@ def test_fit_commands_not_run_here_still_compose():
             if (not command.text.startswith("python -m paddletrain.fit") or rule is None or rule.kind == BOTH
                     or not rule.composes):
                 continue
-            args = get_args_parser().parse_args(shlex.split(re.sub(r"<[^<>]+>", "x", command.text))[3:])
+            text = re.sub(r"<[^<>]+>", "x", command.text).replace("$SEED", "0")  # $SEED: a row's seeds 0, 1, 2
+            args = get_args_parser().parse_args(shlex.split(text)[3:])
             overrides = list(args.overrides)
             if args.config_dir:
                 overrides.append(f"hydra.searchpath=[file://{ROOT / args.config_dir}]")
