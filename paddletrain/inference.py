@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any
 
 import numpy as np
 
@@ -44,7 +45,7 @@ MAX_LABEL_FILE_BYTES = 16 * 2**20
 MKLDNN_SHAPE_CACHE = 10
 
 
-def find_graph_file(model_dir: Union[str, Path]) -> Path:
+def find_graph_file(model_dir: str | Path) -> Path:
     """The graph file of an export directory, whichever format this Paddle version wrote."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
@@ -56,7 +57,7 @@ def find_graph_file(model_dir: Union[str, Path]) -> Path:
                     f"and {PARAMS_FILE}); export one with `python -m paddletrain.export checkpoint=<dir>`")
 
 
-def read_metadata(model_dir: Union[str, Path]) -> Dict[str, Any]:
+def read_metadata(model_dir: str | Path) -> dict[str, Any]:
     """The contents of ``preprocess.json``, or an error naming the file and what is wrong."""
     path = Path(model_dir) / PREPROCESS_FILE
     try:
@@ -70,7 +71,7 @@ def read_metadata(model_dir: Union[str, Path]) -> Dict[str, Any]:
     return meta
 
 
-def read_labels(path: Union[str, Path]) -> List[str]:
+def read_labels(path: str | Path) -> list[str]:
     """Class names from a text file, one a line in output order (trailing blank lines ignored)."""
     path = Path(path)
     try:
@@ -99,7 +100,7 @@ class Preprocessing:
     its checkpoint was validated on. Picklable, so decode workers can carry it.
     """
 
-    def __init__(self, info: Dict[str, Any]) -> None:
+    def __init__(self, info: dict[str, Any]) -> None:
         from paddle.vision import transforms as T
 
         from paddletrain.data.transforms import ResizeIfNeeded, ToNormalizedArray, ToPILImage
@@ -189,18 +190,18 @@ class ExportedModel:
     model_dir: Path
     runtime: Any
 
-    def _read_export(self, model_dir: Path, labels: Union[None, str, Path]) -> None:
+    def _read_export(self, model_dir: Path, labels: None | str | Path) -> None:
         self.model_dir = model_dir
         self.metadata = read_metadata(self.model_dir)
         self.input_size = tuple(int(v) for v in self.metadata["input_size"])
-        self.fixed_batch: Optional[int] = self.metadata.get("batch")
+        self.fixed_batch: int | None = self.metadata.get("batch")
         saved = self.metadata.get("labels")
         if saved is not None and not (isinstance(saved, list) and all(isinstance(name, str) for name in saved)):
             raise UserError(f"{self.model_dir / PREPROCESS_FILE}: labels must be a list of class names")
-        self.labels: Optional[List[str]] = read_labels(labels) if labels is not None else (saved or None)
+        self.labels: list[str] | None = read_labels(labels) if labels is not None else (saved or None)
         self._labels_source = str(labels) if labels is not None else str(self.model_dir / PREPROCESS_FILE)
         has_preprocessing = "resize_mode" in self.metadata
-        self.preprocessing: Optional[Preprocessing] = Preprocessing(self.metadata) if has_preprocessing else None
+        self.preprocessing: Preprocessing | None = Preprocessing(self.metadata) if has_preprocessing else None
 
     def _check_outputs(self) -> None:
         self.num_outputs = self._count_outputs()
@@ -267,10 +268,10 @@ class Predictor(ExportedModel):
     one batch of zeros has shown how many outputs the model has (``num_classes``).
     """
 
-    def __init__(self, model_dir: Union[str, Path], device: str = "auto", cpu_threads: Optional[int] = None,
-                 use_mkldnn: bool = True, precision: Optional[str] = None, tensorrt: bool = False,
+    def __init__(self, model_dir: str | Path, device: str = "auto", cpu_threads: int | None = None,
+                 use_mkldnn: bool = True, precision: str | None = None, tensorrt: bool = False,
                  gpu_id: int = 0, gpu_memory_mb: int = 512, trt_max_batch: int = 64,
-                 labels: Union[None, str, Path] = None) -> None:
+                 labels: None | str | Path = None) -> None:
         from paddle import inference
 
         from paddletrain.runtime import usable_cores
@@ -376,8 +377,8 @@ class OnnxPredictor(ExportedModel):
         labels: a text file of class names replacing the export's.
     """
 
-    def __init__(self, model: Union[str, Path], device: str = "auto", cpu_threads: Optional[int] = None,
-                 precision: Optional[str] = None, labels: Union[None, str, Path] = None) -> None:
+    def __init__(self, model: str | Path, device: str = "auto", cpu_threads: int | None = None,
+                 precision: str | None = None, labels: None | str | Path = None) -> None:
         from paddletrain.runtime import usable_cores
 
         onnxruntime = require_onnxruntime()
@@ -433,7 +434,7 @@ def require_onnxruntime() -> Any:
     return onnxruntime
 
 
-def choose_backend(model: Union[str, Path], backend: str = "auto") -> str:
+def choose_backend(model: str | Path, backend: str = "auto") -> str:
     """``paddle`` or ``onnx`` for ``model`` (an export directory or a ``.onnx`` file).
 
     ``auto``: a ``.onnx`` file runs in onnxruntime; a directory runs its Paddle graph when it has one, else its
@@ -451,9 +452,9 @@ def choose_backend(model: Union[str, Path], backend: str = "auto") -> str:
     return "paddle"
 
 
-def load_predictor(model: Union[str, Path], backend: str = "auto", device: str = "auto",
-                   cpu_threads: Optional[int] = None, precision: Optional[str] = None,
-                   labels: Union[None, str, Path] = None, **paddle_options: Any) -> ExportedModel:
+def load_predictor(model: str | Path, backend: str = "auto", device: str = "auto",
+                   cpu_threads: int | None = None, precision: str | None = None,
+                   labels: None | str | Path = None, **paddle_options: Any) -> ExportedModel:
     """The export ``model`` in the runtime ``backend`` chooses (:func:`choose_backend`): a :class:`Predictor`
     (Paddle Inference; ``paddle_options`` such as ``use_mkldnn``, ``tensorrt`` go to it) or an
     :class:`OnnxPredictor`. Both take the same batches and give the same logits layout."""
@@ -479,6 +480,6 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return exp / exp.sum(axis=-1, keepdims=True)
 
 
-def label_names(labels: Optional[Sequence[str]], indices: Sequence[int]) -> List[str]:
+def label_names(labels: Sequence[str] | None, indices: Sequence[int]) -> list[str]:
     """Display names of class indices; the index itself when the export has no labels."""
     return [labels[i] if labels and i < len(labels) else str(i) for i in indices]

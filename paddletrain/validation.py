@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Any, List
+from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -36,7 +36,7 @@ def _check_nodes(trainer: Any) -> None:
                               f"when trainer.num_nodes={num_nodes}, e.g. trainer.master=10.0.0.1:29500")
 
 
-def unknown_keys(node: Any, schema: type, prefix: str = "") -> List[str]:
+def unknown_keys(node: Any, schema: type, prefix: str = "") -> list[str]:
     """Keys of ``node`` that ``schema`` does not declare.
 
     Hydra's ``+key=value`` force-adds keys even into typed nodes, so this check is the one that catches them.

@@ -1,4 +1,6 @@
 """build_loader: determinism across workers and resume, RNG isolation, eval coverage, bad samples never hang."""
+from __future__ import annotations
+
 import gc
 import logging
 import random
@@ -13,8 +15,14 @@ import pytest
 
 from paddletrain.config import DataConfig
 from paddletrain.data.datasets import BadSampleError, DatasetError
-from paddletrain.data.loaders import (BadSample, SeededDataset, _global_rngs_restored, batch_seeds, build_loader,
-                                      collate_checked)
+from paddletrain.data.loaders import (
+    BadSample,
+    SeededDataset,
+    _global_rngs_restored,
+    batch_seeds,
+    build_loader,
+    collate_checked,
+)
 from paddletrain.data.sampler import SampleKey
 from paddletrain.data.transforms import build_transform
 from paddletrain.errors import ConfigError

@@ -1,4 +1,6 @@
 """ResumableBatchSampler: order as a pure function of (seed, epoch), sharding, padding, skip and resume."""
+from __future__ import annotations
+
 import pytest
 
 from paddletrain.data.sampler import ResumableBatchSampler, SampleKey

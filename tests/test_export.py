@@ -1,4 +1,6 @@
 """Export: a training checkpoint becomes a Paddle Inference model that provably matches it."""
+from __future__ import annotations
+
 import json
 import os
 
@@ -8,12 +10,20 @@ import pytest
 from omegaconf import OmegaConf
 from PIL import Image
 
+from paddletrain.build import train
 from paddletrain.checkpoint import find_latest, load_checkpoint, save_checkpoint
 from paddletrain.data import build_datasets
 from paddletrain.errors import UserError
-from paddletrain.export import (TOLERANCE, ExportConfig, check_parity, compare_logits, export_checkpoint, parse_batch,
-                                reference_logits, run)
-from paddletrain.build import train
+from paddletrain.export import (
+    TOLERANCE,
+    ExportConfig,
+    check_parity,
+    compare_logits,
+    export_checkpoint,
+    parse_batch,
+    reference_logits,
+    run,
+)
 from paddletrain.inference import Predictor, cpu_bf16_support
 from paddletrain.models import create_model
 from tests.conftest import TINY, compose_fit, run_module
@@ -218,7 +228,8 @@ def test_the_bf16_tolerance_admits_bf16_rounding_and_rejects_real_mistakes(check
 
 
 def test_predict_with_a_checkpoint_exports_it_verified_then_predicts(checkpoint, data_cfg, tmp_path):
-    from paddletrain.predict import PredictConfig, run as predict
+    from paddletrain.predict import PredictConfig
+    from paddletrain.predict import run as predict
 
     val = build_datasets(data_cfg).val
     (tmp_path / "images").mkdir()

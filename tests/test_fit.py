@@ -88,8 +88,8 @@ def test_fewer_classes_than_the_dataset_is_an_error(tmp_path):
 def test_train_accepts_a_user_builder_extra_callbacks_and_a_trainer_subclass(tmp_path):
     import paddle
 
-    from paddletrain.callbacks import Callback
     from paddletrain.build import train
+    from paddletrain.callbacks import Callback
     from paddletrain.models import register_model
     from paddletrain.models.registry import list_models
     from paddletrain.trainer import Trainer
@@ -123,8 +123,8 @@ def test_the_last_optimizer_step_trains_with_the_schedules_last_learning_rate(tm
     """The schedule spans exactly the optimizer steps the Trainer takes: no flat tail at min_lr, none cut off."""
     import math
 
-    from paddletrain.callbacks import Callback
     from paddletrain.build import train
+    from paddletrain.callbacks import Callback
     from tests.conftest import compose_fit
 
     class RecordLR(Callback):

@@ -1,4 +1,6 @@
 """Predictor: an exported model in Paddle Inference agrees with the dygraph model, at any batch size."""
+from __future__ import annotations
+
 import json
 
 import numpy as np

@@ -1,4 +1,6 @@
 """predict: inputs from folders, lists and globs; parallel decode; bad files skipped and counted."""
+from __future__ import annotations
+
 import io
 import json
 import shutil
@@ -15,8 +17,14 @@ from paddletrain.errors import UserError
 from paddletrain.export import export_model
 from paddletrain.inference import Predictor, softmax
 from paddletrain.models import create_model
-from paddletrain.predict import (PredictConfig, default_num_workers, default_predictor_threads, predict_files,
-                                 resolve_inputs, run)
+from paddletrain.predict import (
+    PredictConfig,
+    default_num_workers,
+    default_predictor_threads,
+    predict_files,
+    resolve_inputs,
+    run,
+)
 from tests.conftest import run_module
 
 LABELS = ["a", "b", "c"]

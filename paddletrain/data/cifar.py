@@ -11,8 +11,9 @@ from __future__ import annotations
 import io
 import pickle
 import tarfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any
 
 import numpy as np
 
@@ -20,13 +21,13 @@ from paddletrain.data.datasets import DatasetError, DatasetSplits, ImageDataset,
 
 
 class _Layout:
-    def __init__(self, archive: str, folder: str, members: Dict[str, Callable[[str], bool]], meta: str,
+    def __init__(self, archive: str, folder: str, members: dict[str, Callable[[str], bool]], meta: str,
                  labels_key: bytes, names_key: bytes, url_attr: str) -> None:  # fmt: skip
         self.archive, self.folder, self.members, self.meta = archive, folder, members, meta
         self.labels_key, self.names_key, self.url_attr = labels_key, names_key, url_attr
 
 
-LAYOUTS: Dict[str, _Layout] = {
+LAYOUTS: dict[str, _Layout] = {
     "cifar10": _Layout(
         "cifar-10-python.tar.gz", "cifar-10-batches-py",
         {"train": lambda n: n.startswith("data_batch"), "val": lambda n: n == "test_batch"},
@@ -61,7 +62,7 @@ def _latin1_encode(text: str, encoding: str) -> bytes:
 
 # The only globals an array pickle needs (numpy 1.x and 2.x spell the modules differently); nothing that can
 # run code, open files or import further modules.
-_ALLOWED_GLOBALS: Dict[Tuple[str, str], Callable[[], Any]] = {
+_ALLOWED_GLOBALS: dict[tuple[str, str], Callable[[], Any]] = {
     ("numpy", "ndarray"): lambda: np.ndarray,
     ("numpy", "dtype"): lambda: np.dtype,
     ("_codecs", "encode"): lambda: _latin1_encode,
@@ -89,7 +90,7 @@ def safe_load(data: bytes, source: str) -> Any:
         raise DatasetError(f"cannot read CIFAR batch {source!r}: {e}") from e
 
 
-def _members(root: Path, layout: _Layout) -> Iterator[Tuple[str, str, bytes]]:
+def _members(root: Path, layout: _Layout) -> Iterator[tuple[str, str, bytes]]:
     """(file name, source for messages, bytes) of each file in the tar.gz or the extracted folder."""
     archive = root / layout.archive if root.is_dir() else root
     if archive.is_file():
@@ -142,7 +143,7 @@ class CifarDataset(ImageDataset):
 
     def __init__(
         self,
-        root: Optional[Union[str, Path]],
+        root: str | Path | None,
         split: str = "train",
         kind: str = "cifar10",
         transform: Transform = None,
@@ -172,8 +173,8 @@ class CifarDataset(ImageDataset):
 
     def _load(self, layout: _Layout) -> None:
         wanted = layout.members[self.split]
-        batches: List[Tuple[str, Dict[bytes, Any]]] = []
-        meta: Optional[Dict[bytes, Any]] = None
+        batches: list[tuple[str, dict[bytes, Any]]] = []
+        meta: dict[bytes, Any] | None = None
         for name, source, data in _members(self.root, layout):
             if wanted(name):
                 batches.append((source, safe_load(data, source)))
@@ -209,7 +210,7 @@ class CifarDataset(ImageDataset):
         return f"{self.sources[batch]}[{index - first}]"
 
 
-def _check_batch(batch: Any, labels_key: bytes, source: str) -> Tuple[np.ndarray, np.ndarray]:
+def _check_batch(batch: Any, labels_key: bytes, source: str) -> tuple[np.ndarray, np.ndarray]:
     if not isinstance(batch, dict) or b"data" not in batch or labels_key not in batch:
         raise DatasetError(f"CIFAR batch {source!r} is not a dict with b'data' and {labels_key!r}")
     data, labels = batch[b"data"], np.asarray(batch[labels_key], dtype=np.int64)

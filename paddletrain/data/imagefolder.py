@@ -31,8 +31,15 @@ from typing import Any
 
 from PIL import Image
 
-from paddletrain.data.datasets import (BadSampleError, DatasetError, DatasetSplits, ImageDataset, Transform,
-                                       register_dataset, require_root)
+from paddletrain.data.datasets import (
+    BadSampleError,
+    DatasetError,
+    DatasetSplits,
+    ImageDataset,
+    Transform,
+    register_dataset,
+    require_root,
+)
 from paddletrain.data.images import IMG_EXTENSIONS, ImageReadError, file_kind, is_image_file, open_image
 
 __all__ = ["IMG_EXTENSIONS", "ImageFolderDataset", "ScanReport", "build_imagefolder", "is_image_file",

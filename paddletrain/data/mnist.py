@@ -12,7 +12,7 @@ import gzip
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any
 
 import numpy as np
 
@@ -22,10 +22,10 @@ FASHION_MNIST_CLASSES = [
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
 ]  # fmt: skip
 MNIST_CLASSES = [str(digit) for digit in range(10)]
-CLASSES: Dict[str, List[str]] = {"mnist": MNIST_CLASSES, "fashion_mnist": FASHION_MNIST_CLASSES}
+CLASSES: dict[str, list[str]] = {"mnist": MNIST_CLASSES, "fashion_mnist": FASHION_MNIST_CLASSES}
 
 # split -> (images file, labels file); "val" is the official test set.
-FILES: Dict[str, Tuple[str, str]] = {
+FILES: dict[str, tuple[str, str]] = {
     "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
     "val": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
 }
@@ -46,7 +46,7 @@ def paddle_cache_dir(kind: str) -> Path:
     return Path(DATA_HOME) / _paddle_dataset_class(kind).NAME
 
 
-def default_search_dirs(kind: str) -> List[Path]:
+def default_search_dirs(kind: str) -> list[Path]:
     """Directories tried when ``data.root`` is not set."""
     dirs = [paddle_cache_dir(kind)]
     if kind == "fashion_mnist":
@@ -54,7 +54,7 @@ def default_search_dirs(kind: str) -> List[Path]:
     return dirs
 
 
-def read_idx(path: Union[str, Path], magic: int) -> np.ndarray:
+def read_idx(path: str | Path, magic: int) -> np.ndarray:
     """An IDX array of unsigned bytes (``.gz`` or raw), checked against ``magic`` and its declared size."""
     path = str(path)
     opener = gzip.open if path.endswith(".gz") else open
@@ -79,7 +79,7 @@ def read_idx(path: Union[str, Path], magic: int) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(shape)
 
 
-def _find(directory: Path, name: str) -> Optional[Path]:
+def _find(directory: Path, name: str) -> Path | None:
     """The ``.gz`` file, or its uncompressed twin."""
     for candidate in (directory / name, directory / name[: -len(".gz")]):
         if candidate.is_file():
@@ -113,7 +113,7 @@ class IDXDataset(ImageDataset):
 
     def __init__(
         self,
-        root: Optional[Union[str, Path]],
+        root: str | Path | None,
         split: str = "train",
         kind: str = "fashion_mnist",
         transform: Transform = None,
@@ -145,7 +145,7 @@ class IDXDataset(ImageDataset):
         self.images = images[..., None]  # HWC with C=1
         self.targets = labels.astype(np.int64)
 
-    def _locate(self, root: Optional[Union[str, Path]], download: bool) -> Path:
+    def _locate(self, root: str | Path | None, download: bool) -> Path:
         dirs = [Path(root).expanduser()] if root else default_search_dirs(self.kind)
         names = FILES[self.split]
         for directory in dirs:

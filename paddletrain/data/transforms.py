@@ -10,11 +10,12 @@ Random transforms draw from python ``random`` and ``numpy.random`` (as paddle.vi
 from __future__ import annotations
 
 import inspect
-from typing import Any, List, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
-from PIL import Image
 from paddle.vision import transforms as T
+from PIL import Image
 
 from paddletrain.config import INTERPOLATIONS, TRANSFORMS
 from paddletrain.data.augment import RandAugment
@@ -85,7 +86,7 @@ def _check_choice(key: str, value: str, valid: Sequence[str]) -> str:
     return value
 
 
-def _channel_stats(key: str, values: Sequence[float], in_chans: int) -> List[float]:
+def _channel_stats(key: str, values: Sequence[float], in_chans: int) -> list[float]:
     """Match mean/std to the channel count: average 3 values for 1 channel, repeat 1 value for many."""
     values = [float(v) for v in values]
     if len(values) == in_chans:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import logging
 import warnings
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import paddle
@@ -169,7 +170,7 @@ def _record_weights_cfg(model: paddle.nn.Layer, info: WeightsInfo, report: LoadR
     model.pretrained_cfg = updated
 
 
-def save_pretrained(model: paddle.nn.Layer, path: str, label_names: Optional[Sequence[str]] = None) -> None:
+def save_pretrained(model: paddle.nn.Layer, path: str, label_names: Sequence[str] | None = None) -> None:
     """Write ``model``'s weights to a ``.safetensors`` file that carries its preprocessing and label names.
 
     :func:`load_pretrained` reads them back into ``pretrained_cfg``, and ``fit`` uses the preprocessing for

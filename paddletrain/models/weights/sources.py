@@ -26,9 +26,10 @@ import json
 import logging
 import os
 import pkgutil
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import numpy as np
 
@@ -94,12 +95,12 @@ class WeightsInfo:
 
     source: str
     kind: str
-    path: Optional[Path] = None
-    url: Optional[str] = None
-    md5: Optional[str] = None
+    path: Path | None = None
+    url: str | None = None
+    md5: str | None = None
     preprocessing: dict[str, Any] = field(default_factory=dict)
-    label_names: Optional[list[str]] = None
-    architecture: Optional[str] = None
+    label_names: list[str] | None = None
+    architecture: str | None = None
     model_options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -128,7 +129,7 @@ def _offline() -> bool:
     return os.environ.get("PADDLETRAIN_OFFLINE", "").lower() in ("1", "true", "yes")
 
 
-def imagenet_label_names() -> Optional[list[str]]:
+def imagenet_label_names() -> list[str] | None:
     """The 1000 ImageNet class names from the installed ``paddleclas`` package, or None without it."""
     spec = importlib.util.find_spec("paddleclas")  # finds the package without importing it (opencv, sklearn)
     if spec is None or not spec.submodule_search_locations:
@@ -190,11 +191,11 @@ def _describe_vision(source: str, arch: str) -> WeightsInfo:
                        label_names=imagenet_label_names(), architecture=arch)
 
 
-def _vision_model_urls() -> dict[str, tuple[str, Optional[str]]]:
+def _vision_model_urls() -> dict[str, tuple[str, str | None]]:
     """``{name: (url, md5)}`` from every ``paddle.vision.models`` module's ``model_urls``."""
     import paddle.vision.models as package
 
-    found: dict[str, tuple[str, Optional[str]]] = {}
+    found: dict[str, tuple[str, str | None]] = {}
     for module_info in pkgutil.iter_modules(package.__path__):
         module = importlib.import_module(f"{package.__name__}.{module_info.name}")
         for name, entry in getattr(module, "model_urls", {}).items():
@@ -397,7 +398,7 @@ def _read_hub(info: WeightsInfo, trust_pickle: bool) -> dict[str, np.ndarray]:
     return read_state_dict(str(files[0]), trust_pickle=trust_pickle)
 
 
-def _why_not_paddlehub() -> Optional[str]:
+def _why_not_paddlehub() -> str | None:
     """None when paddlehub can load modules here, else why the module directory is read directly."""
     if _offline():
         return "PADDLETRAIN_OFFLINE is set, so paddlehub, which may contact its server, is not used"
