@@ -403,7 +403,8 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path, format: s
     for the class names, the channel count and the validation images of the parity check (``data_root`` points
     at it if it moved). The modules the checkpoint's config names in ``imports`` are imported, plus ``imports``.
     ``format="onnx"`` also writes ``model.onnx`` (verified in onnxruntime when ``check``, ``result.onnx_parity``).
-    The parity result is in ``result.parity``; this function does not raise when parity fails, the CLI turns that into exit status 3.
+    The parity result is in ``result.parity``; this function does not raise when parity fails, the CLI turns that
+    into exit status 3.
     """
     from paddletrain.runtime import set_cpu_threads
 

@@ -207,7 +207,7 @@ def topk_lines(paths: Sequence[str], logits: np.ndarray, labels: list[str] | Non
     probs = softmax(logits)
     k = min(k, probs.shape[1])
     top = np.argsort(-probs, axis=1, kind="stable")[:, :k]
-    for path, ids, row in zip(paths, top, probs):
+    for path, ids, row in zip(paths, top, probs, strict=True):
         yield json.dumps({"path": path, "labels": label_names(labels, ids.tolist()),
                           "scores": [round(float(row[i]), 6) for i in ids], "class_ids": ids.tolist()})
 

@@ -18,12 +18,16 @@ import paddle
 
 from paddletrain import distributed
 from paddletrain.callbacks.base import Callback, StepOutput
-from paddletrain.checkpoint.untrusted import StateValueError
+from paddletrain.checkpoint import Checkpoint, load_checkpoint, rng_state, set_rng_state
+from paddletrain.checkpoint.rng import check_rng_state
+from paddletrain.checkpoint.storage import STATE
+from paddletrain.checkpoint.untrusted import StateValueError, checked_mapping, required
 from paddletrain.errors import NonFiniteLossError, TrainingInterrupted, UserError
 from paddletrain.losses import cross_entropy
 from paddletrain.metrics import ClassificationMeter, Throughput
 from paddletrain.precision import Precision
 from paddletrain.processes import stop_request
+from paddletrain.runtime import seed_everything
 from paddletrain.state_checks import (
     check_optimizer_state,
     check_scheduler_state,
@@ -440,8 +444,6 @@ class Trainer:
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly: weights, optimizer, scheduler, precision, callbacks, progress."""
-        from paddletrain.checkpoint import rng_state
-
         state: dict[str, Any] = {
             "model": self.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -485,10 +487,6 @@ class Trainer:
         The model, optimizer, scheduler, progress counters, metrics and this rank's RNG state are checked
         before anything changes; a value that does not fit raises :class:`StateValueError` naming its key.
         """
-        from paddletrain.checkpoint import set_rng_state
-        from paddletrain.checkpoint.rng import check_rng_state
-        from paddletrain.checkpoint.untrusted import checked_mapping, required
-
         checked_mapping(state, "(the whole state)")
         check_state_matches(self.module, required(state, "model", "model"))
         check_optimizer_state(self.optimizer, self.module, required(state, "optimizer", "optimizer"))
@@ -519,6 +517,10 @@ class Trainer:
         if self._restored_meter is not None:
             with _restoring("train_meter"):  # loaded when the epoch continues: check it now
                 ClassificationMeter(self.num_classes).load_state_dict(self._restored_meter)
+        self._load_loop_state(state, saved_rngs)
+
+    def _load_loop_state(self, state: dict[str, Any], saved_rngs: list) -> None:
+        """The rest of :meth:`load_state_dict`: callbacks, the sampler's position, Mixup draws and RNG streams."""
         saved_callbacks = checked_mapping(state.get("callbacks", {}), "callbacks")
         for cb in self.callbacks:
             if cb.state_key in saved_callbacks:
@@ -540,8 +542,6 @@ class Trainer:
         if len(saved_rngs) == self.world_size:
             set_rng_state(saved_rngs[self.rank], f"rng[{self.rank}]")
         else:
-            from paddletrain.runtime import seed_everything
-
             # Another world size: there is no saved stream for this rank, so derive a deterministic one.
             seed_everything(hash((len(saved_rngs), self.rank, self.global_step)) % (2**31))
             log.warning("The checkpoint holds RNG states for %d rank(s), this run has %d: random streams are "
@@ -552,9 +552,6 @@ class Trainer:
 
         A value that does not fit is reported in one line naming the checkpoint's ``state.json`` and the key.
         """
-        from paddletrain.checkpoint import Checkpoint, load_checkpoint
-        from paddletrain.checkpoint.storage import STATE
-
         if not isinstance(checkpoint, Checkpoint):
             checkpoint = load_checkpoint(checkpoint)
         try:

@@ -21,7 +21,7 @@ def _idx_bytes(array: np.ndarray, magic: int) -> bytes:
 
 def write_idx_split(directory: Path, split: str, images: np.ndarray, labels: np.ndarray, gz: bool = True) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    for name, payload in zip(FILES[split], (_idx_bytes(images, 2051), _idx_bytes(labels, 2049))):
+    for name, payload in zip(FILES[split], (_idx_bytes(images, 2051), _idx_bytes(labels, 2049)), strict=True):
         if gz:
             with gzip.open(directory / name, "wb") as f:
                 f.write(payload)

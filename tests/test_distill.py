@@ -228,7 +228,7 @@ def test_resuming_a_distillation_run_is_exact(tmp_path):
         resumed = make_trainer(teacher, max_steps=None, max_epochs=2)
         resumed.fit(resumable_loader(), ckpt_path=directory)
     assert resumed.global_step == 12
-    for a, b in zip(straight.module.parameters(), resumed.module.parameters()):
+    for a, b in zip(straight.module.parameters(), resumed.module.parameters(), strict=True):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 

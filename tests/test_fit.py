@@ -1,6 +1,7 @@
 """The `fit` and `evaluate` command lines end to end, in subprocesses, on a tiny config."""
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -147,6 +148,6 @@ def test_the_last_optimizer_step_trains_with_the_schedules_last_learning_rate(tm
     assert len(record.lrs) == expected_steps
     # Cosine from 0.1 to 0 over exactly those steps: strictly falling, the last one at step T - 1 of T.
     assert record.lrs[0] == pytest.approx(0.1)
-    assert all(b < a for a, b in zip(record.lrs, record.lrs[1:])), record.lrs
+    assert all(b < a for a, b in itertools.pairwise(record.lrs)), record.lrs
     last = 0.1 * 0.5 * (1 + math.cos(math.pi * (expected_steps - 1) / expected_steps))
     assert record.lrs[-1] == pytest.approx(last, rel=1e-6)

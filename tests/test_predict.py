@@ -130,7 +130,7 @@ def test_predict_runs_an_onnx_export_with_the_same_pipeline_and_output(predictor
                                 for name in ("paddle", "onnx"))
     assert [line["path"] for line in onnx_lines] == [line["path"] for line in paddle_lines] == paths
     clear = 0
-    for ours, theirs in zip(onnx_lines, paddle_lines):
+    for ours, theirs in zip(onnx_lines, paddle_lines, strict=True):
         assert set(ours) == set(theirs) and ours["labels"][0] in LABELS
         assert ours["scores"] == pytest.approx(theirs["scores"], abs=1e-4)
         if theirs["scores"][0] - theirs["scores"][1] > 1e-3:  # not a near tie: the order cannot depend on rounding

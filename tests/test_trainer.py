@@ -49,12 +49,13 @@ def test_loss_decreases_and_accuracy_rises():
 
 def test_accumulation_equals_larger_batch():
     small = make_batches(8, 4, seed=1)
-    large = [(paddle.concat([a[0], b[0]]), paddle.concat([a[1], b[1]])) for a, b in zip(small[::2], small[1::2])]
+    pairs = zip(small[::2], small[1::2], strict=True)
+    large = [(paddle.concat([a[0], b[0]]), paddle.concat([a[1], b[1]])) for a, b in pairs]
     m1, m2 = linear_model(3), linear_model(3)
     Trainer(m1, sgd(m1), max_epochs=2, accumulate_grad_batches=2).fit(small)
     t2 = Trainer(m2, sgd(m2), max_epochs=2)
     t2.fit(large)
-    for a, b in zip(params(m1), params(m2)):
+    for a, b in zip(params(m1), params(m2), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     assert t2.global_step == 8
 
@@ -73,7 +74,7 @@ def test_gradient_clipping_bounds_the_update():
     # A huge learning rate makes the update equal lr * clipped gradient; its global norm must be lr * clip.
     trainer = Trainer(model, sgd(model, lr=1.0), max_epochs=1, grad_clip_norm=0.01)
     trainer.fit(data)
-    delta = np.sqrt(sum(((a - b) ** 2).sum() for a, b in zip(params(model), before)))
+    delta = np.sqrt(sum(((a - b) ** 2).sum() for a, b in zip(params(model), before, strict=True)))
     assert delta == pytest.approx(0.01, rel=1e-3)
 
 
@@ -161,7 +162,7 @@ def test_nonfinite_loss_skips_step_keeps_weights_and_scheduler():
     trainer.fit(make_batches(3, 8))
     (p0, f0, s0, lr0), (p1, f1, s1, lr1), (_, f2, s2, lr2) = snapshots
     assert (f0, s0, f1, s1, f2, s2) == (True, True, False, False, True, True)
-    for a, b in zip(p0, p1):
+    for a, b in zip(p0, p1, strict=True):
         np.testing.assert_array_equal(a, b)
     assert lr1 == lr0 == 0.05 and lr2 == 0.025  # the skipped step did not advance the schedule
     assert trainer.nonfinite_steps == 1 and trainer.global_step == 2
@@ -341,7 +342,7 @@ def test_a_loader_without_a_length_still_steps_on_its_last_short_group():
     unknown = Trainer(m2, sgd(m2), max_epochs=2, accumulate_grad_batches=2)
     unknown.fit(NoLength())
     assert known.global_step == unknown.global_step == 6
-    for a, b in zip(params(m1), params(m2)):
+    for a, b in zip(params(m1), params(m2), strict=True):
         np.testing.assert_array_equal(a, b)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import paddle
@@ -25,7 +25,7 @@ from paddletrain.registries import DATASETS
 from paddletrain.registry import UnknownNameError
 
 # image -> model input, or None to keep the image as loaded.
-Transform = Optional[Callable[[Any], Any]]
+Transform = Callable[[Any], Any] | None
 
 
 class DatasetError(UserError):
