@@ -16,7 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+
+from paddletrain.devices import DEVICES
+from paddletrain.errors import ConfigError
 
 # Field metadata key holding an :class:`Allowed`.
 ALLOWED = "allowed"
@@ -272,7 +275,7 @@ class DistillConfig:
 class TrainerConfig:
     max_epochs: int = allowed(10, ge=1)
     max_steps: int | None = allowed(None, ge=1)
-    device: str = allowed("auto", choices=("auto", "cpu", "gpu"))
+    device: str = allowed("auto", choices=DEVICES)
     # None: this process's share of the usable cores, less one per data.num_workers (docs/performance.md).
     cpu_threads: int | None = allowed(None, ge=1)
     devices: int = allowed(1, ge=1)
@@ -321,6 +324,19 @@ class FitConfig:
     tags: list[str] = field(default_factory=list)
     # Modules imported before anything is built, so that they register their models, datasets, ... (e.g.
     # imports=[my_package.models]). Installed plugins (the paddletrain.plugins entry points) need no entry.
+    imports: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RuntimeConfig:
+    """The keys ``export`` and ``predict`` share: where the model runs, and what to import before loading it."""
+
+    device: str = allowed("auto", choices=DEVICES)
+    # Threads of the CPU math library; None = every core this process may use (predict: the cores its decode
+    # workers leave free).
+    cpu_threads: int | None = allowed(None, ge=1)
+    # Modules to import first: ones that register models (see FitConfig.imports; export adds those the
+    # checkpoint's config names) or load custom Paddle operators an exported graph uses.
     imports: list[str] = field(default_factory=list)
 
 
@@ -385,8 +401,6 @@ def undeclared_keys(schema: type, prefix: str = "") -> list[str]:
 
 def _read(node: Any, name: str) -> Any:
     """``node.name`` for a DictConfig, dict or dataclass instance; None when unset or missing (``???``)."""
-    from omegaconf import DictConfig, OmegaConf
-
     if isinstance(node, DictConfig):
         return None if name not in node or OmegaConf.is_missing(node, name) else node[name]
     if isinstance(node, dict):
@@ -396,10 +410,6 @@ def _read(node: Any, name: str) -> Any:
 
 
 def _check(rule: Allowed, key: str, value: Any, context: str) -> None:
-    from omegaconf import ListConfig
-
-    from paddletrain.errors import ConfigError
-
     if isinstance(value, (list, tuple, ListConfig)):
         values = list(value)
         bad = [v for v in values if not rule.admits(v)]

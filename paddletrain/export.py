@@ -30,18 +30,19 @@ import hydra
 import numpy as np
 import paddle
 from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from paddletrain.build import checkpoint_config, checkpoint_model
 from paddletrain.checkpoint import load_checkpoint
 from paddletrain.checkpoint.locate import locate_checkpoint
-from paddletrain.config import allowed, check_field, check_values
+from paddletrain.config import RuntimeConfig, allowed, check_field, check_values
 from paddletrain.data import DatasetError, build_datasets, build_transform, preprocessing_info
 from paddletrain.errors import ExitCode, UserError
 from paddletrain.inference import (
-    DEVICES,
     MODEL_PREFIX,
     ONNX_FILE,
+    PARAMS_FILE,
     PRECISIONS,
     PREPROCESS_FILE,
     PREPROCESS_FORMAT_VERSION,
@@ -49,8 +50,10 @@ from paddletrain.inference import (
     Predictor,
     Preprocessing,
     check_precision_runs_on,
+    find_graph_file,
 )
 from paddletrain.registry import prepare
+from paddletrain.runtime import set_cpu_threads
 from paddletrain.validation import validate_config
 
 log = logging.getLogger("paddletrain")
@@ -78,7 +81,7 @@ FLIP_MARGIN = 6.0
 
 
 @dataclass
-class ExportConfig:
+class ExportConfig(RuntimeConfig):
     """Typed schema of `python -m paddletrain.export` (conf/export.yaml)."""
 
     checkpoint: str = MISSING
@@ -92,10 +95,6 @@ class ExportConfig:
     num_check_images: int = allowed(16, ge=1)
     # Where the checkpoint's dataset lives now, if it moved since training (overrides data.root).
     data_root: str | None = None
-    device: str = allowed("auto", choices=DEVICES)
-    cpu_threads: int | None = allowed(None, ge=1)
-    # Modules to import besides the ones the checkpoint's config names (see FitConfig.imports).
-    imports: list[str] = field(default_factory=list)
 
 
 ConfigStore.instance().store(name="export_schema", node=ExportConfig)
@@ -269,7 +268,6 @@ def export_onnx(model_dir: str | Path, opset: int = ONNX_OPSET) -> Path:
     Nothing is installed on the way (see :func:`no_install_options`).
     """
     paddle2onnx = require_paddle2onnx()
-    from paddletrain.inference import PARAMS_FILE, find_graph_file
 
     model_dir = Path(model_dir)
     target = model_dir / ONNX_FILE
@@ -321,7 +319,7 @@ def no_install_options(export: Any) -> dict[str, Any]:
 def require_paddle2onnx() -> Any:
     """The paddle2onnx module, or a UserError naming the extra that installs it."""
     try:
-        import paddle2onnx
+        import paddle2onnx  # optional dependency (the onnx extra)
     except ImportError:
         raise UserError("format=onnx needs paddle2onnx, which is not installed: "
                         "pip install paddletrain[onnx]  (or: pip install paddle2onnx)") from None
@@ -406,8 +404,6 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path, format: s
     The parity result is in ``result.parity``; this function does not raise when parity fails, the CLI turns that
     into exit status 3.
     """
-    from paddletrain.runtime import set_cpu_threads
-
     for key, value in (("format", format), ("num_check_images", num_check_images), ("device", device),
                        ("cpu_threads", cpu_threads)):
         check_field(ExportConfig, key, value)
@@ -478,8 +474,6 @@ def run(cfg: DictConfig, default_out_dir: str | None = None) -> int:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="export")
 def main(cfg: DictConfig) -> None:
-    from hydra.core.hydra_config import HydraConfig
-
     sys.exit(run(cfg, default_out_dir=HydraConfig.get().runtime.output_dir))
 
 

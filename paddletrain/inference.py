@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from paddletrain.class_names import read_names_file
+from paddletrain.devices import DEVICES
 from paddletrain.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -34,12 +36,9 @@ ONNX_FILE = f"{MODEL_PREFIX}.onnx"
 BACKENDS = ("auto", "paddle", "onnx")
 PREPROCESS_FILE = "preprocess.json"
 PREPROCESS_FORMAT_VERSION = 1
-DEVICES = ("auto", "cpu", "gpu")
 # fp16 runs on GPUs; bf16 on CPUs through oneDNN (fast with AVX512-BF16 or AMX, emulated and slow without).
 PRECISIONS = ("fp32", "fp16", "bf16")
 RESIZE_MODES = ("shorter_side", "exact")
-# A label file is a few bytes per class; refuse anything far larger than any real class list before reading it.
-MAX_LABEL_FILE_BYTES = 16 * 2**20
 # oneDNN keeps one compiled kernel set per input shape; a bounded cache stops a varying last batch from
 # growing memory without limit.
 MKLDNN_SHAPE_CACHE = 10
@@ -73,24 +72,7 @@ def read_metadata(model_dir: str | Path) -> dict[str, Any]:
 
 def read_labels(path: str | Path) -> list[str]:
     """Class names from a text file, one a line in output order (trailing blank lines ignored)."""
-    path = Path(path)
-    try:
-        if not path.is_file():
-            raise UserError(f"labels={str(path)!r} is not a file; give a text file with one class name per line")
-        size = path.stat().st_size
-        if size > MAX_LABEL_FILE_BYTES:
-            raise UserError(f"labels={str(path)!r} is {size} bytes, more than the {MAX_LABEL_FILE_BYTES} a list of "
-                            "class names needs; is it the right file?")
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read labels={str(path)!r}: {exc}") from exc
-    while lines and not lines[-1].strip():
-        lines.pop()
-    names = [line.strip() for line in lines]
-    blank = [i + 1 for i, name in enumerate(names) if not name]
-    if blank:
-        raise UserError(f"labels={str(path)!r} has blank line(s) {blank[:5]}; give one class name per line")
-    return names
+    return read_names_file(path, f"labels={str(path)!r}")
 
 
 class Preprocessing:
@@ -101,6 +83,7 @@ class Preprocessing:
     """
 
     def __init__(self, info: dict[str, Any]) -> None:
+        # on use: importing this module must not load Paddle (predict's start-up, its decode workers)
         from paddle.vision import transforms as T
 
         from paddletrain.data.transforms import ResizeIfNeeded, ToNormalizedArray, ToPILImage
@@ -136,7 +119,7 @@ class Preprocessing:
 
 def cpu_bf16_support() -> str:
     """``"fast"`` (the CPU has AVX512-BF16 or AMX), ``"emulated"`` (oneDNN converts, slower than fp32) or ``"none"``."""
-    from paddle.base import core
+    from paddle.base import core  # on use: importing this module must not load Paddle
 
     if core.supports_bfloat16_fast_performance():
         return "fast"
@@ -160,7 +143,7 @@ def check_precision_runs_on(precision: str, device: str, use_mkldnn: bool = True
 
 
 def _resolve_device(device: str) -> str:
-    import paddle
+    import paddle  # on use: importing this module must not load Paddle
 
     if device not in DEVICES:
         raise UserError(f"device={device!r} is not one of {', '.join(DEVICES)}")
@@ -272,6 +255,7 @@ class Predictor(ExportedModel):
                  use_mkldnn: bool = True, precision: str | None = None, tensorrt: bool = False,
                  gpu_id: int = 0, gpu_memory_mb: int = 512, trt_max_batch: int = 64,
                  labels: None | str | Path = None) -> None:
+        # on use: importing this module must not load Paddle (runtime imports it too)
         from paddle import inference
 
         from paddletrain.runtime import usable_cores
@@ -323,7 +307,7 @@ class Predictor(ExportedModel):
 
     def _configure_gpu(self, config: Any, precision: str, tensorrt: bool, gpu_id: int, memory_mb: int,
                        trt_max_batch: int) -> None:
-        from paddle import inference
+        from paddle import inference  # on use: importing this module must not load Paddle
 
         half = precision == "fp16"
         paddle_precision = inference.PrecisionType.Half if half else inference.PrecisionType.Float32
@@ -379,7 +363,7 @@ class OnnxPredictor(ExportedModel):
 
     def __init__(self, model: str | Path, device: str = "auto", cpu_threads: int | None = None,
                  precision: str | None = None, labels: None | str | Path = None) -> None:
-        from paddletrain.runtime import usable_cores
+        from paddletrain.runtime import usable_cores  # on use: runtime imports Paddle, this module must not
 
         onnxruntime = require_onnxruntime()
         path = Path(model)
@@ -427,7 +411,7 @@ class OnnxPredictor(ExportedModel):
 def require_onnxruntime() -> Any:
     """The onnxruntime module, or a UserError naming the extra that installs it."""
     try:
-        import onnxruntime
+        import onnxruntime  # optional dependency (the onnx extra)
     except ImportError:
         raise UserError("running an ONNX model needs onnxruntime, which is not installed: "
                         "pip install paddletrain[onnx]  (or: pip install onnxruntime)") from None

@@ -36,12 +36,14 @@ from typing import IO
 import hydra
 import numpy as np
 from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, DictConfig, OmegaConf
+from tqdm import tqdm
 
-from paddletrain.config import allowed, check_field, check_values
+from paddletrain.config import RuntimeConfig, allowed, check_field, check_values
 from paddletrain.decoding import decoded_batches
 from paddletrain.errors import ExitCode, UserError
-from paddletrain.inference import BACKENDS, DEVICES, PRECISIONS, ExportedModel, label_names, load_predictor, softmax
+from paddletrain.inference import BACKENDS, PRECISIONS, ExportedModel, label_names, load_predictor, softmax
 from paddletrain.registry import prepare
 
 log = logging.getLogger("paddletrain")
@@ -54,7 +56,7 @@ LIST_SUFFIXES = ("", ".txt", ".lst", ".list")
 
 
 @dataclass
-class PredictConfig:
+class PredictConfig(RuntimeConfig):
     """Typed schema of `python -m paddletrain.predict` (conf/predict.yaml)."""
 
     # An export directory or a .onnx file (or give `checkpoint` instead).
@@ -72,9 +74,6 @@ class PredictConfig:
     # JSON-lines file; None = stdout. Never one of the inputs, nor an image file inside the input folder.
     output: str | None = None
     topk: int = allowed(5, ge=1)
-    device: str = allowed("auto", choices=DEVICES)
-    # Predictor threads; None = the cores the decode workers leave free.
-    cpu_threads: int | None = allowed(None, ge=1)
     use_mkldnn: bool = True
     # None = what the export recorded.
     precision: str | None = allowed(None, choices=PRECISIONS)
@@ -82,8 +81,6 @@ class PredictConfig:
     progress_bar: bool = True
     # A text file with one class name per line (output order); None = the labels the export recorded.
     labels: str | None = None
-    # Modules to import first (e.g. ones that load custom Paddle operators the exported graph uses).
-    imports: list[str] = field(default_factory=list)
 
 
 ConfigStore.instance().store(name="predict_schema", node=PredictConfig)
@@ -118,7 +115,10 @@ class PredictSummary:
 
 def resolve_inputs(spec: str) -> list[str]:
     """The image paths ``spec`` names: a folder (recursive, image extensions), a list file, a glob or one image."""
-    from paddletrain.data.imagefolder import IMG_EXTENSIONS, is_image_file
+    from paddletrain.data.imagefolder import (  # on use: importing predict must not load Paddle
+        IMG_EXTENSIONS,
+        is_image_file,
+    )
 
     path = Path(spec)
     if path.is_file():
@@ -156,7 +156,7 @@ def _read_list(path: Path) -> list[str]:
 def check_output_location(output: str, input_spec: str) -> None:
     """Refuse an ``output`` that is the ``input`` list file, or an image file inside the ``input`` folder (it
     would be read as an input by the next run over that folder)."""
-    from paddletrain.data.imagefolder import is_image_file
+    from paddletrain.data.imagefolder import is_image_file  # on use: importing predict must not load Paddle
 
     out, spec = Path(output), Path(input_spec)
     if spec.is_file() and out.exists() and os.path.samefile(out, spec):
@@ -190,14 +190,14 @@ def check_output_file(output: str | Path, inputs: Sequence[str], protected: Sequ
 
 def default_num_workers() -> int:
     """Half the usable cores decode (at least one); the predictor's threads get the rest."""
-    from paddletrain.runtime import usable_cores
+    from paddletrain.runtime import usable_cores  # on use: importing predict must not load Paddle
 
     return max(1, usable_cores() // 2)
 
 
 def default_predictor_threads(num_workers: int) -> int:
     """The cores the decode workers leave free (at least one)."""
-    from paddletrain.runtime import usable_cores
+    from paddletrain.runtime import usable_cores  # on use: importing predict must not load Paddle
 
     return max(1, usable_cores() - num_workers)
 
@@ -227,8 +227,6 @@ def predict_files(predictor: ExportedModel, paths: Sequence[str], batch_size: in
         output: a file path or an open text stream; None = stdout.
         progress: show a tqdm progress bar (on stderr).
     """
-    from tqdm import tqdm
-
     if predictor.preprocessing is None:
         raise UserError(f"{predictor.model_dir} has no preprocessing in preprocess.json, so images cannot be "
                         "decoded for it; export it with paddletrain.export (or export_model(preprocessing=...))")
@@ -272,7 +270,11 @@ def predict_files(predictor: ExportedModel, paths: Sequence[str], batch_size: in
 
 def _model_source(cfg: DictConfig) -> str:
     """``model_dir`` or ``checkpoint``: exactly one of them, and an export is not a checkpoint nor the reverse."""
-    from paddletrain.checkpoint.locate import CHECKPOINTS_DIR, is_checkpoint_dir, split_choice
+    from paddletrain.checkpoint.locate import (  # on use: importing predict must not load Paddle
+        CHECKPOINTS_DIR,
+        is_checkpoint_dir,
+        split_choice,
+    )
 
     if (cfg.model_dir is None) == (cfg.checkpoint is None):
         raise UserError("give model_dir=<export dir or .onnx file> or checkpoint=<checkpoint or run dir[:best|:last]>"
@@ -289,7 +291,7 @@ def _model_source(cfg: DictConfig) -> str:
 
 def _export_for_prediction(cfg: DictConfig, out_dir: Path) -> Path | None:
     """Export ``cfg.checkpoint`` into ``out_dir`` with the parity check; None when the check fails."""
-    from paddletrain.export import export_checkpoint
+    from paddletrain.export import export_checkpoint  # on use: importing predict must not load Paddle
 
     fmt = "onnx" if cfg.backend == "onnx" else "paddle"
     result = export_checkpoint(cfg.checkpoint, out_dir, format=fmt, cpu_threads=cfg.cpu_threads,
@@ -346,8 +348,6 @@ def run(cfg: DictConfig, default_out_dir: str | None = None) -> int:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="predict")
 def main(cfg: DictConfig) -> None:
-    from hydra.core.hydra_config import HydraConfig
-
     sys.exit(run(cfg, default_out_dir=HydraConfig.get().runtime.output_dir))
 
 

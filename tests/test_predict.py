@@ -6,13 +6,10 @@ import json
 import shutil
 
 import numpy as np
-import paddle
 import pytest
 from omegaconf import OmegaConf
 from PIL import Image
 
-from paddletrain.config import DataConfig
-from paddletrain.data import preprocessing_info
 from paddletrain.errors import UserError
 from paddletrain.export import export_model
 from paddletrain.inference import Predictor, softmax
@@ -25,19 +22,9 @@ from paddletrain.predict import (
     resolve_inputs,
     run,
 )
-from tests.conftest import run_module
+from tests.conftest import EXPORT_LABELS, EXPORT_SIZE, run_module
 
-LABELS = ["a", "b", "c"]
-SIZE = 16
-
-
-@pytest.fixture(scope="module")
-def export_dir(tmp_path_factory):
-    paddle.seed(0)
-    model = create_model("resnet20", num_classes=len(LABELS))
-    info = preprocessing_info(OmegaConf.structured(DataConfig(image_size=SIZE)))
-    return export_model(model, tmp_path_factory.mktemp("export"), input_size=(3, SIZE, SIZE), preprocessing=info,
-                        labels=LABELS)
+LABELS, SIZE = EXPORT_LABELS, EXPORT_SIZE
 
 
 @pytest.fixture(scope="module")

@@ -8,16 +8,20 @@ fails with an error instead of running code. An already extracted ``cifar-10-bat
 """
 from __future__ import annotations
 
+import importlib
 import io
 import pickle
+import shutil
 import tarfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from paddle.dataset import common as paddle_dataset  # module, not names: tests replace its download()
+from paddle.vision.datasets import cifar as paddle_cifar
 
-from paddletrain.data.datasets import DatasetError, DatasetSplits, ImageDataset, Transform, register_dataset
+from paddletrain.data.datasets import DatasetError, ImageDataset, Transform, register_dataset, split_builder
 
 
 class _Layout:
@@ -43,8 +47,6 @@ LAYOUTS: dict[str, _Layout] = {
 
 def _numpy_global(module: str, name: str) -> Callable[[], Any]:
     def resolve() -> Any:
-        import importlib
-
         try:
             return getattr(importlib.import_module(module.replace("numpy.core", "numpy._core")), name)
         except ImportError:  # pragma: no cover - numpy 1.x has only numpy.core
@@ -111,14 +113,9 @@ def _members(root: Path, layout: _Layout) -> Iterator[tuple[str, str, bytes]]:
 
 
 def _download(kind: str, target: Path) -> None:
-    import shutil
-
-    from paddle.dataset.common import download
-    from paddle.vision.datasets import cifar as paddle_cifar
-
     layout = LAYOUTS[kind]
     url, md5 = getattr(paddle_cifar, f"{layout.url_attr}_URL"), getattr(paddle_cifar, f"{layout.url_attr}_MD5")
-    fetched = Path(download(url, "cifar", md5))
+    fetched = Path(paddle_dataset.download(url, "cifar", md5))
     target.mkdir(parents=True, exist_ok=True)
     if fetched.resolve() != (target / layout.archive).resolve():
         shutil.copyfile(fetched, target / layout.archive)
@@ -126,9 +123,7 @@ def _download(kind: str, target: Path) -> None:
 
 def paddle_cache_dir() -> Path:
     """Where Paddle's downloader stores the CIFAR archives (``~/.cache/paddle/dataset/cifar``)."""
-    from paddle.dataset.common import DATA_HOME
-
-    return Path(DATA_HOME) / "cifar"
+    return Path(paddle_dataset.DATA_HOME) / "cifar"
 
 
 class CifarDataset(ImageDataset):
@@ -225,20 +220,8 @@ def _shape(value: Any) -> str:
     return f"{value.dtype} {value.shape}" if isinstance(value, np.ndarray) else type(value).__name__
 
 
-def _build(kind: str, cfg: Any, train_transform: Transform, eval_transform: Transform) -> DatasetSplits:
-    # data.root None: Paddle's download cache
-    options = dict(kind=kind, download=cfg.download)
-    return DatasetSplits.of(CifarDataset(cfg.root, "train", transform=train_transform, **options),
-                            CifarDataset(cfg.root, "val", transform=eval_transform, **options))
-
-
-@register_dataset("cifar10")
-def build_cifar10(cfg: Any, train_transform: Transform, eval_transform: Transform) -> DatasetSplits:
-    """``data.name=cifar10``: the python archive in ``data.root`` (or Paddle's cache; ``data.download``)."""
-    return _build("cifar10", cfg, train_transform, eval_transform)
-
-
-@register_dataset("cifar100")
-def build_cifar100(cfg: Any, train_transform: Transform, eval_transform: Transform) -> DatasetSplits:
-    """``data.name=cifar100``: fine labels, otherwise as ``cifar10``."""
-    return _build("cifar100", cfg, train_transform, eval_transform)
+build_cifar10 = register_dataset("cifar10")(split_builder(
+    CifarDataset, "cifar10", "``data.name=cifar10``: the python archive in ``data.root`` (or Paddle's cache; "
+    "``data.download``)."))
+build_cifar100 = register_dataset("cifar100")(split_builder(
+    CifarDataset, "cifar100", "``data.name=cifar100``: fine labels, otherwise as ``cifar10``."))

@@ -12,11 +12,12 @@ import gzip
 import os
 import shutil
 from pathlib import Path
-from typing import Any
 
 import numpy as np
+from paddle.dataset import common as paddle_dataset  # module, not names: tests replace its download()
+from paddle.vision.datasets import MNIST, FashionMNIST
 
-from paddletrain.data.datasets import DatasetError, DatasetSplits, ImageDataset, Transform, register_dataset
+from paddletrain.data.datasets import DatasetError, ImageDataset, Transform, register_dataset, split_builder
 
 FASHION_MNIST_CLASSES = [
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
@@ -34,16 +35,12 @@ _IMAGES_MAGIC, _LABELS_MAGIC = 2051, 2049
 
 
 def _paddle_dataset_class(kind: str):
-    from paddle.vision.datasets import MNIST, FashionMNIST
-
     return FashionMNIST if kind == "fashion_mnist" else MNIST
 
 
 def paddle_cache_dir(kind: str) -> Path:
     """Where Paddle's downloader stores this dataset (``~/.cache/paddle/dataset/<name>``)."""
-    from paddle.dataset.common import DATA_HOME
-
-    return Path(DATA_HOME) / _paddle_dataset_class(kind).NAME
+    return Path(paddle_dataset.DATA_HOME) / _paddle_dataset_class(kind).NAME
 
 
 def default_search_dirs(kind: str) -> list[Path]:
@@ -89,14 +86,12 @@ def _find(directory: Path, name: str) -> Path | None:
 
 def _download(kind: str, split: str, target: Path) -> None:
     """Fetch the split's two files with Paddle's downloader (md5-checked) and copy them into ``target``."""
-    from paddle.dataset.common import download
-
     cls = _paddle_dataset_class(kind)
     prefix = "TRAIN" if split == "train" else "TEST"
     target.mkdir(parents=True, exist_ok=True)
     for part in ("IMAGE", "LABEL"):
         url, md5 = getattr(cls, f"{prefix}_{part}_URL"), getattr(cls, f"{prefix}_{part}_MD5")
-        fetched = Path(download(url, cls.NAME, md5))
+        fetched = Path(paddle_dataset.download(url, cls.NAME, md5))
         name = FILES[split][0 if part == "IMAGE" else 1]
         if fetched.resolve() != (target / name).resolve():
             shutil.copyfile(fetched, target / name)
@@ -168,20 +163,10 @@ class IDXDataset(ImageDataset):
         return f"{os.fspath(self.images_path)}[{index}]"
 
 
-def _build(kind: str, cfg: Any, train_transform: Transform, eval_transform: Transform) -> DatasetSplits:
-    # data.root None: Paddle's download cache, or Debian's fashion-mnist package
-    options = dict(kind=kind, download=cfg.download)
-    return DatasetSplits.of(IDXDataset(cfg.root, "train", transform=train_transform, **options),
-                            IDXDataset(cfg.root, "val", transform=eval_transform, **options))
-
-
-@register_dataset("mnist")
-def build_mnist(cfg: Any, train_transform: Transform, eval_transform: Transform) -> DatasetSplits:
-    """``data.name=mnist``: the IDX files in ``data.root`` (or Paddle's cache; ``data.download`` fetches them)."""
-    return _build("mnist", cfg, train_transform, eval_transform)
-
-
-@register_dataset("fashion_mnist")
-def build_fashion_mnist(cfg: Any, train_transform: Transform, eval_transform: Transform) -> DatasetSplits:
-    """``data.name=fashion_mnist``: as ``mnist``, also found where Debian's dataset package installs it."""
-    return _build("fashion_mnist", cfg, train_transform, eval_transform)
+# data.root None: Paddle's download cache, or Debian's fashion-mnist package (IDXDataset looks in both).
+build_mnist = register_dataset("mnist")(split_builder(
+    IDXDataset, "mnist", "``data.name=mnist``: the IDX files in ``data.root`` (or Paddle's cache; ``data.download`` "
+    "fetches them)."))
+build_fashion_mnist = register_dataset("fashion_mnist")(split_builder(
+    IDXDataset, "fashion_mnist", "``data.name=fashion_mnist``: as ``mnist``, also found where Debian's dataset "
+    "package installs it."))
