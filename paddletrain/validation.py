@@ -13,6 +13,9 @@ from omegaconf import OmegaConf
 import paddletrain.builtins  # noqa: F401  (registers the built-in names the config may use)
 from paddletrain.callbacks.instantiate import check_callback_entries
 from paddletrain.config import EvaluateConfig, FitConfig, check_values
+from paddletrain.data.mixup import Mixup
+from paddletrain.data.transforms import build_augmentations
+from paddletrain.distill import resolve_alpha
 from paddletrain.errors import ConfigError
 from paddletrain.registries import DATASETS, LOSSES, MODELS, OPTIMIZERS, SCHEDULERS
 from paddletrain.registry import prepare
@@ -105,10 +108,6 @@ def _renamed(error: ConfigError, owner: str, key: str) -> ConfigError:
 def check_training_parts(cfg: Any) -> None:
     """``data.augment`` entries build, ``data.mixup`` options agree and ``trainer.distill`` is complete: the same
     constructors the run uses check them (each is cheap), so a rule has one home."""
-    from paddletrain.data.mixup import Mixup
-    from paddletrain.data.transforms import build_augmentations
-    from paddletrain.distill import resolve_alpha
-
     build_augmentations(cfg.data.get("augment") or [])
     if cfg.data.get("mixup") is not None:
         try:

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from paddle.io import DistributedBatchSampler
 
+from paddletrain.checkpoint.untrusted import StateValueError, checked_int, checked_mapping, required, show
 from paddletrain.errors import UserError
 
 
@@ -140,8 +141,6 @@ class ResumableBatchSampler(DistributedBatchSampler):
             ValueError: resuming mid-epoch with a different batch size, world size, dataset length or number
                 of repeats, where the saved position would point into a different order.
         """
-        from paddletrain.checkpoint.untrusted import StateValueError, checked_int, checked_mapping, required, show
-
         checked_mapping(state, "(sampler state)")
         position = checked_int(state.get("position", 0), "position")
         seed = checked_int(required(state, "seed", "seed"), "seed", maximum=2**63 - 1)

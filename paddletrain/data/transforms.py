@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from omegaconf import DictConfig, OmegaConf
 from paddle.vision import transforms as T
 from PIL import Image
 
@@ -125,8 +126,6 @@ def build_augmentations(entries: Sequence[Any], key: str = "data.augment") -> li
     Every problem (not a mapping, no name, an unknown name or option, a value the augmentation refuses, an
     unknown stage) is one :class:`ConfigError` naming ``key[i]`` and the option.
     """
-    from omegaconf import DictConfig, OmegaConf
-
     built = []
     for i, entry in enumerate(entries or ()):
         where = f"{key}[{i}]"

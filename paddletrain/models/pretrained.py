@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import paddle
+from safetensors.numpy import save_file
 
 from ..state_checks import compare_state
 from .weights.adapt import adapt_input_conv
@@ -176,8 +177,6 @@ def save_pretrained(model: paddle.nn.Layer, path: str, label_names: Sequence[str
     :func:`load_pretrained` reads them back into ``pretrained_cfg``, and ``fit`` uses the preprocessing for
     ``data.*`` keys set to null.
     """
-    from safetensors.numpy import save_file
-
     cfg = getattr(model, "pretrained_cfg", {}) or {}
     metadata = {META_PREPROCESSING: json.dumps({k: cfg[k] for k in PREPROCESSING_KEYS if k in cfg})}
     names = label_names if label_names is not None else cfg.get("label_names")

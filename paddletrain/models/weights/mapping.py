@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import paddle
 
+from ..resnet import ResNet
+
 __all__ = ["SCHEMES", "Conversion", "convert_state", "source_key"]
 
 IDENTITY = "paddletrain"
@@ -71,8 +73,6 @@ class ResNetLayout:
 
     @classmethod
     def of(cls, model: paddle.nn.Layer) -> ResNetLayout | None:
-        from ..resnet import ResNet
-
         if not isinstance(model, ResNet):
             return None
         stages = [getattr(model, name) for name in model.stage_names]

@@ -32,8 +32,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import paddle
+import paddle.vision.models as vision_models
+from paddle.utils import download
 
-from ...checkpoint.untrusted import StateValueError, checked_str_list
+from ...checkpoint import CheckpointError, PickleRefused, load_checkpoint, safe_unpickle
+from ...checkpoint.tensors import read_metadata, read_tensors
+from ...checkpoint.untrusted import (
+    StateValueError,
+    checked_int,
+    checked_mapping,
+    checked_number,
+    checked_str_list,
+    show,
+)
 from .report import PretrainedLoadError
 
 __all__ = [
@@ -110,8 +122,6 @@ def weights_cache_dir() -> Path:
     override = os.environ.get("PADDLETRAIN_WEIGHTS_HOME")
     if override:
         return Path(override).expanduser()
-    from paddle.utils import download
-
     return Path(download.WEIGHTS_HOME)
 
 
@@ -193,11 +203,9 @@ def _describe_vision(source: str, arch: str) -> WeightsInfo:
 
 def _vision_model_urls() -> dict[str, tuple[str, str | None]]:
     """``{name: (url, md5)}`` from every ``paddle.vision.models`` module's ``model_urls``."""
-    import paddle.vision.models as package
-
     found: dict[str, tuple[str, str | None]] = {}
-    for module_info in pkgutil.iter_modules(package.__path__):
-        module = importlib.import_module(f"{package.__name__}.{module_info.name}")
+    for module_info in pkgutil.iter_modules(vision_models.__path__):
+        module = importlib.import_module(f"{vision_models.__name__}.{module_info.name}")
         for name, entry in getattr(module, "model_urls", {}).items():
             url, md5 = (entry[0], entry[1]) if isinstance(entry, (tuple, list)) else (entry, None)
             found[name] = (url, md5)
@@ -222,8 +230,6 @@ def _describe_paddleclas(source: str, name: str) -> WeightsInfo:
 
 
 def _describe_checkpoint(source: str, path: Path) -> WeightsInfo:
-    from ...checkpoint import CheckpointError, load_checkpoint
-
     if not (path / "manifest.json").is_file():
         raise PretrainedLoadError(f"{source!r} is a directory but not a paddletrain checkpoint (no manifest.json); "
                                   f"give a .safetensors/.pdparams file or a checkpoint directory")
@@ -247,8 +253,6 @@ def _describe_checkpoint(source: str, path: Path) -> WeightsInfo:
 
 def _checkpoint_preprocessing(data: Mapping) -> dict[str, Any]:
     """The eval preprocessing a checkpoint's resolved ``data`` config describes, checked like a file's."""
-    from ...checkpoint.untrusted import checked_int
-
     key = "config.data"
     found = checked_preprocessing({"mean": data["mean"], "std": data["std"],
                                    "interpolation": data.get("interpolation", "bilinear")}, key)
@@ -261,9 +265,6 @@ def _checkpoint_preprocessing(data: Mapping) -> dict[str, Any]:
 
 
 def _read_safetensors_metadata(path: Path, info: WeightsInfo) -> None:
-    from ...checkpoint import CheckpointError
-    from ...checkpoint.tensors import read_metadata
-
     try:
         metadata = read_metadata(path)
     except CheckpointError as err:
@@ -285,8 +286,6 @@ def checked_preprocessing(data: Any, key: str = META_PREPROCESSING) -> dict[str,
     Raises:
         StateValueError: naming the key (``paddletrain.preprocessing.mean``) and the bad value.
     """
-    from ...checkpoint.untrusted import StateValueError, checked_int, checked_mapping, checked_number, show
-
     data = dict(checked_mapping(data, key))
     size = data.get("input_size")
     if size is not None:
@@ -330,8 +329,6 @@ def read_weights(source: str, trust_pickle: bool = False) -> tuple[dict[str, np.
     if info.kind == "hub":
         return _read_hub(info, trust_pickle), info
     if info.kind == "checkpoint":
-        from ...checkpoint import load_checkpoint
-
         state = load_checkpoint(info.path, map_numpy=True).state
         if not isinstance(state.get("model"), Mapping):
             raise PretrainedLoadError(f"Checkpoint {source!r} holds no model state")
@@ -360,8 +357,6 @@ def _cached_download(info: WeightsInfo) -> Path:
         return path
     if _offline():
         raise PretrainedLoadError(f"{info.source}: not in the cache and PADDLETRAIN_OFFLINE is set; {where}")
-    from paddle.utils import download
-
     try:
         fetched = download.get_path_from_url(info.url, str(path.parent), info.md5, decompress=False)
     except Exception as err:  # network errors surface as many types (requests, OSError, RuntimeError)
@@ -413,8 +408,7 @@ def _why_not_paddlehub() -> str | None:
 
 
 def _read_hub_with_paddlehub(info: WeightsInfo, name: str) -> dict[str, np.ndarray]:
-    import paddle
-    import paddlehub
+    import paddlehub  # optional dependency: only hub: sources need it
 
     try:
         # A module names its parameters from Paddle's global name counter and loads its weights by those names:
@@ -447,9 +441,6 @@ def read_state_dict(path: str, trust_pickle: bool = False) -> dict[str, np.ndarr
         raise PretrainedLoadError(f"Pretrained weight file not found: {path!r}")
     suffix = os.path.splitext(path)[1].lower()
     if suffix in SAFE_SUFFIXES:
-        from ...checkpoint import CheckpointError
-        from ...checkpoint.tensors import read_tensors
-
         try:
             return read_tensors(path)
         except CheckpointError as err:
@@ -462,8 +453,6 @@ def read_state_dict(path: str, trust_pickle: bool = False) -> dict[str, np.ndarr
 
 
 def _read_pickle(path: str, trust_pickle: bool) -> dict[str, np.ndarray]:
-    from ...checkpoint import CheckpointError, PickleRefused, safe_unpickle
-
     try:
         state = safe_unpickle(path)
     except CheckpointError as err:
@@ -491,8 +480,6 @@ def _read_pickle(path: str, trust_pickle: bool) -> dict[str, np.ndarray]:
 
 
 def _paddle_load(path: str) -> Any:
-    import paddle
-
     try:
         return paddle.load(path)
     except Exception as err:  # paddle.load raises many types for a corrupt pickle
