@@ -369,11 +369,21 @@ SCHEMAS: dict[str, Any] = {
 
 def register_configs() -> None:
     """Register the schemas so every preset of a group is validated against ``<group>_schema``."""
-    cs = ConfigStore.instance()
-    cs.store(name="fit_schema", node=FitConfig)
-    cs.store(name="evaluate_schema", node=EvaluateConfig)
+    cli_schema("fit")(FitConfig)
+    cli_schema("evaluate")(EvaluateConfig)
     for group, node in SCHEMAS.items():
-        cs.store(group=group, name=f"{group}_schema", node=node)
+        ConfigStore.instance().store(group=group, name=f"{group}_schema", node=node)
+
+
+def cli_schema(command: str) -> Callable[[type], type]:
+    """Class decorator: store a command's schema in Hydra's ConfigStore as ``<command>_schema``, the name its
+    ``conf/<command>.yaml`` defaults list validates against."""
+
+    def store(schema: type) -> type:
+        ConfigStore.instance().store(name=f"{command}_schema", node=schema)
+        return schema
+
+    return store
 
 
 _NUMBERS = (int, float)

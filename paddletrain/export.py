@@ -29,14 +29,13 @@ from typing import Any
 import hydra
 import numpy as np
 import paddle
-from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from paddletrain.build import checkpoint_config, checkpoint_model
 from paddletrain.checkpoint import load_checkpoint
 from paddletrain.checkpoint.locate import locate_checkpoint
-from paddletrain.config import RuntimeConfig, allowed, check_field, check_values
+from paddletrain.config import RuntimeConfig, allowed, check_field, check_values, cli_schema
 from paddletrain.data import DatasetError, build_datasets, build_transform, preprocessing_info
 from paddletrain.errors import ExitCode, UserError
 from paddletrain.inference import (
@@ -80,6 +79,7 @@ TOLERANCE = {"fp32": 1e-3, **{name: 32 * u for name, u in UNIT_ROUNDOFF.items()}
 FLIP_MARGIN = 6.0
 
 
+@cli_schema("export")
 @dataclass
 class ExportConfig(RuntimeConfig):
     """Typed schema of `python -m paddletrain.export` (conf/export.yaml)."""
@@ -95,9 +95,6 @@ class ExportConfig(RuntimeConfig):
     num_check_images: int = allowed(16, ge=1)
     # Where the checkpoint's dataset lives now, if it moved since training (overrides data.root).
     data_root: str | None = None
-
-
-ConfigStore.instance().store(name="export_schema", node=ExportConfig)
 
 
 @dataclass

@@ -35,12 +35,11 @@ from typing import IO
 
 import hydra
 import numpy as np
-from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, DictConfig, OmegaConf
 from tqdm import tqdm
 
-from paddletrain.config import RuntimeConfig, allowed, check_field, check_values
+from paddletrain.config import RuntimeConfig, allowed, check_field, check_values, cli_schema
 from paddletrain.decoding import decoded_batches
 from paddletrain.errors import ExitCode, UserError
 from paddletrain.inference import BACKENDS, PRECISIONS, ExportedModel, label_names, load_predictor, softmax
@@ -55,6 +54,7 @@ GLOB_CHARS = "*?["
 LIST_SUFFIXES = ("", ".txt", ".lst", ".list")
 
 
+@cli_schema("predict")
 @dataclass
 class PredictConfig(RuntimeConfig):
     """Typed schema of `python -m paddletrain.predict` (conf/predict.yaml)."""
@@ -81,9 +81,6 @@ class PredictConfig(RuntimeConfig):
     progress_bar: bool = True
     # A text file with one class name per line (output order); None = the labels the export recorded.
     labels: str | None = None
-
-
-ConfigStore.instance().store(name="predict_schema", node=PredictConfig)
 
 
 @dataclass
