@@ -1,8 +1,10 @@
 """ResumableBatchSampler: order as a pure function of (seed, epoch), sharding, padding, skip and resume."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from paddletrain.data.loaders import CheckedDataLoader, SeededDataset
 from paddletrain.data.sampler import ResumableBatchSampler, SampleKey
 
 
@@ -218,9 +220,6 @@ def test_num_repeats_must_be_a_positive_integer(bad):
 
 
 def test_copies_in_one_batch_get_different_augmentations():
-    import numpy as np
-
-    from paddletrain.data.loaders import CheckedDataLoader, SeededDataset
 
     class Blank:
         def __len__(self):

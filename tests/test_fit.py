@@ -3,10 +3,17 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 
+import paddle
 import pytest
 
-from tests.conftest import TINY, run_module
+from paddletrain.build import train
+from paddletrain.callbacks import Callback
+from paddletrain.models import register_model
+from paddletrain.models.registry import list_models
+from paddletrain.trainer import Trainer
+from tests.conftest import TINY, compose_fit, run_module
 
 
 def test_fit_then_evaluate_end_to_end(tmp_path):
@@ -87,15 +94,6 @@ def test_fewer_classes_than_the_dataset_is_an_error(tmp_path):
 
 
 def test_train_accepts_a_user_builder_extra_callbacks_and_a_trainer_subclass(tmp_path):
-    import paddle
-
-    from paddletrain.build import train
-    from paddletrain.callbacks import Callback
-    from paddletrain.models import register_model
-    from paddletrain.models.registry import list_models
-    from paddletrain.trainer import Trainer
-    from tests.conftest import compose_fit
-
     if "user_mlp" not in list_models():
         @register_model
         def user_mlp(num_classes: int = 10, in_chans: int = 3) -> paddle.nn.Layer:  # takes no other option
@@ -122,12 +120,6 @@ def test_train_accepts_a_user_builder_extra_callbacks_and_a_trainer_subclass(tmp
 @pytest.mark.parametrize("limit", [None, 4])
 def test_the_last_optimizer_step_trains_with_the_schedules_last_learning_rate(tmp_path, accumulate, drop_last, limit):
     """The schedule spans exactly the optimizer steps the Trainer takes: no flat tail at min_lr, none cut off."""
-    import math
-
-    from paddletrain.build import train
-    from paddletrain.callbacks import Callback
-    from tests.conftest import compose_fit
-
     class RecordLR(Callback):
         def __init__(self):
             self.lrs = []

@@ -11,8 +11,8 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 from paddletrain.errors import UserError
-from paddletrain.export import export_model
-from paddletrain.inference import Predictor, softmax
+from paddletrain.export import export_model, export_onnx
+from paddletrain.inference import Predictor, load_predictor, softmax
 from paddletrain.models import create_model
 from paddletrain.predict import (
     PredictConfig,
@@ -94,8 +94,6 @@ def test_a_single_file_of_another_kind_names_the_supported_extensions(tmp_path):
 def onnx_dir(export_dir, tmp_path_factory):
     pytest.importorskip("paddle2onnx", reason="exporting ONNX needs the onnx extra (paddle2onnx)")
     pytest.importorskip("onnxruntime", reason="running ONNX needs the onnx extra (onnxruntime)")
-    from paddletrain.export import export_onnx
-
     copy = tmp_path_factory.mktemp("onnx") / "export"
     shutil.copytree(export_dir, copy)
     export_onnx(copy)
@@ -127,8 +125,6 @@ def test_predict_runs_an_onnx_export_with_the_same_pipeline_and_output(predictor
 
 
 def test_an_onnx_backend_without_onnx_file_and_paddle_only_options_are_refused(onnx_dir, export_dir, tmp_path):
-    from paddletrain.inference import load_predictor
-
     with pytest.raises(UserError, match="is not an ONNX model"):
         load_predictor(export_dir, backend="onnx")
     with pytest.raises(UserError, match="tensorrt=True apply to the Paddle backend only"):

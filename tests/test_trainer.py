@@ -1,11 +1,23 @@
 """Trainer behaviour on tiny models: learning, accumulation, clipping, hooks, non-finite guards, metrics."""
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import time
+
 import numpy as np
 import paddle
 import pytest
 
+from paddletrain.callbacks import ModelCheckpoint
 from paddletrain.callbacks.base import Callback
+from paddletrain.checkpoint import find_latest
+from paddletrain.data.mixup import Mixup
+from paddletrain.losses import cross_entropy
+from paddletrain.precision import Precision
+from paddletrain.processes import REPEAT_WINDOW
+from paddletrain.testing import FakeGradScaler
 from paddletrain.trainer import NonFiniteLossError, Trainer
 
 
@@ -233,9 +245,6 @@ def test_custom_training_step_subclass():
 
 def test_loss_scaler_through_the_trainer():
     """With a scaler that behaves like Paddle's GPU one, an overflow lowers the scale and skips the step."""
-    from paddletrain.precision import Precision
-    from paddletrain.testing import FakeGradScaler
-
     model = linear_model()
     sched = paddle.optimizer.lr.StepDecay(learning_rate=0.1, step_size=1, gamma=0.5)
     opt = paddle.optimizer.SGD(learning_rate=sched, parameters=model.parameters())
@@ -259,9 +268,6 @@ def test_loss_scaler_through_the_trainer():
 
 
 def test_checkpoint_never_saves_nan_weights(tmp_path):
-    from paddletrain.callbacks import ModelCheckpoint
-    from paddletrain.checkpoint import find_latest
-
     model = linear_model()
     ckpt = ModelCheckpoint(tmp_path, monitor=None)
     trainer = Trainer(model, sgd(model), callbacks=[ckpt], max_epochs=1)
@@ -295,12 +301,6 @@ Trainer(model, paddle.optimizer.SGD(0.1, parameters=model.parameters()), max_epo
 
 @pytest.mark.timeout(120)
 def test_a_second_signal_exits_at_once_without_finishing_the_step(tmp_path):
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    from paddletrain.processes import REPEAT_WINDOW
 
     log_file = tmp_path / "out.log"
 
@@ -359,9 +359,6 @@ def image_model(classes=3):
 
 
 def test_batch_transform_feeds_soft_targets_to_the_loss_and_metrics_keep_the_labels():
-    from paddletrain.data.mixup import Mixup
-    from paddletrain.losses import cross_entropy
-
     seen = []
 
     def loss_fn(logits, targets):
@@ -381,8 +378,6 @@ def test_batch_transform_feeds_soft_targets_to_the_loss_and_metrics_keep_the_lab
 
 
 def test_batch_transform_state_is_saved_and_restored_so_draws_continue():
-    from paddletrain.data.mixup import Mixup
-
     def trainer_with(seed):
         model = image_model()
         mixup = Mixup(num_classes=3, mixup_alpha=0.4, cutmix_alpha=1.0, mode="elem", seed=seed)

@@ -7,6 +7,7 @@ import copy
 import dataclasses
 import typing
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import paddle
@@ -237,8 +238,6 @@ def test_cli_stops_before_any_work_with_one_line(module, args, expected, tmp_pat
 
 def test_configuration_docs_list_every_fit_key_with_what_it_allows():
     """docs/configuration.md's table is the schema's declarations, row for row."""
-    from pathlib import Path
-
     expected = []
     for key, rule, hint in declared(FitConfig):
         args = typing.get_args(hint)
