@@ -3,6 +3,8 @@
     python examples/python_api.py              # resnet20 on the embedded shapes dataset
     python examples/python_api.py --epochs 1 --train-images 256 --out /tmp/api-run
 """
+from __future__ import annotations
+
 import argparse
 from pathlib import Path
 

@@ -151,10 +151,11 @@ def take_screenshots(logdir: Path, out_dir: Path, chromium: str | None = None, w
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="example: python examples/visualdl_screenshots.py outputs --out docs/images")
-    parser.add_argument("logdir", type=Path, help="directory of VisualDL records (searched recursively), e.g. outputs")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example: python examples/visualdl_screenshots.py outputs --out docs/images")
+    parser.add_argument("logdir", type=Path,
+                        help="directory of VisualDL records (searched recursively), e.g. outputs")
     parser.add_argument("--out", type=Path, default=Path("docs/images"), help="where the PNGs go (docs/images)")
     parser.add_argument("--chromium", help="Chromium executable (default: $CHROMIUM or chromium on PATH)")
     parser.add_argument("--width", type=int, default=1280, help="browser window width in px (1280)")

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import paddle
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from paddletrain import distributed
@@ -222,8 +224,6 @@ _ABSENT = object()
 
 def command_line_overrides() -> list[str]:
     """The running Hydra job's command-line overrides (``.hydra/overrides.yaml``); none outside a Hydra app."""
-    from hydra.core.hydra_config import HydraConfig
-
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
 
 
@@ -235,8 +235,6 @@ def run_hparams(cfg: DictConfig, overrides: Sequence[str] | None = None) -> dict
     choice when the group has no name (``+experiment=x``); deletions and run plumbing (paths, devices, logging,
     resume; :data:`_RUN_PLUMBING`) are left out.
     """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     overrides = command_line_overrides() if overrides is None else list(overrides)
     picked: dict[str, Any] = {}
     for override in OverridesParser.create().parse_overrides(overrides):

@@ -11,11 +11,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+
+from paddletrain.devices import DEVICES
+from paddletrain.errors import ConfigError
 
 # Field metadata key holding an :class:`Allowed`.
 ALLOWED = "allowed"
@@ -31,10 +35,10 @@ class Allowed:
     says on purpose that any finite number is fine. ``None`` is allowed exactly when the key's type is Optional.
     """
 
-    ge: Optional[float] = None
-    gt: Optional[float] = None
-    le: Optional[float] = None
-    lt: Optional[float] = None
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
     choices: tuple = ()
 
     def admits(self, value: Any) -> bool:
@@ -58,9 +62,9 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
-def allowed(default: Any = dataclasses.MISSING, *, factory: Optional[Callable[[], Any]] = None,
-            ge: Optional[float] = None, gt: Optional[float] = None, le: Optional[float] = None,
-            lt: Optional[float] = None, choices: tuple = ()) -> Any:
+def allowed(default: Any = dataclasses.MISSING, *, factory: Callable[[], Any] | None = None,
+            ge: float | None = None, gt: float | None = None, le: float | None = None,
+            lt: float | None = None, choices: tuple = ()) -> Any:
     """A dataclass field with ``default`` (or ``factory``) that declares the values the key allows."""
     rule = {ALLOWED: Allowed(ge=ge, gt=gt, le=le, lt=lt, choices=tuple(choices))}
     if factory is not None:
@@ -72,12 +76,12 @@ def allowed(default: Any = dataclasses.MISSING, *, factory: Optional[Callable[[]
 class ModelConfig:
     name: str = "resnet20"
     # None: taken from the dataset (number of classes, image channels).
-    num_classes: Optional[int] = allowed(None, ge=1)
-    in_chans: Optional[int] = allowed(None, ge=1)
+    num_classes: int | None = allowed(None, ge=1)
+    in_chans: int | None = allowed(None, ge=1)
     # A weight source: local file, checkpoint dir, vision:<arch>, paddleclas:<Name>, hub:<module>.
-    pretrained: Optional[str] = None
+    pretrained: str | None = None
     # For model=vision: any paddle.vision.models builder name.
-    arch: Optional[str] = None
+    arch: str | None = None
     drop_rate: float = allowed(0.0, ge=0, lt=1)
     # Stochastic depth: the residual branches' drop probability rises linearly over the blocks to this value.
     drop_path_rate: float = allowed(0.0, ge=0, lt=1)
@@ -115,7 +119,7 @@ class MixupConfig:
     mixup_alpha: float = allowed(0.0, ge=0)
     cutmix_alpha: float = allowed(0.0, ge=0)
     # [min, max] CutMix box side as a fraction of the image side, drawn directly (switches CutMix on).
-    cutmix_minmax: Optional[List[float]] = allowed(None, gt=0, le=1)
+    cutmix_minmax: list[float] | None = allowed(None, gt=0, le=1)
     # Chance that a draw mixes at all, and of CutMix rather than Mixup when both are on.
     prob: float = allowed(1.0, ge=0, le=1)
     switch_prob: float = allowed(0.5, ge=0, le=1)
@@ -132,19 +136,19 @@ INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "box", "lanczos", "hamming")
 @dataclass
 class DataConfig:
     name: str = "shapes"
-    root: Optional[str] = None
+    root: str | None = None
     download: bool = False
     # Optional text file with one class name per line (imagefolder) .
-    class_names: Optional[str] = None
+    class_names: str | None = None
     # image_size, interpolation, mean, std: null = from the pretrained weights (model.pretrained), else these
     # defaults; see docs/finetuning.md.
-    image_size: Optional[int] = allowed(32, ge=1)
+    image_size: int | None = allowed(32, ge=1)
     # Side of the resize before the centre crop at evaluation (imagenet preset); None = image_size / 0.875.
-    eval_resize: Optional[int] = allowed(None, ge=1)
-    interpolation: Optional[str] = allowed("bilinear", choices=INTERPOLATIONS)
+    eval_resize: int | None = allowed(None, ge=1)
+    interpolation: str | None = allowed("bilinear", choices=INTERPOLATIONS)
     # Per channel, in the 0..1 range of the image.
-    mean: Optional[List[float]] = allowed(factory=lambda: [0.5, 0.5, 0.5])
-    std: Optional[List[float]] = allowed(factory=lambda: [0.5, 0.5, 0.5], gt=0)
+    mean: list[float] | None = allowed(factory=lambda: [0.5, 0.5, 0.5])
+    std: list[float] | None = allowed(factory=lambda: [0.5, 0.5, 0.5], gt=0)
     # Transform presets: "imagenet" (RandomResizedCrop + flip), "small" (pad-crop + flip), "none" (resize only).
     train_transform: str = allowed("small", choices=TRANSFORMS)
     eval_transform: str = allowed("small", choices=TRANSFORMS)
@@ -155,12 +159,12 @@ class DataConfig:
     # Training augmentations, in order, each run at the stage it declares (image or normalised array):
     # entries {name: <registered in paddletrain.registries.AUGMENTATIONS>, <option>: <value>, ...}, e.g.
     # {name: rand_augment, num_ops: 2, magnitude: 9}, {name: random_erasing, probability: 0.25}.
-    augment: List[Dict[str, Any]] = field(default_factory=list)
+    augment: list[dict[str, Any]] = field(default_factory=list)
     # Repeated augmentation: each image k times per epoch, differently augmented, shared across ranks.
     num_repeats: int = allowed(1, ge=1)
     mixup: MixupConfig = field(default_factory=MixupConfig)
     batch_size: int = allowed(128, ge=1)
-    eval_batch_size: Optional[int] = allowed(None, ge=1)
+    eval_batch_size: int | None = allowed(None, ge=1)
     num_workers: int = allowed(0, ge=0)
     use_shared_memory: bool = True
     persistent_workers: bool = False
@@ -180,9 +184,9 @@ class OptimConfig:
     momentum: float = allowed(0.9, ge=0, lt=1)
     nesterov: bool = False
     weight_decay: float = allowed(5e-4, ge=0)
-    betas: List[float] = allowed(factory=lambda: [0.9, 0.999], ge=0, lt=1)
+    betas: list[float] = allowed(factory=lambda: [0.9, 0.999], ge=0, lt=1)
     # None: each optimizer's own default (1e-6 for lamb, 1e-8 for adam/adamw, 1e-6 for rmsprop).
-    eps: Optional[float] = allowed(None, gt=0)
+    eps: float | None = allowed(None, gt=0)
     # lars: the trust coefficient of the layer-wise rate.
     trust_coefficient: float = allowed(0.001, gt=0)
     # rmsprop: the decay of the squared-gradient average, and whether to centre it.
@@ -192,7 +196,7 @@ class OptimConfig:
     no_decay_norm_bias: bool = True
     # Multiply the classifier head's LR (fine-tuning) and decay LR per stage towards the stem.
     head_lr_mult: float = allowed(1.0, gt=0)
-    layer_decay: Optional[float] = allowed(None, gt=0, le=1)
+    layer_decay: float | None = allowed(None, gt=0, le=1)
     # Linear LR scaling: lr * global_batch / base_batch_size when set.
     scale_lr: bool = False
     base_batch_size: int = allowed(256, ge=1)
@@ -206,7 +210,7 @@ class SchedConfig:
     warmup_start_factor: float = allowed(0.01, ge=0, lt=1)
     min_lr: float = allowed(0.0, ge=0)
     step_size: int = allowed(30, ge=1)  # epochs, for "step"
-    milestones: List[int] = allowed(factory=lambda: [30, 60, 80], ge=1)  # epochs, for "multistep"
+    milestones: list[int] = allowed(factory=lambda: [30, 60, 80], ge=1)  # epochs, for "multistep"
     gamma: float = allowed(0.1, gt=0, le=1)
     max_lr_factor: float = allowed(1.0, gt=0)  # onecycle peak = lr * max_lr_factor
     pct_start: float = allowed(0.3, gt=0, lt=1)
@@ -218,7 +222,7 @@ class AmpConfig:
     level: str = allowed("O1", choices=("O1", "O2"))
     dtype: str = allowed("float16", choices=("float16", "bfloat16"))
     # None: a GradScaler for float16, none for bfloat16.
-    use_scaler: Optional[bool] = None
+    use_scaler: bool | None = None
     init_loss_scaling: float = allowed(65536.0, gt=0)
     incr_ratio: float = allowed(2.0, gt=1)
     decr_ratio: float = allowed(0.5, gt=0, lt=1)
@@ -237,7 +241,7 @@ class LossConfig:
     # Label smoothing of hard labels (soft targets are smoothed where they are mixed).
     label_smoothing: float = allowed(0.0, ge=0, lt=1)
     # binary_cross_entropy only: targets above this become 1, the others 0 (timm's --bce-target-thresh).
-    target_threshold: Optional[float] = allowed(None, ge=0, lt=1)
+    target_threshold: float | None = allowed(None, ge=0, lt=1)
     # binary_cross_entropy only: sum over classes, then mean over the batch (timm's --bce-sum), instead of the
     # mean over every (sample, class) element.
     bce_sum: bool = False
@@ -252,46 +256,46 @@ class DistillConfig:
 
     # The teacher, given like model.name / model.pretrained: a registered model and its weight source (a file,
     # a paddletrain checkpoint directory, vision:<arch>, paddleclas:<Name>, ...).
-    teacher: Optional[str] = None
-    pretrained: Optional[str] = None
+    teacher: str | None = None
+    pretrained: str | None = None
     # Model options of the teacher's builder (e.g. {arch: resnet152} for teacher=vision).
-    teacher_options: Dict[str, Any] = field(default_factory=dict)
+    teacher_options: dict[str, Any] = field(default_factory=dict)
     # paddle.load a teacher .pdparams that holds more than arrays (pickles can run code: trust the file first).
     trust_pickle: bool = False
     # kd: T^2 KL at the temperature (Hinton et al.); ssld: PaddleClas' label-free symmetric KL.
     kind: str = allowed("kd", choices=DISTILL_KINDS)
     # Weight of the distillation term; the hard-label loss (loss.*) gets 1 - alpha. null: 0.5 for kd, 1 for ssld.
-    alpha: Optional[float] = allowed(None, ge=0, le=1)
+    alpha: float | None = allowed(None, ge=0, le=1)
     temperature: float = allowed(1.0, gt=0)
     # ssld with alpha 1: an image folder (any depth, no labels) whose images join the training set.
-    unlabeled_root: Optional[str] = None
+    unlabeled_root: str | None = None
 
 
 @dataclass
 class TrainerConfig:
     max_epochs: int = allowed(10, ge=1)
-    max_steps: Optional[int] = allowed(None, ge=1)
-    device: str = allowed("auto", choices=("auto", "cpu", "gpu"))
+    max_steps: int | None = allowed(None, ge=1)
+    device: str = allowed("auto", choices=DEVICES)
     # None: this process's share of the usable cores, less one per data.num_workers (docs/performance.md).
-    cpu_threads: Optional[int] = allowed(None, ge=1)
+    cpu_threads: int | None = allowed(None, ge=1)
     devices: int = allowed(1, ge=1)
     # Several machines: this one is node `node_rank` of `num_nodes`, all meeting at `master` ("host:port" of
     # node 0, a free port). Each node runs `trainer.devices` processes (docs/distributed.md).
     num_nodes: int = allowed(1, ge=1)
     node_rank: int = allowed(0, ge=0)
-    master: Optional[str] = None
+    master: str | None = None
     find_unused_parameters: bool = False
     seed: int = allowed(42, ge=0, le=MAX_SEED)
     # Deterministic cuDNN algorithms on GPUs (slower); CPU kernels are deterministic already.
     deterministic: bool = False
     accumulate_grad_batches: int = allowed(1, ge=1)
-    grad_clip_norm: Optional[float] = allowed(None, gt=0)
+    grad_clip_norm: float | None = allowed(None, gt=0)
     # Validate every N epochs; 0 disables validation.
     val_every_n_epochs: int = allowed(1, ge=0)
-    limit_train_batches: Optional[int] = allowed(None, ge=1)
-    limit_val_batches: Optional[int] = allowed(None, ge=1)
+    limit_train_batches: int | None = allowed(None, ge=1)
+    limit_val_batches: int | None = allowed(None, ge=1)
     # Resume: None, "auto" (newest complete checkpoint in the run dir) or a checkpoint directory.
-    resume: Optional[str] = None
+    resume: str | None = None
     # Resume from a legacy pickled .pdparams/.pdopt checkpoint (unpickling runs code: trust the file first).
     trust_pickle: bool = False
     # Stop after this many consecutive non-finite steps.
@@ -310,17 +314,30 @@ class FitConfig:
     trainer: TrainerConfig = MISSING
     # Callbacks by name: a callback registered in paddletrain.registries.CALLBACKS under that name, with its
     # options (`early_stopping: {patience: 5}`), or any class given by `_target_`. null switches one off.
-    callbacks: Dict[str, Any] = field(default_factory=dict)
+    callbacks: dict[str, Any] = field(default_factory=dict)
     # The metric that ranks checkpoints and runs (the value a sweeper optimises), and whether higher is better.
     monitor: str = "val/top1"
     monitor_mode: str = allowed("max", choices=("max", "min"))
     # Run name used in the run directory and the summary.
     name: str = "paddletrain"
     # Free-form tags: experiment recipes may set them; never read by the library.
-    tags: List[str] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)
     # Modules imported before anything is built, so that they register their models, datasets, ... (e.g.
     # imports=[my_package.models]). Installed plugins (the paddletrain.plugins entry points) need no entry.
-    imports: List[str] = field(default_factory=list)
+    imports: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RuntimeConfig:
+    """The keys ``export`` and ``predict`` share: where the model runs, and what to import before loading it."""
+
+    device: str = allowed("auto", choices=DEVICES)
+    # Threads of the CPU math library; None = every core this process may use (predict: the cores its decode
+    # workers leave free).
+    cpu_threads: int | None = allowed(None, ge=1)
+    # Modules to import first: ones that register models (see FitConfig.imports; export adds those the
+    # checkpoint's config names) or load custom Paddle operators an exported graph uses.
+    imports: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -352,11 +369,21 @@ SCHEMAS: dict[str, Any] = {
 
 def register_configs() -> None:
     """Register the schemas so every preset of a group is validated against ``<group>_schema``."""
-    cs = ConfigStore.instance()
-    cs.store(name="fit_schema", node=FitConfig)
-    cs.store(name="evaluate_schema", node=EvaluateConfig)
+    cli_schema("fit")(FitConfig)
+    cli_schema("evaluate")(EvaluateConfig)
     for group, node in SCHEMAS.items():
-        cs.store(group=group, name=f"{group}_schema", node=node)
+        ConfigStore.instance().store(group=group, name=f"{group}_schema", node=node)
+
+
+def cli_schema(command: str) -> Callable[[type], type]:
+    """Class decorator: store a command's schema in Hydra's ConfigStore as ``<command>_schema``, the name its
+    ``conf/<command>.yaml`` defaults list validates against."""
+
+    def store(schema: type) -> type:
+        ConfigStore.instance().store(name=f"{command}_schema", node=schema)
+        return schema
+
+    return store
 
 
 _NUMBERS = (int, float)
@@ -369,7 +396,7 @@ def _is_numeric(hint: Any) -> bool:
     return any(_is_numeric(arg) for arg in typing.get_args(hint) if arg is not type(None))
 
 
-def undeclared_keys(schema: type, prefix: str = "") -> List[str]:
+def undeclared_keys(schema: type, prefix: str = "") -> list[str]:
     """Numeric keys of ``schema`` (recursively) that declare no allowed values: each one is a schema bug."""
     hints = typing.get_type_hints(schema)
     found = []
@@ -384,8 +411,6 @@ def undeclared_keys(schema: type, prefix: str = "") -> List[str]:
 
 def _read(node: Any, name: str) -> Any:
     """``node.name`` for a DictConfig, dict or dataclass instance; None when unset or missing (``???``)."""
-    from omegaconf import DictConfig, OmegaConf
-
     if isinstance(node, DictConfig):
         return None if name not in node or OmegaConf.is_missing(node, name) else node[name]
     if isinstance(node, dict):
@@ -395,10 +420,6 @@ def _read(node: Any, name: str) -> Any:
 
 
 def _check(rule: Allowed, key: str, value: Any, context: str) -> None:
-    from omegaconf import ListConfig
-
-    from paddletrain.errors import ConfigError
-
     if isinstance(value, (list, tuple, ListConfig)):
         values = list(value)
         bad = [v for v in values if not rule.admits(v)]
@@ -412,7 +433,7 @@ def _check(rule: Allowed, key: str, value: Any, context: str) -> None:
         raise ConfigError(f"{context}{key}={value} must be {finite}{rule.describe()}")
 
 
-def check_values(node: Any, schema: Optional[type] = None, prefix: str = "", context: str = "") -> None:
+def check_values(node: Any, schema: type | None = None, prefix: str = "", context: str = "") -> None:
     """Raise :class:`ConfigError` for the first key of ``node`` whose value its schema does not allow.
 
     Args:
@@ -433,8 +454,8 @@ def check_values(node: Any, schema: Optional[type] = None, prefix: str = "", con
             _check(f.metadata[ALLOWED], f"{prefix}{f.name}", value, context)
 
 
-def check_option(name: str, value: Any, *, ge: Optional[float] = None, gt: Optional[float] = None,
-                 le: Optional[float] = None, lt: Optional[float] = None, choices: tuple = ()) -> None:
+def check_option(name: str, value: Any, *, ge: float | None = None, gt: float | None = None,
+                 le: float | None = None, lt: float | None = None, choices: tuple = ()) -> None:
     """Raise :class:`ConfigError` when ``value`` of the option ``name`` is not allowed (same rules and messages as
     the schemas'; for constructors whose keyword arguments are their config, e.g. the callbacks)."""
     if value is not None:

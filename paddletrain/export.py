@@ -20,27 +20,28 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any
 
 import hydra
 import numpy as np
 import paddle
-from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from paddletrain.build import checkpoint_config, checkpoint_model
 from paddletrain.checkpoint import load_checkpoint
 from paddletrain.checkpoint.locate import locate_checkpoint
-from paddletrain.config import allowed, check_field, check_values
+from paddletrain.config import RuntimeConfig, allowed, check_field, check_values, cli_schema
 from paddletrain.data import DatasetError, build_datasets, build_transform, preprocessing_info
 from paddletrain.errors import ExitCode, UserError
 from paddletrain.inference import (
-    DEVICES,
     MODEL_PREFIX,
     ONNX_FILE,
+    PARAMS_FILE,
     PRECISIONS,
     PREPROCESS_FILE,
     PREPROCESS_FORMAT_VERSION,
@@ -48,8 +49,10 @@ from paddletrain.inference import (
     Predictor,
     Preprocessing,
     check_precision_runs_on,
+    find_graph_file,
 )
 from paddletrain.registry import prepare
+from paddletrain.runtime import set_cpu_threads
 from paddletrain.validation import validate_config
 
 log = logging.getLogger("paddletrain")
@@ -76,13 +79,14 @@ TOLERANCE = {"fp32": 1e-3, **{name: 32 * u for name, u in UNIT_ROUNDOFF.items()}
 FLIP_MARGIN = 6.0
 
 
+@cli_schema("export")
 @dataclass
-class ExportConfig:
+class ExportConfig(RuntimeConfig):
     """Typed schema of `python -m paddletrain.export` (conf/export.yaml)."""
 
     checkpoint: str = MISSING
     # None: the Hydra run directory (outputs/export/<time>).
-    out_dir: Optional[str] = None
+    out_dir: str | None = None
     format: str = allowed("paddle", choices=FORMATS)
     # "dynamic" or a fixed batch size (checked by parse_batch).
     batch: str = "dynamic"
@@ -90,14 +94,7 @@ class ExportConfig:
     check: bool = True
     num_check_images: int = allowed(16, ge=1)
     # Where the checkpoint's dataset lives now, if it moved since training (overrides data.root).
-    data_root: Optional[str] = None
-    device: str = allowed("auto", choices=DEVICES)
-    cpu_threads: Optional[int] = allowed(None, ge=1)
-    # Modules to import besides the ones the checkpoint's config names (see FitConfig.imports).
-    imports: List[str] = field(default_factory=list)
-
-
-ConfigStore.instance().store(name="export_schema", node=ExportConfig)
+    data_root: str | None = None
 
 
 @dataclass
@@ -113,7 +110,7 @@ class ParityReport:
     top1_agreement: float
     # Top-1 disagreements where the reference's top-2 margin is clear (see FLIP_MARGIN): a real flip, not a tie.
     top1_flips: int
-    preprocess_max_diff: Optional[float] = None
+    preprocess_max_diff: float | None = None
     passed: bool = False
 
     def __str__(self) -> str:
@@ -131,11 +128,11 @@ class ExportResult:
 
     out_dir: Path
     format: str
-    files: List[Path]
-    parity: Optional[ParityReport] = None
-    labels: List[str] = field(default_factory=list)
+    files: list[Path]
+    parity: ParityReport | None = None
+    labels: list[str] = field(default_factory=list)
     # format=onnx: model.onnx in onnxruntime against the same reference logits (included in ``passed``).
-    onnx_parity: Optional[ParityReport] = None
+    onnx_parity: ParityReport | None = None
 
     @property
     def passed(self) -> bool:
@@ -143,7 +140,7 @@ class ExportResult:
         return self.parity is not None and self.parity.passed
 
 
-def parse_batch(batch: Union[None, int, str]) -> Optional[int]:
+def parse_batch(batch: None | int | str) -> int | None:
     """``None``/``"dynamic"`` -> None, a positive integer (or its string) -> that int."""
     if batch is None or batch == "dynamic":
         return None
@@ -169,9 +166,9 @@ def _require_runnable_precision(precision: str) -> None:
         check_precision_runs_on("bf16", "cpu")
 
 
-def export_model(model: paddle.nn.Layer, out_dir: Union[str, Path], input_size: Tuple[int, int, int] = (3, 224, 224),
-                 batch: Optional[int] = None, precision: str = "fp32", preprocessing: Optional[dict] = None,
-                 labels: Optional[List[str]] = None) -> Path:
+def export_model(model: paddle.nn.Layer, out_dir: str | Path, input_size: tuple[int, int, int] = (3, 224, 224),
+                 batch: int | None = None, precision: str = "fp32", preprocessing: dict | None = None,
+                 labels: list[str] | None = None) -> Path:
     """Trace ``model`` in eval mode and save it for Paddle Inference, plus ``preprocess.json``.
 
     Args:
@@ -262,13 +259,12 @@ def check_parity(predictor: Predictor, model: paddle.nn.Layer, inputs: np.ndarra
     return compare_logits(predictor.predict(inputs), reference_logits(model, inputs), tolerance)
 
 
-def export_onnx(model_dir: Union[str, Path], opset: int = ONNX_OPSET) -> Path:
+def export_onnx(model_dir: str | Path, opset: int = ONNX_OPSET) -> Path:
     """Convert an export directory's Paddle model to ``model.onnx`` with paddle2onnx (the ``onnx`` extra).
 
     Nothing is installed on the way (see :func:`no_install_options`).
     """
     paddle2onnx = require_paddle2onnx()
-    from paddletrain.inference import PARAMS_FILE, find_graph_file
 
     model_dir = Path(model_dir)
     target = model_dir / ONNX_FILE
@@ -320,7 +316,7 @@ def no_install_options(export: Any) -> dict[str, Any]:
 def require_paddle2onnx() -> Any:
     """The paddle2onnx module, or a UserError naming the extra that installs it."""
     try:
-        import paddle2onnx
+        import paddle2onnx  # optional dependency (the onnx extra)
     except ImportError:
         raise UserError("format=onnx needs paddle2onnx, which is not installed: "
                         "pip install paddletrain[onnx]  (or: pip install paddle2onnx)") from None
@@ -328,7 +324,7 @@ def require_paddle2onnx() -> Any:
 
 
 def onnx_parity(onnx_file: Path, inputs: np.ndarray, reference: np.ndarray, tolerance: float,
-                cpu_threads: Optional[int] = None) -> ParityReport:
+                cpu_threads: int | None = None) -> ParityReport:
     """Run ``onnx_file`` in onnxruntime (as ``paddletrain.predict`` does) and compare with the reference logits."""
     try:
         predictor = OnnxPredictor(onnx_file, device="cpu", cpu_threads=cpu_threads)
@@ -341,7 +337,7 @@ def onnx_parity(onnx_file: Path, inputs: np.ndarray, reference: np.ndarray, tole
 
 
 def _check_images(splits: Any, eval_transform: Any, preprocessing: Preprocessing,
-                  count: int) -> Tuple[np.ndarray, float]:
+                  count: int) -> tuple[np.ndarray, float]:
     """``count`` validation images spread over the split, through the eval transform, plus how far the
     exported preprocessing is from it on the same raw images."""
     val = splits.val
@@ -366,7 +362,7 @@ class _Rebuilt:
     preprocessing: dict
 
 
-def _rebuild(checkpoint_spec: Union[str, Path], data_root: Optional[str], imports: Sequence[str] = ()) -> _Rebuilt:
+def _rebuild(checkpoint_spec: str | Path, data_root: str | None, imports: Sequence[str] = ()) -> _Rebuilt:
     checkpoint_dir = locate_checkpoint(checkpoint_spec)
     checkpoint = load_checkpoint(checkpoint_dir)
     prepare({"imports": list(imports)}, checkpoint)  # the checkpoint's `imports` and these
@@ -391,10 +387,10 @@ def _rebuild(checkpoint_spec: Union[str, Path], data_root: Optional[str], import
     return _Rebuilt(model, exportable, splits, eval_tf, preprocessing_info(cfg.data, in_chans=splits.in_chans))
 
 
-def export_checkpoint(checkpoint_dir: Union[str, Path], out_dir: Union[str, Path], format: str = "paddle",
-                      batch: Union[None, int, str] = None, precision: str = "fp32", check: bool = True,
-                      num_check_images: int = 16, data_root: Optional[str] = None, device: str = "auto",
-                      cpu_threads: Optional[int] = None, imports: Sequence[str] = ()) -> ExportResult:
+def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path, format: str = "paddle",
+                      batch: None | int | str = None, precision: str = "fp32", check: bool = True,
+                      num_check_images: int = 16, data_root: str | None = None, device: str = "auto",
+                      cpu_threads: int | None = None, imports: Sequence[str] = ()) -> ExportResult:
     """Rebuild the model of a training checkpoint, export it, and (``check=True``) verify the export.
 
     ``checkpoint_dir`` is a checkpoint directory, or a run directory with ``:best``/``:last``
@@ -402,10 +398,9 @@ def export_checkpoint(checkpoint_dir: Union[str, Path], out_dir: Union[str, Path
     for the class names, the channel count and the validation images of the parity check (``data_root`` points
     at it if it moved). The modules the checkpoint's config names in ``imports`` are imported, plus ``imports``.
     ``format="onnx"`` also writes ``model.onnx`` (verified in onnxruntime when ``check``, ``result.onnx_parity``).
-    The parity result is in ``result.parity``; this function does not raise when parity fails, the CLI turns that into exit status 3.
+    The parity result is in ``result.parity``; this function does not raise when parity fails, the CLI turns that
+    into exit status 3.
     """
-    from paddletrain.runtime import set_cpu_threads
-
     for key, value in (("format", format), ("num_check_images", num_check_images), ("device", device),
                        ("cpu_threads", cpu_threads)):
         check_field(ExportConfig, key, value)
@@ -454,7 +449,7 @@ def _report(result: ExportResult) -> None:
     print(json.dumps(summary))
 
 
-def run(cfg: DictConfig, default_out_dir: Optional[str] = None) -> int:
+def run(cfg: DictConfig, default_out_dir: str | None = None) -> int:
     """The CLI's work for an ``ExportConfig``; returns the exit status (0 ok, 3 parity failed, 2 usage error)."""
     try:
         if OmegaConf.is_missing(cfg, "checkpoint"):
@@ -476,8 +471,6 @@ def run(cfg: DictConfig, default_out_dir: Optional[str] = None) -> int:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="export")
 def main(cfg: DictConfig) -> None:
-    from hydra.core.hydra_config import HydraConfig
-
     sys.exit(run(cfg, default_out_dir=HydraConfig.get().runtime.output_dir))
 
 

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any
 
 import numpy as np
 
+from paddletrain.class_names import read_names_file
+from paddletrain.devices import DEVICES
 from paddletrain.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -33,18 +36,15 @@ ONNX_FILE = f"{MODEL_PREFIX}.onnx"
 BACKENDS = ("auto", "paddle", "onnx")
 PREPROCESS_FILE = "preprocess.json"
 PREPROCESS_FORMAT_VERSION = 1
-DEVICES = ("auto", "cpu", "gpu")
 # fp16 runs on GPUs; bf16 on CPUs through oneDNN (fast with AVX512-BF16 or AMX, emulated and slow without).
 PRECISIONS = ("fp32", "fp16", "bf16")
 RESIZE_MODES = ("shorter_side", "exact")
-# A label file is a few bytes per class; refuse anything far larger than any real class list before reading it.
-MAX_LABEL_FILE_BYTES = 16 * 2**20
 # oneDNN keeps one compiled kernel set per input shape; a bounded cache stops a varying last batch from
 # growing memory without limit.
 MKLDNN_SHAPE_CACHE = 10
 
 
-def find_graph_file(model_dir: Union[str, Path]) -> Path:
+def find_graph_file(model_dir: str | Path) -> Path:
     """The graph file of an export directory, whichever format this Paddle version wrote."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
@@ -56,7 +56,7 @@ def find_graph_file(model_dir: Union[str, Path]) -> Path:
                     f"and {PARAMS_FILE}); export one with `python -m paddletrain.export checkpoint=<dir>`")
 
 
-def read_metadata(model_dir: Union[str, Path]) -> Dict[str, Any]:
+def read_metadata(model_dir: str | Path) -> dict[str, Any]:
     """The contents of ``preprocess.json``, or an error naming the file and what is wrong."""
     path = Path(model_dir) / PREPROCESS_FILE
     try:
@@ -70,26 +70,9 @@ def read_metadata(model_dir: Union[str, Path]) -> Dict[str, Any]:
     return meta
 
 
-def read_labels(path: Union[str, Path]) -> List[str]:
+def read_labels(path: str | Path) -> list[str]:
     """Class names from a text file, one a line in output order (trailing blank lines ignored)."""
-    path = Path(path)
-    try:
-        if not path.is_file():
-            raise UserError(f"labels={str(path)!r} is not a file; give a text file with one class name per line")
-        size = path.stat().st_size
-        if size > MAX_LABEL_FILE_BYTES:
-            raise UserError(f"labels={str(path)!r} is {size} bytes, more than the {MAX_LABEL_FILE_BYTES} a list of "
-                            "class names needs; is it the right file?")
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read labels={str(path)!r}: {exc}") from exc
-    while lines and not lines[-1].strip():
-        lines.pop()
-    names = [line.strip() for line in lines]
-    blank = [i + 1 for i, name in enumerate(names) if not name]
-    if blank:
-        raise UserError(f"labels={str(path)!r} has blank line(s) {blank[:5]}; give one class name per line")
-    return names
+    return read_names_file(path, f"labels={str(path)!r}")
 
 
 class Preprocessing:
@@ -99,7 +82,8 @@ class Preprocessing:
     its checkpoint was validated on. Picklable, so decode workers can carry it.
     """
 
-    def __init__(self, info: Dict[str, Any]) -> None:
+    def __init__(self, info: dict[str, Any]) -> None:
+        # on use: importing this module must not load Paddle (predict's start-up, its decode workers)
         from paddle.vision import transforms as T
 
         from paddletrain.data.transforms import ResizeIfNeeded, ToNormalizedArray, ToPILImage
@@ -135,7 +119,7 @@ class Preprocessing:
 
 def cpu_bf16_support() -> str:
     """``"fast"`` (the CPU has AVX512-BF16 or AMX), ``"emulated"`` (oneDNN converts, slower than fp32) or ``"none"``."""
-    from paddle.base import core
+    from paddle.base import core  # on use: importing this module must not load Paddle
 
     if core.supports_bfloat16_fast_performance():
         return "fast"
@@ -159,7 +143,7 @@ def check_precision_runs_on(precision: str, device: str, use_mkldnn: bool = True
 
 
 def _resolve_device(device: str) -> str:
-    import paddle
+    import paddle  # on use: importing this module must not load Paddle
 
     if device not in DEVICES:
         raise UserError(f"device={device!r} is not one of {', '.join(DEVICES)}")
@@ -189,18 +173,18 @@ class ExportedModel:
     model_dir: Path
     runtime: Any
 
-    def _read_export(self, model_dir: Path, labels: Union[None, str, Path]) -> None:
+    def _read_export(self, model_dir: Path, labels: None | str | Path) -> None:
         self.model_dir = model_dir
         self.metadata = read_metadata(self.model_dir)
         self.input_size = tuple(int(v) for v in self.metadata["input_size"])
-        self.fixed_batch: Optional[int] = self.metadata.get("batch")
+        self.fixed_batch: int | None = self.metadata.get("batch")
         saved = self.metadata.get("labels")
         if saved is not None and not (isinstance(saved, list) and all(isinstance(name, str) for name in saved)):
             raise UserError(f"{self.model_dir / PREPROCESS_FILE}: labels must be a list of class names")
-        self.labels: Optional[List[str]] = read_labels(labels) if labels is not None else (saved or None)
+        self.labels: list[str] | None = read_labels(labels) if labels is not None else (saved or None)
         self._labels_source = str(labels) if labels is not None else str(self.model_dir / PREPROCESS_FILE)
         has_preprocessing = "resize_mode" in self.metadata
-        self.preprocessing: Optional[Preprocessing] = Preprocessing(self.metadata) if has_preprocessing else None
+        self.preprocessing: Preprocessing | None = Preprocessing(self.metadata) if has_preprocessing else None
 
     def _check_outputs(self) -> None:
         self.num_outputs = self._count_outputs()
@@ -267,10 +251,11 @@ class Predictor(ExportedModel):
     one batch of zeros has shown how many outputs the model has (``num_classes``).
     """
 
-    def __init__(self, model_dir: Union[str, Path], device: str = "auto", cpu_threads: Optional[int] = None,
-                 use_mkldnn: bool = True, precision: Optional[str] = None, tensorrt: bool = False,
+    def __init__(self, model_dir: str | Path, device: str = "auto", cpu_threads: int | None = None,
+                 use_mkldnn: bool = True, precision: str | None = None, tensorrt: bool = False,
                  gpu_id: int = 0, gpu_memory_mb: int = 512, trt_max_batch: int = 64,
-                 labels: Union[None, str, Path] = None) -> None:
+                 labels: None | str | Path = None) -> None:
+        # on use: importing this module must not load Paddle (runtime imports it too)
         from paddle import inference
 
         from paddletrain.runtime import usable_cores
@@ -322,7 +307,7 @@ class Predictor(ExportedModel):
 
     def _configure_gpu(self, config: Any, precision: str, tensorrt: bool, gpu_id: int, memory_mb: int,
                        trt_max_batch: int) -> None:
-        from paddle import inference
+        from paddle import inference  # on use: importing this module must not load Paddle
 
         half = precision == "fp16"
         paddle_precision = inference.PrecisionType.Half if half else inference.PrecisionType.Float32
@@ -376,9 +361,9 @@ class OnnxPredictor(ExportedModel):
         labels: a text file of class names replacing the export's.
     """
 
-    def __init__(self, model: Union[str, Path], device: str = "auto", cpu_threads: Optional[int] = None,
-                 precision: Optional[str] = None, labels: Union[None, str, Path] = None) -> None:
-        from paddletrain.runtime import usable_cores
+    def __init__(self, model: str | Path, device: str = "auto", cpu_threads: int | None = None,
+                 precision: str | None = None, labels: None | str | Path = None) -> None:
+        from paddletrain.runtime import usable_cores  # on use: runtime imports Paddle, this module must not
 
         onnxruntime = require_onnxruntime()
         path = Path(model)
@@ -426,14 +411,14 @@ class OnnxPredictor(ExportedModel):
 def require_onnxruntime() -> Any:
     """The onnxruntime module, or a UserError naming the extra that installs it."""
     try:
-        import onnxruntime
+        import onnxruntime  # optional dependency (the onnx extra)
     except ImportError:
         raise UserError("running an ONNX model needs onnxruntime, which is not installed: "
                         "pip install paddletrain[onnx]  (or: pip install onnxruntime)") from None
     return onnxruntime
 
 
-def choose_backend(model: Union[str, Path], backend: str = "auto") -> str:
+def choose_backend(model: str | Path, backend: str = "auto") -> str:
     """``paddle`` or ``onnx`` for ``model`` (an export directory or a ``.onnx`` file).
 
     ``auto``: a ``.onnx`` file runs in onnxruntime; a directory runs its Paddle graph when it has one, else its
@@ -451,9 +436,9 @@ def choose_backend(model: Union[str, Path], backend: str = "auto") -> str:
     return "paddle"
 
 
-def load_predictor(model: Union[str, Path], backend: str = "auto", device: str = "auto",
-                   cpu_threads: Optional[int] = None, precision: Optional[str] = None,
-                   labels: Union[None, str, Path] = None, **paddle_options: Any) -> ExportedModel:
+def load_predictor(model: str | Path, backend: str = "auto", device: str = "auto",
+                   cpu_threads: int | None = None, precision: str | None = None,
+                   labels: None | str | Path = None, **paddle_options: Any) -> ExportedModel:
     """The export ``model`` in the runtime ``backend`` chooses (:func:`choose_backend`): a :class:`Predictor`
     (Paddle Inference; ``paddle_options`` such as ``use_mkldnn``, ``tensorrt`` go to it) or an
     :class:`OnnxPredictor`. Both take the same batches and give the same logits layout."""
@@ -479,6 +464,6 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return exp / exp.sum(axis=-1, keepdims=True)
 
 
-def label_names(labels: Optional[Sequence[str]], indices: Sequence[int]) -> List[str]:
+def label_names(labels: Sequence[str] | None, indices: Sequence[int]) -> list[str]:
     """Display names of class indices; the index itself when the export has no labels."""
     return [labels[i] if labels and i < len(labels) else str(i) for i in indices]

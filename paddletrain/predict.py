@@ -27,20 +27,22 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import IO
 
 import hydra
 import numpy as np
-from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, DictConfig, OmegaConf
+from tqdm import tqdm
 
-from paddletrain.config import allowed, check_field, check_values
+from paddletrain.config import RuntimeConfig, allowed, check_field, check_values, cli_schema
 from paddletrain.decoding import decoded_batches
 from paddletrain.errors import ExitCode, UserError
-from paddletrain.inference import BACKENDS, DEVICES, PRECISIONS, ExportedModel, label_names, load_predictor, softmax
+from paddletrain.inference import BACKENDS, PRECISIONS, ExportedModel, label_names, load_predictor, softmax
 from paddletrain.registry import prepare
 
 log = logging.getLogger("paddletrain")
@@ -52,14 +54,15 @@ GLOB_CHARS = "*?["
 LIST_SUFFIXES = ("", ".txt", ".lst", ".list")
 
 
+@cli_schema("predict")
 @dataclass
-class PredictConfig:
+class PredictConfig(RuntimeConfig):
     """Typed schema of `python -m paddletrain.predict` (conf/predict.yaml)."""
 
     # An export directory or a .onnx file (or give `checkpoint` instead).
-    model_dir: Optional[str] = None
+    model_dir: str | None = None
     # A training checkpoint, or a run directory with :best/:last: exported (and verified) first, then run.
-    checkpoint: Optional[str] = None
+    checkpoint: str | None = None
     # auto: Paddle Inference for an export directory with a Paddle graph, onnxruntime for a .onnx model.
     backend: str = allowed("auto", choices=BACKENDS)
     # A folder (searched recursively for images), a text file with one path a line, or a glob pattern.
@@ -67,25 +70,17 @@ class PredictConfig:
     batch_size: int = allowed(32, ge=1)
     # Decode/preprocess processes; 0 decodes in the main process; None = half the cores (the predictor
     # needs the rest).
-    num_workers: Optional[int] = allowed(None, ge=0)
+    num_workers: int | None = allowed(None, ge=0)
     # JSON-lines file; None = stdout. Never one of the inputs, nor an image file inside the input folder.
-    output: Optional[str] = None
+    output: str | None = None
     topk: int = allowed(5, ge=1)
-    device: str = allowed("auto", choices=DEVICES)
-    # Predictor threads; None = the cores the decode workers leave free.
-    cpu_threads: Optional[int] = allowed(None, ge=1)
     use_mkldnn: bool = True
     # None = what the export recorded.
-    precision: Optional[str] = allowed(None, choices=PRECISIONS)
+    precision: str | None = allowed(None, choices=PRECISIONS)
     tensorrt: bool = False
     progress_bar: bool = True
     # A text file with one class name per line (output order); None = the labels the export recorded.
-    labels: Optional[str] = None
-    # Modules to import first (e.g. ones that load custom Paddle operators the exported graph uses).
-    imports: List[str] = field(default_factory=list)
-
-
-ConfigStore.instance().store(name="predict_schema", node=PredictConfig)
+    labels: str | None = None
 
 
 @dataclass
@@ -98,7 +93,7 @@ class PredictSummary:
     seconds: float
     # Time spent inside the predictor only; the rest is decode wait and writing.
     predict_seconds: float
-    failures: List[Tuple[str, str]] = field(default_factory=list)
+    failures: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def images_per_s(self) -> float:
@@ -115,9 +110,12 @@ class PredictSummary:
                 f"predictor)")
 
 
-def resolve_inputs(spec: str) -> List[str]:
+def resolve_inputs(spec: str) -> list[str]:
     """The image paths ``spec`` names: a folder (recursive, image extensions), a list file, a glob or one image."""
-    from paddletrain.data.imagefolder import IMG_EXTENSIONS, is_image_file
+    from paddletrain.data.imagefolder import (  # on use: importing predict must not load Paddle
+        IMG_EXTENSIONS,
+        is_image_file,
+    )
 
     path = Path(spec)
     if path.is_file():
@@ -136,13 +134,13 @@ def resolve_inputs(spec: str) -> List[str]:
     raise UserError(f"input={spec!r} is neither a folder, a file nor a glob pattern that matches")
 
 
-def _nonempty(paths: List[str], message: str) -> List[str]:
+def _nonempty(paths: list[str], message: str) -> list[str]:
     if not paths:
         raise UserError(message)
     return paths
 
 
-def _read_list(path: Path) -> List[str]:
+def _read_list(path: Path) -> list[str]:
     """Paths one a line (blank lines and ``#`` comments skipped), relative ones taken from the list's folder."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -155,7 +153,7 @@ def _read_list(path: Path) -> List[str]:
 def check_output_location(output: str, input_spec: str) -> None:
     """Refuse an ``output`` that is the ``input`` list file, or an image file inside the ``input`` folder (it
     would be read as an input by the next run over that folder)."""
-    from paddletrain.data.imagefolder import is_image_file
+    from paddletrain.data.imagefolder import is_image_file  # on use: importing predict must not load Paddle
 
     out, spec = Path(output), Path(input_spec)
     if spec.is_file() and out.exists() and os.path.samefile(out, spec):
@@ -166,7 +164,7 @@ def check_output_location(output: str, input_spec: str) -> None:
                         "read as an input; choose an output outside it (e.g. preds.jsonl)")
 
 
-def check_output_file(output: Union[str, Path], inputs: Sequence[str], protected: Sequence[Path] = ()) -> None:
+def check_output_file(output: str | Path, inputs: Sequence[str], protected: Sequence[Path] = ()) -> None:
     """Refuse an ``output`` that is a directory, or that is (also through a symlink or a hard link) one of
     ``inputs`` or a file in one of the ``protected`` directories (the export): opening it would truncate it."""
     out = Path(output)
@@ -189,30 +187,30 @@ def check_output_file(output: Union[str, Path], inputs: Sequence[str], protected
 
 def default_num_workers() -> int:
     """Half the usable cores decode (at least one); the predictor's threads get the rest."""
-    from paddletrain.runtime import usable_cores
+    from paddletrain.runtime import usable_cores  # on use: importing predict must not load Paddle
 
     return max(1, usable_cores() // 2)
 
 
 def default_predictor_threads(num_workers: int) -> int:
     """The cores the decode workers leave free (at least one)."""
-    from paddletrain.runtime import usable_cores
+    from paddletrain.runtime import usable_cores  # on use: importing predict must not load Paddle
 
     return max(1, usable_cores() - num_workers)
 
 
-def topk_lines(paths: Sequence[str], logits: np.ndarray, labels: Optional[List[str]], k: int) -> Iterator[str]:
+def topk_lines(paths: Sequence[str], logits: np.ndarray, labels: list[str] | None, k: int) -> Iterator[str]:
     """One JSON line per image: its top-``k`` labels, softmax scores and class ids, best first."""
     probs = softmax(logits)
     k = min(k, probs.shape[1])
     top = np.argsort(-probs, axis=1, kind="stable")[:, :k]
-    for path, ids, row in zip(paths, top, probs):
+    for path, ids, row in zip(paths, top, probs, strict=True):
         yield json.dumps({"path": path, "labels": label_names(labels, ids.tolist()),
                           "scores": [round(float(row[i]), 6) for i in ids], "class_ids": ids.tolist()})
 
 
 def predict_files(predictor: ExportedModel, paths: Sequence[str], batch_size: int = 32,
-                  num_workers: Optional[int] = None, topk: int = 5, output: Union[None, str, Path, IO[str]] = None,
+                  num_workers: int | None = None, topk: int = 5, output: None | str | Path | IO[str] = None,
                   progress: bool = True) -> PredictSummary:
     """Predict every image of ``paths`` with ``predictor`` and write one JSON line per image.
 
@@ -226,8 +224,6 @@ def predict_files(predictor: ExportedModel, paths: Sequence[str], batch_size: in
         output: a file path or an open text stream; None = stdout.
         progress: show a tqdm progress bar (on stderr).
     """
-    from tqdm import tqdm
-
     if predictor.preprocessing is None:
         raise UserError(f"{predictor.model_dir} has no preprocessing in preprocess.json, so images cannot be "
                         "decoded for it; export it with paddletrain.export (or export_model(preprocessing=...))")
@@ -238,7 +234,7 @@ def predict_files(predictor: ExportedModel, paths: Sequence[str], batch_size: in
     if isinstance(output, (str, Path)):
         check_output_file(output, paths, protected=[predictor.model_dir])
     chunks = [paths[i:i + batch_size] for i in range(0, len(paths), batch_size)]
-    failures: List[Tuple[str, str]] = []
+    failures: list[tuple[str, str]] = []
     n_ok, predict_seconds = 0, 0.0
     start = time.perf_counter()
     with ExitStack() as stack:
@@ -271,7 +267,11 @@ def predict_files(predictor: ExportedModel, paths: Sequence[str], batch_size: in
 
 def _model_source(cfg: DictConfig) -> str:
     """``model_dir`` or ``checkpoint``: exactly one of them, and an export is not a checkpoint nor the reverse."""
-    from paddletrain.checkpoint.locate import CHECKPOINTS_DIR, is_checkpoint_dir, split_choice
+    from paddletrain.checkpoint.locate import (  # on use: importing predict must not load Paddle
+        CHECKPOINTS_DIR,
+        is_checkpoint_dir,
+        split_choice,
+    )
 
     if (cfg.model_dir is None) == (cfg.checkpoint is None):
         raise UserError("give model_dir=<export dir or .onnx file> or checkpoint=<checkpoint or run dir[:best|:last]>"
@@ -286,9 +286,9 @@ def _model_source(cfg: DictConfig) -> str:
     return cfg.model_dir
 
 
-def _export_for_prediction(cfg: DictConfig, out_dir: Path) -> Optional[Path]:
+def _export_for_prediction(cfg: DictConfig, out_dir: Path) -> Path | None:
     """Export ``cfg.checkpoint`` into ``out_dir`` with the parity check; None when the check fails."""
-    from paddletrain.export import export_checkpoint
+    from paddletrain.export import export_checkpoint  # on use: importing predict must not load Paddle
 
     fmt = "onnx" if cfg.backend == "onnx" else "paddle"
     result = export_checkpoint(cfg.checkpoint, out_dir, format=fmt, cpu_threads=cfg.cpu_threads,
@@ -302,7 +302,7 @@ def _export_for_prediction(cfg: DictConfig, out_dir: Path) -> Optional[Path]:
     return out_dir
 
 
-def run(cfg: DictConfig, default_out_dir: Optional[str] = None) -> int:
+def run(cfg: DictConfig, default_out_dir: str | None = None) -> int:
     """The CLI's work for a ``PredictConfig``; returns the exit status (0 all ok, 3 some failed, 2 usage error).
 
     ``default_out_dir`` (the Hydra run directory) receives the export of ``checkpoint=``.
@@ -345,8 +345,6 @@ def run(cfg: DictConfig, default_out_dir: Optional[str] = None) -> int:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="predict")
 def main(cfg: DictConfig) -> None:
-    from hydra.core.hydra_config import HydraConfig
-
     sys.exit(run(cfg, default_out_dir=HydraConfig.get().runtime.output_dir))
 
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import numpy as np
 import paddle
 
-log = logging.getLogger("paddletrain")
+from paddletrain.devices import DEVICES
 
-DEVICES = ("auto", "cpu", "gpu")
+log = logging.getLogger("paddletrain")
 
 
 @dataclass

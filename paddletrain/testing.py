@@ -13,6 +13,11 @@ import paddle
 
 __all__ = ["FakeGradScaler"]
 
+# The scaler's settings and counters besides the scale, under Paddle's state_dict keys; each is held in the
+# attribute of the same name with a leading underscore, as in paddle.amp.GradScaler.
+_STATE = ("incr_ratio", "decr_ratio", "incr_every_n_steps", "decr_every_n_nan_or_inf", "incr_count", "decr_count",
+          "use_dynamic_loss_scaling")
+
 
 def _optimizer_params(optimizer: Any) -> Iterator[paddle.Tensor]:
     """The parameters a Paddle optimizer updates, with or without parameter groups.
@@ -40,13 +45,9 @@ class FakeGradScaler:
         use_dynamic_loss_scaling: bool = True,
     ) -> None:
         self._scale = float(init_loss_scaling)
-        self._incr_ratio = incr_ratio
-        self._decr_ratio = decr_ratio
-        self._incr_every_n_steps = incr_every_n_steps
-        self._decr_every_n_nan_or_inf = decr_every_n_nan_or_inf
-        self._use_dynamic_loss_scaling = use_dynamic_loss_scaling
-        self._incr_count = 0
-        self._decr_count = 0
+        self._set_state(dict(incr_ratio=incr_ratio, decr_ratio=decr_ratio, incr_every_n_steps=incr_every_n_steps,
+                             decr_every_n_nan_or_inf=decr_every_n_nan_or_inf, incr_count=0, decr_count=0,
+                             use_dynamic_loss_scaling=use_dynamic_loss_scaling))
         self._found_inf = False
         self._cache_found_inf = False
         self._reset_step_state()
@@ -113,25 +114,14 @@ class FakeGradScaler:
         self._reset_step_state()
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "scale": np.array([self._scale], dtype=np.float32),
-            "incr_ratio": self._incr_ratio,
-            "decr_ratio": self._decr_ratio,
-            "incr_every_n_steps": self._incr_every_n_steps,
-            "decr_every_n_nan_or_inf": self._decr_every_n_nan_or_inf,
-            "incr_count": self._incr_count,
-            "decr_count": self._decr_count,
-            "use_dynamic_loss_scaling": self._use_dynamic_loss_scaling,
-        }
+        return {"scale": np.array([self._scale], dtype=np.float32), **{key: getattr(self, f"_{key}") for key in _STATE}}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if len(state_dict) == 0:
             raise RuntimeError("The input state dict is empty, possibly because it was saved from a disabled scaler.")
         self._scale = float(np.asarray(state_dict["scale"]).reshape(-1)[0])
-        self._incr_ratio = state_dict["incr_ratio"]
-        self._decr_ratio = state_dict["decr_ratio"]
-        self._incr_every_n_steps = state_dict["incr_every_n_steps"]
-        self._decr_every_n_nan_or_inf = state_dict["decr_every_n_nan_or_inf"]
-        self._incr_count = state_dict["incr_count"]
-        self._decr_count = state_dict["decr_count"]
-        self._use_dynamic_loss_scaling = state_dict["use_dynamic_loss_scaling"]
+        self._set_state(state_dict)
+
+    def _set_state(self, values: dict[str, Any]) -> None:
+        for key in _STATE:
+            setattr(self, f"_{key}", values[key])

@@ -10,22 +10,31 @@ import logging
 import math
 import threading
 import time
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import paddle
 
 from paddletrain import distributed
 from paddletrain.callbacks.base import Callback, StepOutput
-from paddletrain.checkpoint.untrusted import StateValueError
+from paddletrain.checkpoint import Checkpoint, load_checkpoint, rng_state, set_rng_state
+from paddletrain.checkpoint.rng import check_rng_state
+from paddletrain.checkpoint.storage import STATE
+from paddletrain.checkpoint.untrusted import StateValueError, checked_mapping, required
 from paddletrain.errors import NonFiniteLossError, TrainingInterrupted, UserError
 from paddletrain.losses import cross_entropy
 from paddletrain.metrics import ClassificationMeter, Throughput
 from paddletrain.precision import Precision
 from paddletrain.processes import stop_request
-from paddletrain.schedules import optimizer_steps_per_epoch
-from paddletrain.state_checks import (check_optimizer_state, check_scheduler_state, check_state_matches,
-                                      checked_metrics, checked_progress)
+from paddletrain.runtime import seed_everything
+from paddletrain.state_checks import (
+    check_optimizer_state,
+    check_scheduler_state,
+    check_state_matches,
+    checked_metrics,
+    checked_progress,
+)
 
 log = logging.getLogger("paddletrain")
 
@@ -70,29 +79,29 @@ class Trainer:
         self,
         model: paddle.nn.Layer,
         optimizer: paddle.optimizer.Optimizer,
-        scheduler: Optional[paddle.optimizer.lr.LRScheduler] = None,
-        loss_fn: Optional[Callable[[paddle.Tensor, paddle.Tensor], paddle.Tensor]] = None,
-        precision: Optional[Precision] = None,
+        scheduler: paddle.optimizer.lr.LRScheduler | None = None,
+        loss_fn: Callable[[paddle.Tensor, paddle.Tensor], paddle.Tensor] | None = None,
+        precision: Precision | None = None,
         callbacks: Sequence[Callback] = (),
         max_epochs: int = 1,
-        max_steps: Optional[int] = None,
+        max_steps: int | None = None,
         accumulate_grad_batches: int = 1,
-        grad_clip_norm: Optional[float] = None,
-        limit_train_batches: Optional[int] = None,
-        limit_val_batches: Optional[int] = None,
+        grad_clip_norm: float | None = None,
+        limit_train_batches: int | None = None,
+        limit_val_batches: int | None = None,
         val_every_n_epochs: int = 1,
         max_consecutive_nonfinite: int = 20,
-        num_classes: Optional[int] = None,
-        run_dir: Optional[str] = None,
-        hparams: Optional[Dict[str, Any]] = None,
-        checkpoint_extras: Optional[Dict[str, Any]] = None,
+        num_classes: int | None = None,
+        run_dir: str | None = None,
+        hparams: dict[str, Any] | None = None,
+        checkpoint_extras: dict[str, Any] | None = None,
         rank: int = 0,
         world_size: int = 1,
         sync_bn: bool = False,
         find_unused_parameters: bool = False,
         handle_signals: bool = True,
-        batch_transform: Optional[Callable[[paddle.Tensor, paddle.Tensor], Tuple[paddle.Tensor, paddle.Tensor]]] = None,
-        distiller: Optional[Any] = None,
+        batch_transform: Callable[[paddle.Tensor, paddle.Tensor], tuple[paddle.Tensor, paddle.Tensor]] | None = None,
+        distiller: Any | None = None,
     ) -> None:
         if accumulate_grad_batches < 1:
             raise ValueError(f"accumulate_grad_batches must be >= 1, got {accumulate_grad_batches}")
@@ -105,7 +114,7 @@ class Trainer:
         self.loss_fn = loss_fn or cross_entropy
         self.precision = precision or Precision()
         # Checkpointing runs after every other callback so it saves their updated state (as Lightning does).
-        self.callbacks: List[Callback] = sorted(callbacks, key=lambda c: getattr(c, "run_last", False))
+        self.callbacks: list[Callback] = sorted(callbacks, key=lambda c: getattr(c, "run_last", False))
         self.max_epochs = max_epochs
         self.max_steps = max_steps
         self.accumulate_grad_batches = accumulate_grad_batches
@@ -134,21 +143,21 @@ class Trainer:
         self.epoch_finished = False
         self.global_step = 0
         self.should_stop = False
-        self.metrics: Dict[str, float] = {}
+        self.metrics: dict[str, float] = {}
         self.nonfinite_steps = 0
         self.consecutive_nonfinite = 0
-        self.num_train_batches: Optional[int] = None
-        self.train_loader: Optional[Iterable] = None
+        self.num_train_batches: int | None = None
+        self.train_loader: Iterable | None = None
         self.handle_signals = handle_signals
-        self.resumed_from: Optional[str] = None
-        self._train_meter: Optional[ClassificationMeter] = None
+        self.resumed_from: str | None = None
+        self._train_meter: ClassificationMeter | None = None
         # Training throughput (paddletrain.metrics.Throughput) of the current epoch and of this fit so far.
         self.epoch_throughput = Throughput()
         self.run_throughput = Throughput()
         # Wall time of the last fit (everything: steps, validation, checkpoints), beside the step time above.
         self.fit_seconds = 0.0
-        self.num_val_batches: Optional[int] = None
-        self._restored_meter: Optional[Dict[str, Any]] = None
+        self.num_val_batches: int | None = None
+        self._restored_meter: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ properties
     @property
@@ -172,7 +181,7 @@ class Trainer:
             getattr(cb, hook)(self, *args)
 
     # ------------------------------------------------------------------ overridable steps
-    def training_step(self, batch: Any, batch_idx: int) -> Tuple[paddle.Tensor, Optional[paddle.Tensor], Any]:
+    def training_step(self, batch: Any, batch_idx: int) -> tuple[paddle.Tensor, paddle.Tensor | None, Any]:
         """Forward one training batch; returns (loss, logits, labels). Override for custom tasks."""
         images, labels = batch[0], batch[1]
         targets = labels
@@ -186,7 +195,7 @@ class Trainer:
             loss = self.distiller.loss(logits, images, targets, precision=self.precision)
         return loss, logits, labels
 
-    def validation_step(self, batch: Any, batch_idx: int) -> Tuple[paddle.Tensor, Optional[paddle.Tensor], Any]:
+    def validation_step(self, batch: Any, batch_idx: int) -> tuple[paddle.Tensor, paddle.Tensor | None, Any]:
         """Forward one evaluation batch; returns (loss, logits, labels). Override for custom tasks."""
         images, labels = batch[0], batch[1]
         with self.precision.autocast(training=False):
@@ -206,8 +215,8 @@ class Trainer:
             self.model = distributed.wrap(self.model, find_unused_parameters=self.find_unused_parameters,
                                           sync_bn=self.sync_bn)
 
-    def fit(self, train_loader: Iterable, val_loader: Optional[Iterable] = None,
-            ckpt_path: Optional[Any] = None) -> Dict[str, float]:
+    def fit(self, train_loader: Iterable, val_loader: Iterable | None = None,
+            ckpt_path: Any | None = None) -> dict[str, float]:
         """Train until ``max_epochs``/``max_steps`` or a callback stops; returns the final metrics.
 
         ``ckpt_path`` (a checkpoint directory or a loaded ``Checkpoint``) restores model, optimizer, scheduler,
@@ -265,7 +274,7 @@ class Trainer:
             return True
         return self.max_steps is not None and self.global_step >= self.max_steps
 
-    def _run_epoch(self, train_loader: Iterable, val_loader: Optional[Iterable]) -> None:
+    def _run_epoch(self, train_loader: Iterable, val_loader: Iterable | None) -> None:
         self.epoch_finished = False
         sampler = getattr(train_loader, "batch_sampler", None)
         if hasattr(sampler, "set_epoch"):
@@ -290,7 +299,7 @@ class Trainer:
             self.batch_in_epoch = 0
             self.epoch_finished = False
 
-    def _train_batches(self, loader: Iterable) -> Tuple[Dict[str, float], bool]:
+    def _train_batches(self, loader: Iterable) -> tuple[dict[str, float], bool]:
         """Train over the epoch's remaining batches; returns the epoch's metrics and whether all batches ran."""
         meter = self._train_meter = ClassificationMeter(self.num_classes)
         if self._restored_meter is not None:
@@ -347,7 +356,7 @@ class Trainer:
         metrics["train/lr"] = self.current_lr
         return metrics, exhausted
 
-    def _optimizer_step(self) -> Tuple[bool, bool]:
+    def _optimizer_step(self) -> tuple[bool, bool]:
         """Unscale, check, clip and step; the scheduler advances only when the optimizer really stepped."""
         self._call("on_before_optimizer_step", self.optimizer)
         result = self.precision.step(self.optimizer, self._parameters, clip_norm=self.grad_clip_norm)
@@ -379,14 +388,14 @@ class Trainer:
         return contextlib.nullcontext()
 
     # ------------------------------------------------------------------ validate / predict
-    def validate(self, loader: Iterable) -> Dict[str, float]:
+    def validate(self, loader: Iterable) -> dict[str, float]:
         """Loss and top-k accuracy over ``loader`` (all ranks combined); also runs the validation hooks."""
         self.setup()
         metrics = self._validate(loader)
         self.metrics.update(metrics)
         return metrics
 
-    def _validate(self, loader: Iterable) -> Dict[str, float]:
+    def _validate(self, loader: Iterable) -> dict[str, float]:
         limit = self.num_val_batches = count_batches(loader, self.limit_val_batches)
         self._call("on_validation_start")
         was_training = self.module.training
@@ -433,11 +442,9 @@ class Trainer:
         return np.concatenate(outputs) if outputs else np.zeros((0, 0), dtype="float32")
 
     # ------------------------------------------------------------------ state
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly: weights, optimizer, scheduler, precision, callbacks, progress."""
-        from paddletrain.checkpoint import rng_state
-
-        state: Dict[str, Any] = {
+        state: dict[str, Any] = {
             "model": self.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "precision": self.precision.state_dict(),
@@ -465,7 +472,7 @@ class Trainer:
             state["batch_transform"] = distributed.all_gather_object(own) if self.world_size > 1 else [own]
         return state
 
-    def checkpoint_state(self) -> Dict[str, Any]:
+    def checkpoint_state(self) -> dict[str, Any]:
         """What a checkpoint holds: :meth:`state_dict`, the ``checkpoint_extras``, and whatever each callback's
         ``on_save_checkpoint`` adds (callbacks on the main process only write there)."""
         state = self.state_dict()
@@ -474,16 +481,12 @@ class Trainer:
             self._call("on_save_checkpoint", state)
         return state
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` produced (callbacks by their ``state_key``).
 
         The model, optimizer, scheduler, progress counters, metrics and this rank's RNG state are checked
         before anything changes; a value that does not fit raises :class:`StateValueError` naming its key.
         """
-        from paddletrain.checkpoint import set_rng_state
-        from paddletrain.checkpoint.rng import check_rng_state
-        from paddletrain.checkpoint.untrusted import checked_mapping, required
-
         checked_mapping(state, "(the whole state)")
         check_state_matches(self.module, required(state, "model", "model"))
         check_optimizer_state(self.optimizer, self.module, required(state, "optimizer", "optimizer"))
@@ -514,6 +517,10 @@ class Trainer:
         if self._restored_meter is not None:
             with _restoring("train_meter"):  # loaded when the epoch continues: check it now
                 ClassificationMeter(self.num_classes).load_state_dict(self._restored_meter)
+        self._load_loop_state(state, saved_rngs)
+
+    def _load_loop_state(self, state: dict[str, Any], saved_rngs: list) -> None:
+        """The rest of :meth:`load_state_dict`: callbacks, the sampler's position, Mixup draws and RNG streams."""
         saved_callbacks = checked_mapping(state.get("callbacks", {}), "callbacks")
         for cb in self.callbacks:
             if cb.state_key in saved_callbacks:
@@ -535,8 +542,6 @@ class Trainer:
         if len(saved_rngs) == self.world_size:
             set_rng_state(saved_rngs[self.rank], f"rng[{self.rank}]")
         else:
-            from paddletrain.runtime import seed_everything
-
             # Another world size: there is no saved stream for this rank, so derive a deterministic one.
             seed_everything(hash((len(saved_rngs), self.rank, self.global_step)) % (2**31))
             log.warning("The checkpoint holds RNG states for %d rank(s), this run has %d: random streams are "
@@ -547,9 +552,6 @@ class Trainer:
 
         A value that does not fit is reported in one line naming the checkpoint's ``state.json`` and the key.
         """
-        from paddletrain.checkpoint import Checkpoint, load_checkpoint
-        from paddletrain.checkpoint.storage import STATE
-
         if not isinstance(checkpoint, Checkpoint):
             checkpoint = load_checkpoint(checkpoint)
         try:
@@ -564,10 +566,10 @@ class Trainer:
                  self.batch_in_epoch, self.global_step)
 
 
-def count_batches(loader: Iterable, limit: Optional[int]) -> Optional[int]:
+def count_batches(loader: Iterable, limit: int | None) -> int | None:
     """Batches an epoch of ``loader`` runs: its length capped by ``limit`` (None when neither is known)."""
     try:
-        n: Optional[int] = len(loader)  # type: ignore[arg-type]
+        n: int | None = len(loader)  # type: ignore[arg-type]
     except TypeError:
         n = None
     if limit is not None:
@@ -575,7 +577,7 @@ def count_batches(loader: Iterable, limit: Optional[int]) -> Optional[int]:
     return n
 
 
-def _flag_last(batches: Iterator[Any], limit: Optional[int], start: int) -> Iterator[Tuple[Any, bool]]:
+def _flag_last(batches: Iterator[Any], limit: int | None, start: int) -> Iterator[tuple[Any, bool]]:
     """``(batch, is_last)`` for batches ``start, start + 1, ...`` up to ``limit``.
 
     Without a known length the following batch is fetched first, so the last one is still known as last.

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Any, List
+from typing import Any
 
 from omegaconf import OmegaConf
 
 import paddletrain.builtins  # noqa: F401  (registers the built-in names the config may use)
 from paddletrain.callbacks.instantiate import check_callback_entries
 from paddletrain.config import EvaluateConfig, FitConfig, check_values
+from paddletrain.data.mixup import Mixup
+from paddletrain.data.transforms import build_augmentations
+from paddletrain.distill import resolve_alpha
 from paddletrain.errors import ConfigError
 from paddletrain.registries import DATASETS, LOSSES, MODELS, OPTIMIZERS, SCHEDULERS
 from paddletrain.registry import prepare
@@ -36,7 +39,7 @@ def _check_nodes(trainer: Any) -> None:
                               f"when trainer.num_nodes={num_nodes}, e.g. trainer.master=10.0.0.1:29500")
 
 
-def unknown_keys(node: Any, schema: type, prefix: str = "") -> List[str]:
+def unknown_keys(node: Any, schema: type, prefix: str = "") -> list[str]:
     """Keys of ``node`` that ``schema`` does not declare.
 
     Hydra's ``+key=value`` force-adds keys even into typed nodes, so this check is the one that catches them.
@@ -105,10 +108,6 @@ def _renamed(error: ConfigError, owner: str, key: str) -> ConfigError:
 def check_training_parts(cfg: Any) -> None:
     """``data.augment`` entries build, ``data.mixup`` options agree and ``trainer.distill`` is complete: the same
     constructors the run uses check them (each is cheap), so a rule has one home."""
-    from paddletrain.data.mixup import Mixup
-    from paddletrain.data.transforms import build_augmentations
-    from paddletrain.distill import resolve_alpha
-
     build_augmentations(cfg.data.get("augment") or [])
     if cfg.data.get("mixup") is not None:
         try:

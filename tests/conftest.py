@@ -7,11 +7,17 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import paddle
 import pytest
 from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
 from PIL import Image
 
 import paddletrain.fit  # noqa: F401  (registers the schemas)
+from paddletrain.config import DataConfig
+from paddletrain.data import preprocessing_info
+from paddletrain.export import export_model
+from paddletrain.models import create_model
 
 # A run that exercises the whole pipeline in a few seconds: tiny shapes split, 16px images, one epoch.
 TINY = [
@@ -57,3 +63,18 @@ def write_image_folder(root: Path, bad_val_index: int | None = None) -> None:
                 Image.fromarray(rng.randint(0, 255, (12, 12, 3), dtype=np.uint8)).save(folder / f"{i}.png")
     if bad_val_index is not None:
         sorted((root / "val").glob("*/*.png"))[bad_val_index].write_bytes(b"not a png")
+
+
+# The exported model of the predict tests: a seeded resnet20 for 16px RGB inputs with three labels.
+EXPORT_LABELS = ["a", "b", "c"]
+EXPORT_SIZE = 16
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory) -> Path:
+    """An export (``model.pdmodel`` and friends) of an untrained resnet20 over ``EXPORT_LABELS``, one per module."""
+    paddle.seed(0)
+    model = create_model("resnet20", num_classes=len(EXPORT_LABELS))
+    info = preprocessing_info(OmegaConf.structured(DataConfig(image_size=EXPORT_SIZE)))
+    return export_model(model, tmp_path_factory.mktemp("export"), input_size=(3, EXPORT_SIZE, EXPORT_SIZE),
+                        preprocessing=info, labels=EXPORT_LABELS)

@@ -11,7 +11,7 @@ from paddletrain.callbacks import Callback, EarlyStopping, ProgressBar, VisualDL
 from paddletrain.callbacks.instantiate import check_callback_entries, instantiate_callbacks
 from paddletrain.errors import ConfigError
 from paddletrain.registries import CALLBACKS
-from tests.conftest import TINY, compose_fit
+from tests.conftest import TINY, compose_fit, run_module
 
 
 class Counter(Callback):
@@ -60,8 +60,6 @@ def test_every_bad_entry_is_one_line_naming_it(entries, message):
 
 
 def test_a_bad_callback_value_stops_fit_before_any_work(tmp_path):
-    from tests.conftest import run_module
-
     result = run_module("paddletrain.fit", [*TINY, "+callbacks.ema.decay=2", f"hydra.run.dir={tmp_path / 'run'}"],
                         cwd=tmp_path)
     output = result.stdout + result.stderr

@@ -8,6 +8,7 @@ import paddle
 import pytest
 
 from paddletrain.bench.common import TinyNet, synthetic_batches
+from paddletrain.build import build_callbacks
 from paddletrain.callbacks import ProfilerCallback
 from paddletrain.trainer import Trainer
 
@@ -70,8 +71,6 @@ def test_rejects_bad_window(tmp_path, kwargs):
 
 
 def test_fit_config_wires_profile_into_the_run_dir(tmp_path, tiny_overrides):
-    from paddletrain.build import build_callbacks
-
     from .conftest import compose_fit
 
     cfg = compose_fit(tiny_overrides + ["+callbacks.profiler.wait=3", "+callbacks.profiler.active=4"])

@@ -30,6 +30,7 @@ from paddletrain.callbacks.visualdl import (
     tag_sort_key,
 )
 from paddletrain.trainer import Trainer
+from tests.conftest import TINY, run_module
 
 MEAN, STD = [0.5, 0.4, 0.3], [0.2, 0.25, 0.5]
 FP32 = types.SimpleNamespace(loss_scale=None, enabled=False)
@@ -371,8 +372,6 @@ RUN_NAME, RUN_TIME = "tiny-shapes", "2026-01-02_03-04-05"
 @pytest.fixture(scope="module")
 def fit_run(tmp_path_factory):
     """A real 2-epoch run of the default job, shrunk, with an override of its own: 4 steps an epoch."""
-    from tests.conftest import TINY, run_module
-
     root = tmp_path_factory.mktemp("vdl_fit")
     run_dir = root / "outputs" / RUN_NAME / RUN_TIME
     result = run_module("paddletrain.fit", [*TINY, "trainer.max_epochs=2", "optim.lr=0.01",

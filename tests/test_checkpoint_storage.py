@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import paddle
 import pytest
+from safetensors import safe_open
 
 from paddletrain.checkpoint import (
     CheckpointError,
@@ -86,7 +87,6 @@ def test_round_trip_preserves_values_types_and_dtypes(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
     # The files are strict JSON (no NaN literals) and safetensors keys follow the state's nesting.
     json.loads((path / "state.json").read_text(), parse_constant=lambda c: pytest.fail(f"non-strict JSON {c}"))
-    from safetensors import safe_open
     with safe_open(str(path / "tensors.safetensors"), framework="numpy") as f:
         assert "model/layer1.0.conv1.weight" in f.keys()
 

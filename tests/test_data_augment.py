@@ -6,14 +6,21 @@ import random
 
 import numpy as np
 import pytest
+from paddle.vision import transforms as T
 from PIL import Image
 
-from paddle.vision import transforms as T
-
 from paddletrain.config import DataConfig
+from paddletrain.data.augment import (
+    IMAGENET_POLICY,
+    MAGNITUDE_SPACES,
+    RAND_AUGMENT_OPS,
+    AutoAugment,
+    RandAugment,
+    RandomErasing,
+    TrivialAugment,
+    apply_op,
+)
 from paddletrain.data.loaders import build_loader
-from paddletrain.data.augment import (IMAGENET_POLICY, MAGNITUDE_SPACES, RAND_AUGMENT_OPS,
-                                      AutoAugment, RandAugment, RandomErasing, TrivialAugment, apply_op)
 from paddletrain.data.transforms import ToNormalizedArray, ToPILImage, build_transform
 from paddletrain.errors import ConfigError
 from paddletrain.registries import AUGMENTATIONS

@@ -1,6 +1,7 @@
 """CifarDataset: tiny fake archives in both CIFAR layouts, the restricted unpickler, errors naming the file."""
 from __future__ import annotations
 
+import codecs
 import io
 import os
 import pickle
@@ -8,7 +9,9 @@ import tarfile
 from pathlib import Path
 
 import numpy as np
+import paddle.dataset.common
 import pytest
+from paddle.vision.datasets import cifar as paddle_cifar
 
 from paddletrain.config import DataConfig
 from paddletrain.data.cifar import LAYOUTS, CifarDataset, safe_load
@@ -106,8 +109,6 @@ def test_restricted_unpickler_refuses_arbitrary_globals(tmp_path: Path) -> None:
 
 
 def test_restricted_unpickler_refuses_other_codecs() -> None:
-    import codecs
-
     class _Codec:
         def __reduce__(self):
             return (codecs.encode, ("x", "rot13"))
@@ -152,9 +153,6 @@ def test_missing_meta_is_an_error(tmp_path: Path) -> None:
 
 
 def test_download_uses_paddle_downloader(tmp_path: Path, monkeypatch) -> None:
-    import paddle.dataset.common
-    from paddle.vision.datasets import cifar as paddle_cifar
-
     source = tmp_path / "cache"
     make_archive(source, "cifar10")
     requested = []

@@ -1,4 +1,6 @@
 """build_loader: determinism across workers and resume, RNG isolation, eval coverage, bad samples never hang."""
+from __future__ import annotations
+
 import gc
 import logging
 import random
@@ -13,8 +15,14 @@ import pytest
 
 from paddletrain.config import DataConfig
 from paddletrain.data.datasets import BadSampleError, DatasetError
-from paddletrain.data.loaders import (BadSample, SeededDataset, _global_rngs_restored, batch_seeds, build_loader,
-                                      collate_checked)
+from paddletrain.data.loaders import (
+    BadSample,
+    SeededDataset,
+    _global_rngs_restored,
+    batch_seeds,
+    build_loader,
+    collate_checked,
+)
 from paddletrain.data.sampler import SampleKey
 from paddletrain.data.transforms import build_transform
 from paddletrain.errors import ConfigError
@@ -63,7 +71,7 @@ def _batches(loader, epoch=0):
 
 def _assert_same_batches(a, b):
     assert len(a) == len(b)
-    for (xa, ya), (xb, yb) in zip(a, b):
+    for (xa, ya), (xb, yb) in zip(a, b, strict=True):
         np.testing.assert_array_equal(ya, yb)
         np.testing.assert_array_equal(xa, xb)
 
@@ -331,11 +339,11 @@ def test_batches_from_the_main_thread_do_not_share_memory():
     loader = build_loader(TinyDataset(n=12), _cfg(), train=False, seed=0)
     kept = [x for x, _ in loader]
     first = [x.numpy().copy() for x in kept]
-    for batch in loader:  # a second pass allocates again
+    for _batch in loader:  # a second pass allocates again
         pass
-    del batch
+    del _batch
     gc.collect()  # the arrays behind the kept tensors must live as long as the tensors (DLPack capsule)
-    for x, expected in zip(kept, first):
+    for x, expected in zip(kept, first, strict=True):
         np.testing.assert_array_equal(x.numpy(), expected)
     assert [int(x[0, 0, 0, 0]) for x in kept] == [0, 4, 8]
 

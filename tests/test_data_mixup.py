@@ -23,7 +23,7 @@ def _own_share(mixed: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Per sample, the share of its own image in its mixed pixels: mean of (v - c_partner) / (c_own - c_partner)."""
     partner = values[::-1]
     share = np.ones(len(values))
-    for i, (own, other) in enumerate(zip(values, partner)):
+    for i, (own, other) in enumerate(zip(values, partner, strict=True)):
         if own != other:  # the middle of an odd batch is mixed with itself
             share[i] = ((mixed[i] - other) / (own - other)).mean()
     return share
@@ -166,7 +166,7 @@ def test_state_dict_round_trip_reproduces_the_draws(tmp_path):
     for saved in (state, load_checkpoint(tmp_path / "ckpt").state["mixup"]):
         resumed = Mixup(seed=123, **options)  # the seed no longer matters once the state is loaded
         resumed.load_state_dict(saved)
-        for (xa, ya), (xb, yb) in zip(expected, _draws(resumed, images, labels, 4)):
+        for (xa, ya), (xb, yb) in zip(expected, _draws(resumed, images, labels, 4), strict=True):
             np.testing.assert_array_equal(xa, xb)
             np.testing.assert_array_equal(ya, yb)
 
@@ -185,7 +185,7 @@ def test_the_draws_ignore_the_global_random_generators():
     first = _draws(a, images, labels, 2)
     np.random.seed(99)
     paddle.seed(99)
-    for (xa, ya), (xb, yb) in zip(first, _draws(b, images, labels, 2)):
+    for (xa, ya), (xb, yb) in zip(first, _draws(b, images, labels, 2), strict=True):
         np.testing.assert_array_equal(xa, xb)
         np.testing.assert_array_equal(ya, yb)
 

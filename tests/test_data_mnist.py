@@ -6,7 +6,9 @@ import os
 from pathlib import Path
 
 import numpy as np
+import paddle.dataset.common
 import pytest
+from paddle.vision.datasets import FashionMNIST
 
 from paddletrain.config import DataConfig
 from paddletrain.data import mnist
@@ -21,7 +23,7 @@ def _idx_bytes(array: np.ndarray, magic: int) -> bytes:
 
 def write_idx_split(directory: Path, split: str, images: np.ndarray, labels: np.ndarray, gz: bool = True) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    for name, payload in zip(FILES[split], (_idx_bytes(images, 2051), _idx_bytes(labels, 2049))):
+    for name, payload in zip(FILES[split], (_idx_bytes(images, 2051), _idx_bytes(labels, 2049)), strict=True):
         if gz:
             with gzip.open(directory / name, "wb") as f:
                 f.write(payload)
@@ -97,9 +99,6 @@ def test_not_gzip_names_file(tmp_path: Path) -> None:
 
 
 def test_download_uses_paddle_downloader_and_fills_root(idx_root: Path, tmp_path: Path, monkeypatch) -> None:
-    import paddle.dataset.common
-    from paddle.vision.datasets import FashionMNIST
-
     requested = []
 
     def fake_download(url: str, module: str, md5: str) -> str:

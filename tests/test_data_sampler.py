@@ -1,6 +1,10 @@
 """ResumableBatchSampler: order as a pure function of (seed, epoch), sharding, padding, skip and resume."""
+from __future__ import annotations
+
+import numpy as np
 import pytest
 
+from paddletrain.data.loaders import CheckedDataLoader, SeededDataset
 from paddletrain.data.sampler import ResumableBatchSampler, SampleKey
 
 
@@ -63,7 +67,7 @@ def test_ranks_split_the_epoch_with_padding_at_the_tail(n):
               for r in range(world)]
     samplers = [_sampler(n=n, batch_size=2, seed=1, num_replicas=world, rank=r) for r in range(world)]
     assert len({len(s) for s in shards}) == 1  # equal steps on every rank
-    real = [s[:sampler.num_real_samples] for s, sampler in zip(shards, samplers)]
+    real = [s[:sampler.num_real_samples] for s, sampler in zip(shards, samplers, strict=True)]
     assert sum(sampler.num_real_samples for sampler in samplers) == n
     assert sorted(i for shard in real for i in shard) == list(range(n))
     # Every rank agrees on the epoch's global order: interleaving the shards rebuilds it.
@@ -153,7 +157,7 @@ def test_each_image_k_times_in_disjoint_rank_shares_before_truncation(n, world, 
     shares = [stream[r::world].tolist() for r in range(world)]
     assert sorted(i for share in shares for i in share) == sorted(stream.tolist())
     # ...and each rank yields the head of its share, the dataset's size / world size (timm's truncation).
-    for sampler, share in zip(samplers, shares):
+    for sampler, share in zip(samplers, shares, strict=True):
         yielded = _flat(sampler)
         assert len(yielded) == sampler.num_samples == -(-n // world) == sampler.num_real_samples
         assert yielded == share[:len(yielded)]
@@ -216,9 +220,6 @@ def test_num_repeats_must_be_a_positive_integer(bad):
 
 
 def test_copies_in_one_batch_get_different_augmentations():
-    import numpy as np
-
-    from paddletrain.data.loaders import CheckedDataLoader, SeededDataset
 
     class Blank:
         def __len__(self):

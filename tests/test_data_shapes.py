@@ -8,6 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from paddletrain.config import DataConfig
+from paddletrain.data import shapes
 from paddletrain.data.datasets import (
     DatasetError,
     DatasetSplits,
@@ -60,8 +61,6 @@ def test_classes_are_balanced_and_images_vary() -> None:
 
 def test_each_class_draws_its_own_shape() -> None:
     # Without noise and colour, the mask of one class differs from every other class's mask.
-    from paddletrain.data import shapes
-
     masks = []
     for name in CLASSES:
         mask = shapes._draw_mask(name, 128, np.array([64.0, 64.0]), 50.0, 0.0, 0.4)

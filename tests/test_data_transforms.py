@@ -1,4 +1,6 @@
 """Transform presets: shapes, dtypes, normalisation, channel handling, determinism under seeding, errors."""
+from __future__ import annotations
+
 import random
 
 import numpy as np

@@ -9,10 +9,14 @@ import paddle
 import pytest
 
 from paddletrain.checkpoint import save_checkpoint
+from paddletrain.data.loaders import CheckedDataLoader, SeededDataset
+from paddletrain.data.sampler import ResumableBatchSampler
 from paddletrain.distill import DistillConfig, Distiller, distillation_loss, kd_loss, ssld_loss
 from paddletrain.errors import ConfigError
 from paddletrain.precision import Precision
 from paddletrain.trainer import Trainer
+from paddletrain.validation import validate_config
+from tests.conftest import TINY, compose_fit
 
 paddle.set_device("cpu")
 
@@ -190,9 +194,6 @@ class Points:
 
 
 def resumable_loader():
-    from paddletrain.data.loaders import CheckedDataLoader, SeededDataset
-    from paddletrain.data.sampler import ResumableBatchSampler
-
     dataset = Points()
     return CheckedDataLoader(SeededDataset(dataset, seed=3), ResumableBatchSampler(dataset, 8, shuffle=True, seed=3))
 
@@ -228,7 +229,7 @@ def test_resuming_a_distillation_run_is_exact(tmp_path):
         resumed = make_trainer(teacher, max_steps=None, max_epochs=2)
         resumed.fit(resumable_loader(), ckpt_path=directory)
     assert resumed.global_step == 12
-    for a, b in zip(straight.module.parameters(), resumed.module.parameters()):
+    for a, b in zip(straight.module.parameters(), resumed.module.parameters(), strict=True):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
@@ -248,10 +249,6 @@ def test_resuming_a_distillation_run_is_exact(tmp_path):
     (["trainer.distill.kind=dml"], "trainer.distill.kind='dml' is not allowed; choose one of: kd, ssld"),
 ])
 def test_distill_config_rules_are_one_line_naming_the_key(overrides, line):
-    from paddletrain.errors import ConfigError
-    from paddletrain.validation import validate_config
-    from tests.conftest import TINY, compose_fit
-
     with pytest.raises(ConfigError) as info:
         validate_config(compose_fit([*TINY, *overrides]))
     assert str(info.value).startswith(line) and "\n" not in str(info.value)

@@ -1,6 +1,12 @@
 """Export: a training checkpoint becomes a Paddle Inference model that provably matches it."""
+from __future__ import annotations
+
+import importlib.metadata
 import json
 import os
+import subprocess
+import sys
+import types
 
 import numpy as np
 import paddle
@@ -8,14 +14,26 @@ import pytest
 from omegaconf import OmegaConf
 from PIL import Image
 
+from paddletrain.build import train
 from paddletrain.checkpoint import find_latest, load_checkpoint, save_checkpoint
 from paddletrain.data import build_datasets
 from paddletrain.errors import UserError
-from paddletrain.export import (TOLERANCE, ExportConfig, check_parity, compare_logits, export_checkpoint, parse_batch,
-                                reference_logits, run)
-from paddletrain.build import train
+from paddletrain.export import (
+    TOLERANCE,
+    ExportConfig,
+    _check_images,
+    _rebuild,
+    check_parity,
+    compare_logits,
+    export_checkpoint,
+    parse_batch,
+    reference_logits,
+    run,
+)
 from paddletrain.inference import Predictor, cpu_bf16_support
 from paddletrain.models import create_model
+from paddletrain.predict import PredictConfig
+from paddletrain.predict import run as predict
 from tests.conftest import TINY, compose_fit, run_module
 
 HAS_GPU = paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
@@ -185,8 +203,6 @@ def _round_to_bfloat16(array: np.ndarray) -> np.ndarray:
 
 def test_the_bf16_tolerance_admits_bf16_rounding_and_rejects_real_mistakes(checkpoint, tmp_path):
     """On the checkpoint's own validation images, in float32 dygraph (so the verdict is the same on every CPU)."""
-    from paddletrain.export import _check_images, _rebuild
-
     rebuilt = _rebuild(checkpoint, None)
     inputs, _ = _check_images(rebuilt.splits, rebuilt.eval_transform,
                               Predictor(export_checkpoint(checkpoint, tmp_path, check=False).out_dir).preprocessing,
@@ -218,8 +234,6 @@ def test_the_bf16_tolerance_admits_bf16_rounding_and_rejects_real_mistakes(check
 
 
 def test_predict_with_a_checkpoint_exports_it_verified_then_predicts(checkpoint, data_cfg, tmp_path):
-    from paddletrain.predict import PredictConfig, run as predict
-
     val = build_datasets(data_cfg).val
     (tmp_path / "images").mkdir()
     for i in range(3):
@@ -235,8 +249,6 @@ def test_predict_with_a_checkpoint_exports_it_verified_then_predicts(checkpoint,
 
 
 def _distributions():
-    import importlib.metadata
-
     return sorted((d.metadata["Name"] or "", d.version) for d in importlib.metadata.distributions())
 
 
@@ -244,10 +256,6 @@ def _distributions():
 def test_onnx_export_matches_in_onnxruntime_and_installs_nothing(checkpoint, tmp_path, monkeypatch, batch):
     pytest.importorskip("paddle2onnx", reason="format=onnx needs the onnx extra (paddle2onnx)")
     pytest.importorskip("onnxruntime", reason="the ONNX parity check needs the onnx extra (onnxruntime)")
-    import subprocess
-    import sys
-    import types
-
     # paddle2onnx's default optimizer imports polygraphy after setting POLYGRAPHY_AUTOINSTALL_DEPS=1, and
     # polygraphy then pip-installs onnx_graphsurgeon: a stand-in records whether that step is reached at all.
     folded, started = [], []

@@ -1,11 +1,19 @@
 """The `fit` and `evaluate` command lines end to end, in subprocesses, on a tiny config."""
 from __future__ import annotations
 
+import itertools
 import json
+import math
 
+import paddle
 import pytest
 
-from tests.conftest import TINY, run_module
+from paddletrain.build import train
+from paddletrain.callbacks import Callback
+from paddletrain.models import register_model
+from paddletrain.models.registry import list_models
+from paddletrain.trainer import Trainer
+from tests.conftest import TINY, compose_fit, run_module
 
 
 def test_fit_then_evaluate_end_to_end(tmp_path):
@@ -100,15 +108,6 @@ def test_fewer_classes_than_the_dataset_is_an_error(tmp_path):
 
 
 def test_train_accepts_a_user_builder_extra_callbacks_and_a_trainer_subclass(tmp_path):
-    import paddle
-
-    from paddletrain.callbacks import Callback
-    from paddletrain.build import train
-    from paddletrain.models import register_model
-    from paddletrain.models.registry import list_models
-    from paddletrain.trainer import Trainer
-    from tests.conftest import compose_fit
-
     if "user_mlp" not in list_models():
         @register_model
         def user_mlp(num_classes: int = 10, in_chans: int = 3) -> paddle.nn.Layer:  # takes no other option
@@ -135,12 +134,6 @@ def test_train_accepts_a_user_builder_extra_callbacks_and_a_trainer_subclass(tmp
 @pytest.mark.parametrize("limit", [None, 4])
 def test_the_last_optimizer_step_trains_with_the_schedules_last_learning_rate(tmp_path, accumulate, drop_last, limit):
     """The schedule spans exactly the optimizer steps the Trainer takes: no flat tail at min_lr, none cut off."""
-    import math
-
-    from paddletrain.callbacks import Callback
-    from paddletrain.build import train
-    from tests.conftest import compose_fit
-
     class RecordLR(Callback):
         def __init__(self):
             self.lrs = []
@@ -161,6 +154,6 @@ def test_the_last_optimizer_step_trains_with_the_schedules_last_learning_rate(tm
     assert len(record.lrs) == expected_steps
     # Cosine from 0.1 to 0 over exactly those steps: strictly falling, the last one at step T - 1 of T.
     assert record.lrs[0] == pytest.approx(0.1)
-    assert all(b < a for a, b in zip(record.lrs, record.lrs[1:])), record.lrs
+    assert all(b < a for a, b in itertools.pairwise(record.lrs)), record.lrs
     last = 0.1 * 0.5 * (1 + math.cos(math.pi * (expected_steps - 1) / expected_steps))
     assert record.lrs[-1] == pytest.approx(last, rel=1e-6)

@@ -1,4 +1,6 @@
 """Predictor: an exported model in Paddle Inference agrees with the dygraph model, at any batch size."""
+from __future__ import annotations
+
 import json
 
 import numpy as np
@@ -7,6 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 from PIL import Image
 
+import paddletrain
 from paddletrain.config import DataConfig
 from paddletrain.data import build_transform, preprocessing_info
 from paddletrain.errors import UserError
@@ -172,8 +175,6 @@ def test_bf16_is_refused_where_it_cannot_run(exported, tmp_path, monkeypatch):
 
 
 def test_predictor_is_part_of_the_public_api():
-    import paddletrain
-
     assert paddletrain.Predictor is Predictor
 
 

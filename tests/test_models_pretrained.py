@@ -8,8 +8,13 @@ import paddle
 import pytest
 from safetensors.numpy import save_file
 
-from paddletrain.models import LoadReport, PretrainedLoadError, create_model, load_pretrained
+from paddletrain.callbacks import BackboneFreeze
+from paddletrain.checkpoint import save_checkpoint
+from paddletrain.data.shapes import render_shape
+from paddletrain.models import BasicBlock, LoadReport, PretrainedLoadError, ResNet, create_model, load_pretrained
 from paddletrain.models.pretrained import save_pretrained
+from paddletrain.models.weights import adapt_input_conv
+from paddletrain.trainer import Trainer
 
 
 def numpy_state(model: paddle.nn.Layer) -> dict[str, np.ndarray]:
@@ -155,8 +160,6 @@ def test_directory_that_is_not_a_checkpoint_is_refused(tmp_path):
 
 
 def test_checkpoint_directory_loads_its_model_and_preprocessing(tmp_path, source):
-    from paddletrain.checkpoint import save_checkpoint
-
     data = {"image_size": 28, "mean": [0.2], "std": [0.3], "interpolation": "bicubic", "eval_resize": 32}
     path = save_checkpoint(tmp_path / "epoch3", {"model": numpy_state(source), "config": {"data": data},
                                                  "run": {"model": "resnet20"}})
@@ -203,15 +206,11 @@ def test_first_conv_adapts_to_other_input_channels(weights, source, in_chans):
 
 
 def test_adapt_input_conv_rejects_non_conv_weights():
-    from paddletrain.models.weights import adapt_input_conv
-
     with pytest.raises(ValueError, match="4-D"):
         adapt_input_conv(np.zeros((3, 3), "float32"), 1)
 
 
 def _shapes(labels, count, seed, size=24):
-    from paddletrain.data.shapes import render_shape
-
     rng = np.random.default_rng(seed)
     ys = rng.integers(0, len(labels), count)
     xs = np.stack([render_shape(labels[y], size, rng) for y in ys]).astype("float32").transpose(0, 3, 1, 2)
@@ -219,16 +218,12 @@ def _shapes(labels, count, seed, size=24):
 
 
 def _tiny_resnet(num_classes, seed=0):
-    from paddletrain.models import BasicBlock, ResNet
-
     paddle.seed(seed)
     return ResNet(BasicBlock, (1, 1, 1), num_classes=num_classes, stem_type="cifar", stem_width=8,
                   stage_widths=(8, 16, 32))
 
 
 def _fit(model, xs, ys, steps, lr, callbacks=(), epochs=1):
-    from paddletrain.trainer import Trainer
-
     rng = np.random.default_rng(0)
     batches = [(paddle.to_tensor(xs[i]), paddle.to_tensor(ys[i])) for i in
                (rng.integers(0, len(xs), 32) for _ in range(steps))]
@@ -251,8 +246,6 @@ def test_finetuning_from_pretrained_weights_beats_training_from_scratch(tmp_path
     std 0.09) while fitting its own images to 0.84-1.00, per-seed gap 0.13-0.45 (mean 0.325). The margins below
     sit 3.4 (mean gap over three seeds) to 8 (pretrained accuracy) standard deviations under those figures.
     """
-    from paddletrain.callbacks import BackboneFreeze
-
     results = []
     for seed in range(3):
         pretrain_x, pretrain_y = _shapes([0, 2, 3, 4], 1000, seed=1 + 10 * seed)  # circle, square, triangle, star

@@ -154,7 +154,7 @@ class HubResNetVd(nn.Layer):
         self.conv1_3 = HubConvBN(32, 64, 3, 1, act="relu", name="conv1_3")
         self.blocks = []
         cin = 64
-        for stage, (depth, planes) in enumerate(zip((3, 4, 6, 3), (64, 128, 256, 512))):
+        for stage, (depth, planes) in enumerate(zip((3, 4, 6, 3), (64, 128, 256, 512), strict=True)):
             for i in range(depth):
                 block = HubBottleneck(cin, planes, 2 if i == 0 and stage else 1, shortcut=i > 0,
                                       if_first=stage == i == 0, name=f"res{stage + 2}{chr(97 + i)}")

@@ -9,6 +9,8 @@ import sys
 import numpy as np
 import paddle
 import pytest
+from paddle.utils import download
+from paddle.vision.models import resnet as vision_resnet
 
 from paddletrain.models import PretrainedLoadError, create_model, load_pretrained
 from paddletrain.models.weights import describe
@@ -54,8 +56,6 @@ def test_vision_source_uses_the_cached_file_offline(tmp_path, monkeypatch):
     paddle.save(source.state_dict(), str(path))
     digest = hashlib.md5(path.read_bytes()).hexdigest()
     # Stand in for paddle.vision's published md5 of resnet18.pdparams.
-    from paddle.vision.models import resnet as vision_resnet
-
     monkeypatch.setitem(vision_resnet.model_urls, "resnet18", (vision_resnet.model_urls["resnet18"][0], digest))
     model = create_model("resnet18", pretrained="vision:resnet18")
     _assert_same_logits(model, source)
@@ -78,8 +78,6 @@ def test_cached_file_with_another_md5_is_refused(tmp_path):
 
 
 def test_download_goes_to_the_cache_and_its_failure_says_where_to_put_the_file(tmp_path, monkeypatch):
-    from paddle.utils import download
-
     monkeypatch.delenv("PADDLETRAIN_OFFLINE")
     source = _source_resnet18(project_first_shortcut=True)
     calls = []

@@ -2,16 +2,20 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import paddle
 import pytest
 
 import paddletrain.models.vision  # noqa: F401  (registers model=vision)
+from paddletrain.build import build_callbacks, resolve_preprocessing, train
+from paddletrain.callbacks import BackboneFreeze, FreezeBatchNorm
 from paddletrain.errors import ConfigError
 from paddletrain.models import create_model, load_pretrained
 from paddletrain.models.pretrained import save_pretrained
 from paddletrain.models.vision import list_vision_archs
+from paddletrain.validation import validate_config
 from tests.conftest import TINY, compose_fit
 
 
@@ -71,8 +75,6 @@ def test_list_vision_archs_holds_builders_only():
 
 def test_fit_finetunes_a_vision_model_with_the_weights_preprocessing(tmp_path):
     """model=vision through fit: weights' preprocessing fills null data keys; freeze + head LR are wired."""
-    from paddletrain.build import resolve_preprocessing, train
-
     paddle.seed(0)
     source = create_model("vision", arch="shufflenet_v2_x0_25", num_classes=1000)
     source.pretrained_cfg = {**source.pretrained_cfg, "input_size": (3, 20, 20), "mean": (0.4, 0.5, 0.6),
@@ -91,9 +93,6 @@ def test_fit_finetunes_a_vision_model_with_the_weights_preprocessing(tmp_path):
     assert resolved.data.eval_resize == 25 and cfg.data.image_size is None  # the input config is not modified
     assert list(resolve_preprocessing(compose_fit([*overrides, "model.pretrained=null"])).data.mean) == [0.5] * 3
 
-    from paddletrain.build import build_callbacks
-    from paddletrain.callbacks import BackboneFreeze, FreezeBatchNorm
-
     built = build_callbacks(resolved)
     assert [type(c) for c in built if isinstance(c, (BackboneFreeze, FreezeBatchNorm))] == [BackboneFreeze,
                                                                                           FreezeBatchNorm]
@@ -108,9 +107,6 @@ def test_fit_finetunes_a_vision_model_with_the_weights_preprocessing(tmp_path):
 
 @pytest.mark.parametrize("experiment", ["finetune_shufflenet_imagefolder", "finetune_resnet50_vd_imagefolder"])
 def test_finetune_experiments_compose_and_validate(experiment):
-    from pathlib import Path
-
-    from paddletrain.validation import validate_config
 
     configs = Path(__file__).resolve().parents[1] / "configs"
     cfg = compose_fit([f"hydra.searchpath=[file://{configs}]", f"+experiment={experiment}", "data.root=/data/x"])

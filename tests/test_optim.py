@@ -12,6 +12,7 @@ import pytest
 from paddle import nn
 
 from paddletrain.config import OptimConfig
+from paddletrain.models import create_model
 from paddletrain.optim import LarsMomentum, build_optimizer, param_groups, scaled_lr
 from paddletrain.registries import OPTIMIZERS
 
@@ -159,8 +160,6 @@ def test_layer_decay_uses_declared_stage_names():
 
 
 def test_layer_decay_on_paddletrain_resnet_follows_its_stages():
-    from paddletrain.models import create_model
-
     model = create_model("resnet20", num_classes=3)
     stages = list(model.stage_names)
     groups = param_groups(model, weight_decay=1e-4, layer_decay=0.8)

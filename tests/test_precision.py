@@ -9,7 +9,9 @@ from unittest import mock
 
 import numpy as np
 import paddle
+import paddle.amp.grad_scaler as grad_scaler
 import pytest
+from paddle.amp.auto_cast import amp_global_state
 
 from paddletrain.config import AmpConfig
 from paddletrain.precision import GradScaler, Precision, StepResult, clip_grad_norm_
@@ -70,9 +72,6 @@ def assert_same(a: dict, b: dict) -> None:
 @pytest.fixture
 def real_grad_scaler():
     """Paddle's own GradScaler, enabled on CPU by pretending the place is a GPU (its kernels run on CPU)."""
-    import paddle.amp.grad_scaler as grad_scaler
-    from paddle.amp.auto_cast import amp_global_state
-
     class GpuPlace:
         def is_gpu_place(self) -> bool:
             return True
@@ -375,8 +374,6 @@ def test_autocast_runs_eval_in_float32_unless_eval_in_amp_or_o2():
 
 
 def test_auto_scaler_on_gpu_is_paddles_grad_scaler_with_the_configured_settings(real_grad_scaler):
-    import paddle.amp.grad_scaler as grad_scaler
-
     tracer = mock.Mock(_expected_place=mock.Mock(is_gpu_place=lambda: True))
     with mock.patch.object(grad_scaler, "_dygraph_tracer", lambda: tracer):
         precision = Precision.from_config(AmpConfig(enabled=True, init_loss_scaling=512.0, incr_every_n_steps=9),

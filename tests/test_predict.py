@@ -1,35 +1,30 @@
 """predict: inputs from folders, lists and globs; parallel decode; bad files skipped and counted."""
+from __future__ import annotations
+
 import io
 import json
 import shutil
 
 import numpy as np
-import paddle
 import pytest
 from omegaconf import OmegaConf
 from PIL import Image
 
-from paddletrain.config import DataConfig
-from paddletrain.data import preprocessing_info
 from paddletrain.errors import UserError
-from paddletrain.export import export_model
-from paddletrain.inference import Predictor, softmax
+from paddletrain.export import export_model, export_onnx
+from paddletrain.inference import Predictor, load_predictor, softmax
 from paddletrain.models import create_model
-from paddletrain.predict import (PredictConfig, default_num_workers, default_predictor_threads, predict_files,
-                                 resolve_inputs, run)
-from tests.conftest import run_module
+from paddletrain.predict import (
+    PredictConfig,
+    default_num_workers,
+    default_predictor_threads,
+    predict_files,
+    resolve_inputs,
+    run,
+)
+from tests.conftest import EXPORT_LABELS, EXPORT_SIZE, run_module
 
-LABELS = ["a", "b", "c"]
-SIZE = 16
-
-
-@pytest.fixture(scope="module")
-def export_dir(tmp_path_factory):
-    paddle.seed(0)
-    model = create_model("resnet20", num_classes=len(LABELS))
-    info = preprocessing_info(OmegaConf.structured(DataConfig(image_size=SIZE)))
-    return export_model(model, tmp_path_factory.mktemp("export"), input_size=(3, SIZE, SIZE), preprocessing=info,
-                        labels=LABELS)
+LABELS, SIZE = EXPORT_LABELS, EXPORT_SIZE
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +94,6 @@ def test_a_single_file_of_another_kind_names_the_supported_extensions(tmp_path):
 def onnx_dir(export_dir, tmp_path_factory):
     pytest.importorskip("paddle2onnx", reason="exporting ONNX needs the onnx extra (paddle2onnx)")
     pytest.importorskip("onnxruntime", reason="running ONNX needs the onnx extra (onnxruntime)")
-    from paddletrain.export import export_onnx
-
     copy = tmp_path_factory.mktemp("onnx") / "export"
     shutil.copytree(export_dir, copy)
     export_onnx(copy)
@@ -122,7 +115,7 @@ def test_predict_runs_an_onnx_export_with_the_same_pipeline_and_output(predictor
                                 for name in ("paddle", "onnx"))
     assert [line["path"] for line in onnx_lines] == [line["path"] for line in paddle_lines] == paths
     clear = 0
-    for ours, theirs in zip(onnx_lines, paddle_lines):
+    for ours, theirs in zip(onnx_lines, paddle_lines, strict=True):
         assert set(ours) == set(theirs) and ours["labels"][0] in LABELS
         assert ours["scores"] == pytest.approx(theirs["scores"], abs=1e-4)
         if theirs["scores"][0] - theirs["scores"][1] > 1e-3:  # not a near tie: the order cannot depend on rounding
@@ -132,8 +125,6 @@ def test_predict_runs_an_onnx_export_with_the_same_pipeline_and_output(predictor
 
 
 def test_an_onnx_backend_without_onnx_file_and_paddle_only_options_are_refused(onnx_dir, export_dir, tmp_path):
-    from paddletrain.inference import load_predictor
-
     with pytest.raises(UserError, match="is not an ONNX model"):
         load_predictor(export_dir, backend="onnx")
     with pytest.raises(UserError, match="tensorrt=True apply to the Paddle backend only"):

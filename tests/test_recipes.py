@@ -6,10 +6,13 @@ import json
 from pathlib import Path
 
 import numpy as np
+import paddle
 import pytest
 from hydra import compose, initialize_config_module
 from PIL import Image
 
+from paddletrain.checkpoint import save_checkpoint
+from paddletrain.models import create_model
 from paddletrain.validation import validate_config
 from tests.conftest import run_module
 
@@ -78,11 +81,6 @@ def _image_folder(root: Path, per_class: int = 6, size: int = 40) -> Path:
 def _teacher_checkpoint(tmp_path: Path) -> Path:
     """A small teacher saved as a paddletrain checkpoint directory (the recipe's ImageNet teacher would be
     downloaded)."""
-    import paddle
-
-    from paddletrain.checkpoint import save_checkpoint
-    from paddletrain.models import create_model
-
     paddle.seed(0)
     return save_checkpoint(tmp_path / "teacher", {"model": create_model("resnet18_vd", num_classes=2).state_dict()})
 

@@ -12,9 +12,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+import paddle
 import pytest
 
 from paddletrain.checkpoint import find_latest, load_checkpoint
+from paddletrain.models import create_model
+from paddletrain.resume import config_differences
 from tests.conftest import TINY, run_module
 
 # 64 training images / batch 16 = 4 optimizer steps per epoch.
@@ -147,9 +150,6 @@ def test_resume_with_another_batch_size_warns(tmp_path):
 
 
 def test_legacy_pickled_checkpoint_needs_trust_and_then_warm_starts(tmp_path):
-    import paddle
-
-    from paddletrain.models import create_model
 
     model = create_model("resnet20", num_classes=6)
     legacy = tmp_path / "legacy"
@@ -166,8 +166,6 @@ def test_legacy_pickled_checkpoint_needs_trust_and_then_warm_starts(tmp_path):
 
 
 def test_config_differences_name_the_keys_that_matter():
-    from paddletrain.resume import config_differences
-
     saved = {"trainer": {"max_epochs": 5, "resume": None, "cpu_threads": None}, "optim": {"lr": 0.1},
              "data": {"root": "/old", "num_workers": 4}, "callbacks": {"ema": {"decay": 0.9}, "visualdl": {"a": 1}}}
     current = {"trainer": {"max_epochs": 10, "resume": "auto", "cpu_threads": 2}, "optim": {"lr": 0.1},
@@ -180,9 +178,6 @@ def test_config_differences_name_the_keys_that_matter():
 def test_resume_with_every_recipe_part_on_is_exact(tmp_path):
     """Augment list, Mixup/CutMix per sample, repeated augmentation, drop path, EMA and a distilled teacher,
     all at once: a run stopped mid-epoch and resumed ends bit-identical to a straight one."""
-    import paddle
-
-    from paddletrain.models import create_model
 
     paddle.seed(3)
     teacher = tmp_path / "teacher.pdparams"

@@ -1,11 +1,23 @@
 """Trainer behaviour on tiny models: learning, accumulation, clipping, hooks, non-finite guards, metrics."""
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import time
+
 import numpy as np
 import paddle
 import pytest
 
+from paddletrain.callbacks import ModelCheckpoint
 from paddletrain.callbacks.base import Callback
+from paddletrain.checkpoint import find_latest
+from paddletrain.data.mixup import Mixup
+from paddletrain.losses import cross_entropy
+from paddletrain.precision import Precision
+from paddletrain.processes import REPEAT_WINDOW
+from paddletrain.testing import FakeGradScaler
 from paddletrain.trainer import NonFiniteLossError, Trainer
 
 
@@ -49,12 +61,13 @@ def test_loss_decreases_and_accuracy_rises():
 
 def test_accumulation_equals_larger_batch():
     small = make_batches(8, 4, seed=1)
-    large = [(paddle.concat([a[0], b[0]]), paddle.concat([a[1], b[1]])) for a, b in zip(small[::2], small[1::2])]
+    pairs = zip(small[::2], small[1::2], strict=True)
+    large = [(paddle.concat([a[0], b[0]]), paddle.concat([a[1], b[1]])) for a, b in pairs]
     m1, m2 = linear_model(3), linear_model(3)
     Trainer(m1, sgd(m1), max_epochs=2, accumulate_grad_batches=2).fit(small)
     t2 = Trainer(m2, sgd(m2), max_epochs=2)
     t2.fit(large)
-    for a, b in zip(params(m1), params(m2)):
+    for a, b in zip(params(m1), params(m2), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     assert t2.global_step == 8
 
@@ -73,7 +86,7 @@ def test_gradient_clipping_bounds_the_update():
     # A huge learning rate makes the update equal lr * clipped gradient; its global norm must be lr * clip.
     trainer = Trainer(model, sgd(model, lr=1.0), max_epochs=1, grad_clip_norm=0.01)
     trainer.fit(data)
-    delta = np.sqrt(sum(((a - b) ** 2).sum() for a, b in zip(params(model), before)))
+    delta = np.sqrt(sum(((a - b) ** 2).sum() for a, b in zip(params(model), before, strict=True)))
     assert delta == pytest.approx(0.01, rel=1e-3)
 
 
@@ -161,7 +174,7 @@ def test_nonfinite_loss_skips_step_keeps_weights_and_scheduler():
     trainer.fit(make_batches(3, 8))
     (p0, f0, s0, lr0), (p1, f1, s1, lr1), (_, f2, s2, lr2) = snapshots
     assert (f0, s0, f1, s1, f2, s2) == (True, True, False, False, True, True)
-    for a, b in zip(p0, p1):
+    for a, b in zip(p0, p1, strict=True):
         np.testing.assert_array_equal(a, b)
     assert lr1 == lr0 == 0.05 and lr2 == 0.025  # the skipped step did not advance the schedule
     assert trainer.nonfinite_steps == 1 and trainer.global_step == 2
@@ -232,9 +245,6 @@ def test_custom_training_step_subclass():
 
 def test_loss_scaler_through_the_trainer():
     """With a scaler that behaves like Paddle's GPU one, an overflow lowers the scale and skips the step."""
-    from paddletrain.precision import Precision
-    from paddletrain.testing import FakeGradScaler
-
     model = linear_model()
     sched = paddle.optimizer.lr.StepDecay(learning_rate=0.1, step_size=1, gamma=0.5)
     opt = paddle.optimizer.SGD(learning_rate=sched, parameters=model.parameters())
@@ -258,9 +268,6 @@ def test_loss_scaler_through_the_trainer():
 
 
 def test_checkpoint_never_saves_nan_weights(tmp_path):
-    from paddletrain.callbacks import ModelCheckpoint
-    from paddletrain.checkpoint import find_latest
-
     model = linear_model()
     ckpt = ModelCheckpoint(tmp_path, monitor=None)
     trainer = Trainer(model, sgd(model), callbacks=[ckpt], max_epochs=1)
@@ -294,12 +301,6 @@ Trainer(model, paddle.optimizer.SGD(0.1, parameters=model.parameters()), max_epo
 
 @pytest.mark.timeout(120)
 def test_a_second_signal_exits_at_once_without_finishing_the_step(tmp_path):
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    from paddletrain.processes import REPEAT_WINDOW
 
     log_file = tmp_path / "out.log"
 
@@ -341,7 +342,7 @@ def test_a_loader_without_a_length_still_steps_on_its_last_short_group():
     unknown = Trainer(m2, sgd(m2), max_epochs=2, accumulate_grad_batches=2)
     unknown.fit(NoLength())
     assert known.global_step == unknown.global_step == 6
-    for a, b in zip(params(m1), params(m2)):
+    for a, b in zip(params(m1), params(m2), strict=True):
         np.testing.assert_array_equal(a, b)
 
 
@@ -358,9 +359,6 @@ def image_model(classes=3):
 
 
 def test_batch_transform_feeds_soft_targets_to_the_loss_and_metrics_keep_the_labels():
-    from paddletrain.data.mixup import Mixup
-    from paddletrain.losses import cross_entropy
-
     seen = []
 
     def loss_fn(logits, targets):
@@ -380,8 +378,6 @@ def test_batch_transform_feeds_soft_targets_to_the_loss_and_metrics_keep_the_lab
 
 
 def test_batch_transform_state_is_saved_and_restored_so_draws_continue():
-    from paddletrain.data.mixup import Mixup
-
     def trainer_with(seed):
         model = image_model()
         mixup = Mixup(num_classes=3, mixup_alpha=0.4, cutmix_alpha=1.0, mode="elem", seed=seed)

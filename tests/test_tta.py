@@ -47,7 +47,7 @@ def test_five_crops_are_the_corners_and_the_centre():
     crops = five_crops(images, 4)
     array = images.numpy()
     expected = [array[..., :4, :4], array[..., :4, 2:], array[..., 2:, :4], array[..., 2:, 2:], array[..., 1:5, 1:5]]
-    for crop, want in zip(crops, expected):
+    for crop, want in zip(crops, expected, strict=True):
         np.testing.assert_array_equal(crop.numpy(), want)
     views = TestTimeAugmentation(_model(), flip=True, crops=5, crop_size=4).views(images)
     assert len(views) == 10 and all(v.shape == [2, 1, 4, 4] for v in views)

@@ -9,6 +9,8 @@ The model and the dataset live in the package next to this script (``downstream_
 when imported. Installed (``pip install .``), the package is also a paddletrain plugin: ``python -m
 paddletrain.fit model.name=tiny_resnet``, ``paddletrain.evaluate`` and ``paddletrain.export`` find them too.
 """
+from __future__ import annotations
+
 from pathlib import Path
 
 import downstream_app  # noqa: F401  (registers "tiny_resnet" and "bars")
@@ -16,8 +18,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from paddletrain.config import register_configs
 from paddletrain.build import train
+from paddletrain.config import register_configs
 
 register_configs()  # paddletrain's schemas: every key of this app's config is validated by them
 

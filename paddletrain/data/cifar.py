@@ -8,25 +8,30 @@ fails with an error instead of running code. An already extracted ``cifar-10-bat
 """
 from __future__ import annotations
 
+import importlib
 import io
 import pickle
+import shutil
 import tarfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any
 
 import numpy as np
+from paddle.dataset import common as paddle_dataset  # module, not names: tests replace its download()
+from paddle.vision.datasets import cifar as paddle_cifar
 
-from paddletrain.data.datasets import DatasetError, DatasetSplits, ImageDataset, Transform, register_dataset
+from paddletrain.data.datasets import DatasetError, ImageDataset, Transform, register_dataset, split_builder
 
 
 class _Layout:
-    def __init__(self, archive: str, folder: str, members: Dict[str, Callable[[str], bool]], meta: str,
+    def __init__(self, archive: str, folder: str, members: dict[str, Callable[[str], bool]], meta: str,
                  labels_key: bytes, names_key: bytes, url_attr: str) -> None:  # fmt: skip
         self.archive, self.folder, self.members, self.meta = archive, folder, members, meta
         self.labels_key, self.names_key, self.url_attr = labels_key, names_key, url_attr
 
 
-LAYOUTS: Dict[str, _Layout] = {
+LAYOUTS: dict[str, _Layout] = {
     "cifar10": _Layout(
         "cifar-10-python.tar.gz", "cifar-10-batches-py",
         {"train": lambda n: n.startswith("data_batch"), "val": lambda n: n == "test_batch"},
@@ -42,8 +47,6 @@ LAYOUTS: Dict[str, _Layout] = {
 
 def _numpy_global(module: str, name: str) -> Callable[[], Any]:
     def resolve() -> Any:
-        import importlib
-
         try:
             return getattr(importlib.import_module(module.replace("numpy.core", "numpy._core")), name)
         except ImportError:  # pragma: no cover - numpy 1.x has only numpy.core
@@ -61,7 +64,7 @@ def _latin1_encode(text: str, encoding: str) -> bytes:
 
 # The only globals an array pickle needs (numpy 1.x and 2.x spell the modules differently); nothing that can
 # run code, open files or import further modules.
-_ALLOWED_GLOBALS: Dict[Tuple[str, str], Callable[[], Any]] = {
+_ALLOWED_GLOBALS: dict[tuple[str, str], Callable[[], Any]] = {
     ("numpy", "ndarray"): lambda: np.ndarray,
     ("numpy", "dtype"): lambda: np.dtype,
     ("_codecs", "encode"): lambda: _latin1_encode,
@@ -89,7 +92,7 @@ def safe_load(data: bytes, source: str) -> Any:
         raise DatasetError(f"cannot read CIFAR batch {source!r}: {e}") from e
 
 
-def _members(root: Path, layout: _Layout) -> Iterator[Tuple[str, str, bytes]]:
+def _members(root: Path, layout: _Layout) -> Iterator[tuple[str, str, bytes]]:
     """(file name, source for messages, bytes) of each file in the tar.gz or the extracted folder."""
     archive = root / layout.archive if root.is_dir() else root
     if archive.is_file():
@@ -110,14 +113,9 @@ def _members(root: Path, layout: _Layout) -> Iterator[Tuple[str, str, bytes]]:
 
 
 def _download(kind: str, target: Path) -> None:
-    import shutil
-
-    from paddle.dataset.common import download
-    from paddle.vision.datasets import cifar as paddle_cifar
-
     layout = LAYOUTS[kind]
     url, md5 = getattr(paddle_cifar, f"{layout.url_attr}_URL"), getattr(paddle_cifar, f"{layout.url_attr}_MD5")
-    fetched = Path(download(url, "cifar", md5))
+    fetched = Path(paddle_dataset.download(url, "cifar", md5))
     target.mkdir(parents=True, exist_ok=True)
     if fetched.resolve() != (target / layout.archive).resolve():
         shutil.copyfile(fetched, target / layout.archive)
@@ -125,9 +123,7 @@ def _download(kind: str, target: Path) -> None:
 
 def paddle_cache_dir() -> Path:
     """Where Paddle's downloader stores the CIFAR archives (``~/.cache/paddle/dataset/cifar``)."""
-    from paddle.dataset.common import DATA_HOME
-
-    return Path(DATA_HOME) / "cifar"
+    return Path(paddle_dataset.DATA_HOME) / "cifar"
 
 
 class CifarDataset(ImageDataset):
@@ -142,7 +138,7 @@ class CifarDataset(ImageDataset):
 
     def __init__(
         self,
-        root: Optional[Union[str, Path]],
+        root: str | Path | None,
         split: str = "train",
         kind: str = "cifar10",
         transform: Transform = None,
@@ -172,8 +168,8 @@ class CifarDataset(ImageDataset):
 
     def _load(self, layout: _Layout) -> None:
         wanted = layout.members[self.split]
-        batches: List[Tuple[str, Dict[bytes, Any]]] = []
-        meta: Optional[Dict[bytes, Any]] = None
+        batches: list[tuple[str, dict[bytes, Any]]] = []
+        meta: dict[bytes, Any] | None = None
         for name, source, data in _members(self.root, layout):
             if wanted(name):
                 batches.append((source, safe_load(data, source)))
@@ -209,7 +205,7 @@ class CifarDataset(ImageDataset):
         return f"{self.sources[batch]}[{index - first}]"
 
 
-def _check_batch(batch: Any, labels_key: bytes, source: str) -> Tuple[np.ndarray, np.ndarray]:
+def _check_batch(batch: Any, labels_key: bytes, source: str) -> tuple[np.ndarray, np.ndarray]:
     if not isinstance(batch, dict) or b"data" not in batch or labels_key not in batch:
         raise DatasetError(f"CIFAR batch {source!r} is not a dict with b'data' and {labels_key!r}")
     data, labels = batch[b"data"], np.asarray(batch[labels_key], dtype=np.int64)
@@ -224,20 +220,8 @@ def _shape(value: Any) -> str:
     return f"{value.dtype} {value.shape}" if isinstance(value, np.ndarray) else type(value).__name__
 
 
-def _build(kind: str, cfg: Any, train_transform: Transform, eval_transform: Transform) -> DatasetSplits:
-    # data.root None: Paddle's download cache
-    options = dict(kind=kind, download=cfg.download)
-    return DatasetSplits.of(CifarDataset(cfg.root, "train", transform=train_transform, **options),
-                            CifarDataset(cfg.root, "val", transform=eval_transform, **options))
-
-
-@register_dataset("cifar10")
-def build_cifar10(cfg: Any, train_transform: Transform, eval_transform: Transform) -> DatasetSplits:
-    """``data.name=cifar10``: the python archive in ``data.root`` (or Paddle's cache; ``data.download``)."""
-    return _build("cifar10", cfg, train_transform, eval_transform)
-
-
-@register_dataset("cifar100")
-def build_cifar100(cfg: Any, train_transform: Transform, eval_transform: Transform) -> DatasetSplits:
-    """``data.name=cifar100``: fine labels, otherwise as ``cifar10``."""
-    return _build("cifar100", cfg, train_transform, eval_transform)
+build_cifar10 = register_dataset("cifar10")(split_builder(
+    CifarDataset, "cifar10", "``data.name=cifar10``: the python archive in ``data.root`` (or Paddle's cache; "
+    "``data.download``)."))
+build_cifar100 = register_dataset("cifar100")(split_builder(
+    CifarDataset, "cifar100", "``data.name=cifar100``: fine labels, otherwise as ``cifar10``."))

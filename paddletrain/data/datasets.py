@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import paddle
@@ -25,7 +25,7 @@ from paddletrain.registries import DATASETS
 from paddletrain.registry import UnknownNameError
 
 # image -> model input, or None to keep the image as loaded.
-Transform = Optional[Callable[[Any], Any]]
+Transform = Callable[[Any], Any] | None
 
 
 class DatasetError(UserError):
@@ -126,6 +126,24 @@ def register_dataset(name: str) -> Callable[[DatasetBuilder], DatasetBuilder]:
     return DATASETS.register(name)
 
 
+def split_builder(dataset_class: Callable[..., ImageDataset], kind: str, doc: str) -> DatasetBuilder:
+    """The builder of a dataset that ships its own train and val splits, as ``data.name=<kind>``.
+
+    It opens ``dataset_class(data.root, split, kind=kind, download=data.download, transform=...)`` for both splits;
+    ``data.root`` None leaves the place to ``dataset_class`` (e.g. Paddle's download cache). ``doc`` is the builder's
+    docstring.
+    """
+
+    def build(cfg: Any, train_transform: Transform, eval_transform: Transform) -> DatasetSplits:
+        options = dict(kind=kind, download=cfg.download)
+        return DatasetSplits.of(dataset_class(cfg.root, "train", transform=train_transform, **options),
+                                dataset_class(cfg.root, "val", transform=eval_transform, **options))
+
+    build.__name__ = build.__qualname__ = f"build_{kind}"
+    build.__doc__ = doc
+    return build
+
+
 def list_datasets() -> list[str]:
     """Names accepted by ``data.name`` (an installed plugin's included), sorted."""
     return DATASETS.names()
@@ -165,4 +183,5 @@ __all__: Sequence[str] = [
     "list_datasets",
     "register_dataset",
     "require_root",
+    "split_builder",
 ]

@@ -31,8 +31,16 @@ from typing import Any
 
 from PIL import Image
 
-from paddletrain.data.datasets import (BadSampleError, DatasetError, DatasetSplits, ImageDataset, Transform,
-                                       register_dataset, require_root)
+from paddletrain.class_names import read_names_file
+from paddletrain.data.datasets import (
+    BadSampleError,
+    DatasetError,
+    DatasetSplits,
+    ImageDataset,
+    Transform,
+    register_dataset,
+    require_root,
+)
 from paddletrain.data.images import IMG_EXTENSIONS, ImageReadError, file_kind, is_image_file, open_image
 
 __all__ = ["IMG_EXTENSIONS", "ImageFolderDataset", "ScanReport", "build_imagefolder", "is_image_file",
@@ -294,16 +302,7 @@ def _split_dir(root: Path, split: str) -> Path:
 
 def read_class_names(path: str | Path, expected: int) -> list[str]:
     """Display names, one a line (trailing blank lines ignored); their count must be ``expected``."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as e:
-        raise DatasetError(f"cannot read class names file {str(path)!r} (data.class_names): {e}") from e
-    while lines and not lines[-1].strip():
-        lines.pop()
-    names = [line.strip() for line in lines]
-    blank = [i + 1 for i, name in enumerate(names) if not name]
-    if blank:
-        raise DatasetError(f"class names file {str(path)!r} has blank line(s) {blank}; give one name per line")
+    names = read_names_file(path, f"class names file {str(path)!r} (data.class_names)", DatasetError)
     if len(names) != expected:
         raise DatasetError(
             f"class names file {str(path)!r} has {len(names)} names but the train split has {expected} "

@@ -26,9 +26,10 @@ import os
 import random
 import threading
 import weakref
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, List, Optional, Union
+from typing import Any
 
 import numpy as np
 import paddle
@@ -96,8 +97,8 @@ class SeededDataset(paddle.io.Dataset):
     untouched. Returns ``(image, label, index, batch)``, or a :class:`BadSample` on any failure.
     """
 
-    def __init__(self, dataset: Any, transform: Optional[Callable[[Any], Any]] = None, seed: int = 0,
-                 num_classes: Optional[int] = None) -> None:
+    def __init__(self, dataset: Any, transform: Callable[[Any], Any] | None = None, seed: int = 0,
+                 num_classes: int | None = None) -> None:
         super().__init__()
         if int(seed) < 0:
             raise ConfigError(f"seed={seed} must be 0 or more (it seeds numpy's SeedSequence)")
@@ -117,7 +118,7 @@ class SeededDataset(paddle.io.Dataset):
         except Exception:  # describing must never hide the original problem
             return f"{type(self.dataset).__name__}[{index}]"
 
-    def __getitem__(self, key: Union[SampleKey, tuple, int]) -> Union[tuple, BadSample]:
+    def __getitem__(self, key: SampleKey | tuple | int) -> tuple | BadSample:
         if not isinstance(key, SampleKey):
             key = SampleKey(*key) if isinstance(key, tuple) else SampleKey(int(key), 0, 0)
         # In the main process the caller's RNG states are restored afterwards (once per batch when the loader
@@ -150,7 +151,7 @@ class SeededDataset(paddle.io.Dataset):
         return image, label, key.index, key.batch
 
 
-def collate_checked(items: Iterable[Union[tuple, BadSample]], size: Optional[int] = None) -> list:
+def collate_checked(items: Iterable[tuple | BadSample], size: int | None = None) -> list:
     """Stack the good samples; pass bad ones on as plain data the main process can report.
 
     Returns ``[images | None, labels | None, indices, batch, problems]``: ``indices`` covers every sample
@@ -162,10 +163,10 @@ def collate_checked(items: Iterable[Union[tuple, BadSample]], size: Optional[int
     (the batch length) is needed when ``items`` has no ``len()``.
     """
     size = len(items) if size is None else size  # type: ignore[arg-type]
-    problems: List[list] = []
-    indices: List[int] = []
-    labels: List[int] = []
-    images: Optional[np.ndarray] = None
+    problems: list[list] = []
+    indices: list[int] = []
+    labels: list[int] = []
+    images: np.ndarray | None = None
     shapes: set = set()
     batch = 0
     for item in items:
@@ -217,7 +218,7 @@ class CheckedDataLoader(paddle.io.DataLoader):
         """This rank's samples that are not padding; padding repeats come last in its order."""
         return self.batch_sampler.num_real_samples
 
-    def __iter__(self) -> Iterator[List[paddle.Tensor]]:
+    def __iter__(self) -> Iterator[list[paddle.Tensor]]:
         self.bad_samples = 0
         raw = self._load_in_this_thread() if self.num_workers == 0 else self._start_workers()
         try:
@@ -250,7 +251,7 @@ class CheckedDataLoader(paddle.io.DataLoader):
                 images, labels = _as_tensor(images, on_cpu), _as_tensor(labels, on_cpu)
             yield [images, labels, indices, number, problems]
 
-    def _handle_problems(self, problems: List[list]) -> None:
+    def _handle_problems(self, problems: list[list]) -> None:
         for index, description, error, kind in problems:
             index = int(index)
             if kind == "label":
@@ -324,7 +325,7 @@ def _check_policy(cfg: Any) -> None:
 
 
 def build_loader(dataset: Any, cfg: Any, train: bool, seed: int, num_replicas: int = 1, rank: int = 0,
-                 transform: Optional[Callable[[Any], Any]] = None) -> CheckedDataLoader:
+                 transform: Callable[[Any], Any] | None = None) -> CheckedDataLoader:
     """A loader over ``dataset`` configured by a ``DataConfig``.
 
     Train: shuffled by ``(seed, epoch)``, ``cfg.drop_last``, ``cfg.batch_size``, each image ``cfg.num_repeats``

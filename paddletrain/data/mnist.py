@@ -12,20 +12,21 @@ import gzip
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
+from paddle.dataset import common as paddle_dataset  # module, not names: tests replace its download()
+from paddle.vision.datasets import MNIST, FashionMNIST
 
-from paddletrain.data.datasets import DatasetError, DatasetSplits, ImageDataset, Transform, register_dataset
+from paddletrain.data.datasets import DatasetError, ImageDataset, Transform, register_dataset, split_builder
 
 FASHION_MNIST_CLASSES = [
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
 ]  # fmt: skip
 MNIST_CLASSES = [str(digit) for digit in range(10)]
-CLASSES: Dict[str, List[str]] = {"mnist": MNIST_CLASSES, "fashion_mnist": FASHION_MNIST_CLASSES}
+CLASSES: dict[str, list[str]] = {"mnist": MNIST_CLASSES, "fashion_mnist": FASHION_MNIST_CLASSES}
 
 # split -> (images file, labels file); "val" is the official test set.
-FILES: Dict[str, Tuple[str, str]] = {
+FILES: dict[str, tuple[str, str]] = {
     "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
     "val": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
 }
@@ -34,19 +35,15 @@ _IMAGES_MAGIC, _LABELS_MAGIC = 2051, 2049
 
 
 def _paddle_dataset_class(kind: str):
-    from paddle.vision.datasets import MNIST, FashionMNIST
-
     return FashionMNIST if kind == "fashion_mnist" else MNIST
 
 
 def paddle_cache_dir(kind: str) -> Path:
     """Where Paddle's downloader stores this dataset (``~/.cache/paddle/dataset/<name>``)."""
-    from paddle.dataset.common import DATA_HOME
-
-    return Path(DATA_HOME) / _paddle_dataset_class(kind).NAME
+    return Path(paddle_dataset.DATA_HOME) / _paddle_dataset_class(kind).NAME
 
 
-def default_search_dirs(kind: str) -> List[Path]:
+def default_search_dirs(kind: str) -> list[Path]:
     """Directories tried when ``data.root`` is not set."""
     dirs = [paddle_cache_dir(kind)]
     if kind == "fashion_mnist":
@@ -54,7 +51,7 @@ def default_search_dirs(kind: str) -> List[Path]:
     return dirs
 
 
-def read_idx(path: Union[str, Path], magic: int) -> np.ndarray:
+def read_idx(path: str | Path, magic: int) -> np.ndarray:
     """An IDX array of unsigned bytes (``.gz`` or raw), checked against ``magic`` and its declared size."""
     path = str(path)
     opener = gzip.open if path.endswith(".gz") else open
@@ -79,7 +76,7 @@ def read_idx(path: Union[str, Path], magic: int) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(shape)
 
 
-def _find(directory: Path, name: str) -> Optional[Path]:
+def _find(directory: Path, name: str) -> Path | None:
     """The ``.gz`` file, or its uncompressed twin."""
     for candidate in (directory / name, directory / name[: -len(".gz")]):
         if candidate.is_file():
@@ -89,14 +86,12 @@ def _find(directory: Path, name: str) -> Optional[Path]:
 
 def _download(kind: str, split: str, target: Path) -> None:
     """Fetch the split's two files with Paddle's downloader (md5-checked) and copy them into ``target``."""
-    from paddle.dataset.common import download
-
     cls = _paddle_dataset_class(kind)
     prefix = "TRAIN" if split == "train" else "TEST"
     target.mkdir(parents=True, exist_ok=True)
     for part in ("IMAGE", "LABEL"):
         url, md5 = getattr(cls, f"{prefix}_{part}_URL"), getattr(cls, f"{prefix}_{part}_MD5")
-        fetched = Path(download(url, cls.NAME, md5))
+        fetched = Path(paddle_dataset.download(url, cls.NAME, md5))
         name = FILES[split][0 if part == "IMAGE" else 1]
         if fetched.resolve() != (target / name).resolve():
             shutil.copyfile(fetched, target / name)
@@ -113,7 +108,7 @@ class IDXDataset(ImageDataset):
 
     def __init__(
         self,
-        root: Optional[Union[str, Path]],
+        root: str | Path | None,
         split: str = "train",
         kind: str = "fashion_mnist",
         transform: Transform = None,
@@ -145,7 +140,7 @@ class IDXDataset(ImageDataset):
         self.images = images[..., None]  # HWC with C=1
         self.targets = labels.astype(np.int64)
 
-    def _locate(self, root: Optional[Union[str, Path]], download: bool) -> Path:
+    def _locate(self, root: str | Path | None, download: bool) -> Path:
         dirs = [Path(root).expanduser()] if root else default_search_dirs(self.kind)
         names = FILES[self.split]
         for directory in dirs:
@@ -168,20 +163,10 @@ class IDXDataset(ImageDataset):
         return f"{os.fspath(self.images_path)}[{index}]"
 
 
-def _build(kind: str, cfg: Any, train_transform: Transform, eval_transform: Transform) -> DatasetSplits:
-    # data.root None: Paddle's download cache, or Debian's fashion-mnist package
-    options = dict(kind=kind, download=cfg.download)
-    return DatasetSplits.of(IDXDataset(cfg.root, "train", transform=train_transform, **options),
-                            IDXDataset(cfg.root, "val", transform=eval_transform, **options))
-
-
-@register_dataset("mnist")
-def build_mnist(cfg: Any, train_transform: Transform, eval_transform: Transform) -> DatasetSplits:
-    """``data.name=mnist``: the IDX files in ``data.root`` (or Paddle's cache; ``data.download`` fetches them)."""
-    return _build("mnist", cfg, train_transform, eval_transform)
-
-
-@register_dataset("fashion_mnist")
-def build_fashion_mnist(cfg: Any, train_transform: Transform, eval_transform: Transform) -> DatasetSplits:
-    """``data.name=fashion_mnist``: as ``mnist``, also found where Debian's dataset package installs it."""
-    return _build("fashion_mnist", cfg, train_transform, eval_transform)
+# data.root None: Paddle's download cache, or Debian's fashion-mnist package (IDXDataset looks in both).
+build_mnist = register_dataset("mnist")(split_builder(
+    IDXDataset, "mnist", "``data.name=mnist``: the IDX files in ``data.root`` (or Paddle's cache; ``data.download`` "
+    "fetches them)."))
+build_fashion_mnist = register_dataset("fashion_mnist")(split_builder(
+    IDXDataset, "fashion_mnist", "``data.name=fashion_mnist``: as ``mnist``, also found where Debian's dataset "
+    "package installs it."))

@@ -8,11 +8,13 @@ workers prefetch ahead of it.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, List, NamedTuple, Sized
+from collections.abc import Iterator, Sized
+from typing import Any, NamedTuple
 
 import numpy as np
 from paddle.io import DistributedBatchSampler
 
+from paddletrain.checkpoint.untrusted import StateValueError, checked_int, checked_mapping, required, show
 from paddletrain.errors import UserError
 
 
@@ -110,7 +112,7 @@ class ResumableBatchSampler(DistributedBatchSampler):
         total = -(-len(stream) // self.nranks) * self.nranks
         return np.resize(stream, total)
 
-    def epoch_indices(self) -> List[int]:
+    def epoch_indices(self) -> list[int]:
         """This rank's sample indices for the current epoch, padding included, in order."""
         if self.num_repeats > 1:
             share = self.repeated_stream()[self.local_rank::self.nranks]
@@ -118,7 +120,7 @@ class ResumableBatchSampler(DistributedBatchSampler):
         order = np.resize(self._permutation(), self.total_size)  # wraps around: pads with the head of the order
         return order[self.local_rank::self.nranks].tolist()
 
-    def __iter__(self) -> Iterator[List[SampleKey]]:
+    def __iter__(self) -> Iterator[list[SampleKey]]:
         indices = self.epoch_indices()
         start, self._skip = self._skip, 0
         epoch, size, rank = self.epoch, self.batch_size, self.local_rank
@@ -126,21 +128,19 @@ class ResumableBatchSampler(DistributedBatchSampler):
             chunk = indices[batch * size:(batch + 1) * size]
             yield [SampleKey(int(i), epoch, batch, rank, position) for position, i in enumerate(chunk)]
 
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue this epoch's order where the consumer stopped."""
         return {"seed": self.seed, "epoch": self.epoch, "position": self.position,
                 "batch_size": self.batch_size, "num_replicas": self.nranks, "dataset_size": len(self.dataset),
                 "num_repeats": self.num_repeats}
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore seed, epoch and position; the next iteration continues at ``position``.
 
         Raises:
             ValueError: resuming mid-epoch with a different batch size, world size, dataset length or number
                 of repeats, where the saved position would point into a different order.
         """
-        from paddletrain.checkpoint.untrusted import StateValueError, checked_int, checked_mapping, required, show
-
         checked_mapping(state, "(sampler state)")
         position = checked_int(state.get("position", 0), "position")
         seed = checked_int(required(state, "seed", "seed"), "seed", maximum=2**63 - 1)

@@ -8,7 +8,7 @@ epochs (numbers in docs/data.md).
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -46,13 +46,13 @@ def _cross(arm: float = 0.33) -> np.ndarray:
 
 
 # Polygon outlines (circumradius 1, centred on 0); circle and ring are drawn as ellipses.
-_OUTLINES: Dict[str, np.ndarray] = {
+_OUTLINES: dict[str, np.ndarray] = {
     "square": _regular_polygon(4, math.pi / 4),
     "triangle": _regular_polygon(3, -math.pi / 2),
     "star": _star(),
     "cross": _cross(),
 }
-CLASSES: List[str] = ["circle", "ring", "square", "triangle", "star", "cross"]
+CLASSES: list[str] = ["circle", "ring", "square", "triangle", "star", "cross"]
 
 
 def _draw_mask(name: str, canvas: int, centre: np.ndarray, radius: float, angle: float,

@@ -10,11 +10,13 @@ Random transforms draw from python ``random`` and ``numpy.random`` (as paddle.vi
 from __future__ import annotations
 
 import inspect
-from typing import Any, List, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
-from PIL import Image
+from omegaconf import DictConfig, OmegaConf
 from paddle.vision import transforms as T
+from PIL import Image
 
 from paddletrain.config import INTERPOLATIONS, TRANSFORMS
 from paddletrain.data.augment import RandAugment
@@ -85,7 +87,7 @@ def _check_choice(key: str, value: str, valid: Sequence[str]) -> str:
     return value
 
 
-def _channel_stats(key: str, values: Sequence[float], in_chans: int) -> List[float]:
+def _channel_stats(key: str, values: Sequence[float], in_chans: int) -> list[float]:
     """Match mean/std to the channel count: average 3 values for 1 channel, repeat 1 value for many."""
     values = [float(v) for v in values]
     if len(values) == in_chans:
@@ -124,8 +126,6 @@ def build_augmentations(entries: Sequence[Any], key: str = "data.augment") -> li
     Every problem (not a mapping, no name, an unknown name or option, a value the augmentation refuses, an
     unknown stage) is one :class:`ConfigError` naming ``key[i]`` and the option.
     """
-    from omegaconf import DictConfig, OmegaConf
-
     built = []
     for i, entry in enumerate(entries or ()):
         where = f"{key}[{i}]"

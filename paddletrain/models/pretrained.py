@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import logging
 import warnings
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import paddle
+from safetensors.numpy import save_file
 
 from ..state_checks import compare_state
 from .weights.adapt import adapt_input_conv
@@ -169,14 +171,12 @@ def _record_weights_cfg(model: paddle.nn.Layer, info: WeightsInfo, report: LoadR
     model.pretrained_cfg = updated
 
 
-def save_pretrained(model: paddle.nn.Layer, path: str, label_names: Optional[Sequence[str]] = None) -> None:
+def save_pretrained(model: paddle.nn.Layer, path: str, label_names: Sequence[str] | None = None) -> None:
     """Write ``model``'s weights to a ``.safetensors`` file that carries its preprocessing and label names.
 
     :func:`load_pretrained` reads them back into ``pretrained_cfg``, and ``fit`` uses the preprocessing for
     ``data.*`` keys set to null.
     """
-    from safetensors.numpy import save_file
-
     cfg = getattr(model, "pretrained_cfg", {}) or {}
     metadata = {META_PREPROCESSING: json.dumps({k: cfg[k] for k in PREPROCESSING_KEYS if k in cfg})}
     names = label_names if label_names is not None else cfg.get("label_names")

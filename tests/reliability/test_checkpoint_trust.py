@@ -17,7 +17,7 @@ import pytest
 import safetensors.numpy
 
 from paddletrain.build import train
-from paddletrain.callbacks import ModelCheckpoint
+from paddletrain.callbacks import ModelCheckpoint, VisualDLLogger
 from paddletrain.checkpoint import CheckpointError, CheckpointManager, load_checkpoint, save_checkpoint
 from paddletrain.checkpoint.storage import STATE, TENSORS
 from paddletrain.checkpoint.untrusted import StateValueError, confined_path
@@ -95,8 +95,6 @@ def test_crafted_visualdl_record_never_touches_a_file_outside_the_run_dir(finish
     ({"file_name": ["a"]}, "file_name is ['a']"),
 ])
 def test_visualdl_record_of_the_wrong_type_starts_a_new_log_with_a_warning(record, problem, caplog):
-    from paddletrain.callbacks import VisualDLLogger
-
     logger = VisualDLLogger(logdir="unused")
     good = {"file_name": "vdlrecords.1.log", "file_size": 10, "last_step": 4, "epoch_keys": []}
     logger.load_state_dict({**good, **record})
@@ -105,8 +103,6 @@ def test_visualdl_record_of_the_wrong_type_starts_a_new_log_with_a_warning(recor
 
 
 def test_visualdl_logdir_symlinked_out_of_the_run_dir_is_refused(tmp_path):
-    from paddletrain.callbacks import VisualDLLogger
-
     run_dir, outside = tmp_path / "run", tmp_path / "elsewhere"
     run_dir.mkdir()
     outside.mkdir()

@@ -6,7 +6,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import typing
-from typing import Any, Iterator, List, Tuple
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import paddle
 import pytest
@@ -39,7 +41,7 @@ ISSUE_CASES = [
 ]
 
 
-def all_schemas() -> List[type]:
+def all_schemas() -> list[type]:
     """Every dataclass schema a paddletrain command line reads: the ConfigStore's and the benchmarks'."""
     found = []
 
@@ -57,7 +59,7 @@ def all_schemas() -> List[type]:
     return sorted(set(found), key=lambda kind: kind.__qualname__)
 
 
-def declared(schema: type, prefix: str = "") -> Iterator[Tuple[str, Allowed, Any]]:
+def declared(schema: type, prefix: str = "") -> Iterator[tuple[str, Allowed, Any]]:
     """(key, rule, type hint) of every key of ``schema`` (recursively) that declares allowed values."""
     hints = typing.get_type_hints(schema)
     for f in dataclasses.fields(schema):
@@ -72,14 +74,14 @@ def _is_int(hint: Any) -> bool:
 
 
 def _is_list(hint: Any) -> bool:
-    return typing.get_origin(hint) in (list, List) or any(_is_list(a) for a in typing.get_args(hint))
+    return typing.get_origin(hint) in (list, list) or any(_is_list(a) for a in typing.get_args(hint))
 
 
-def outside_values(rule: Allowed, hint: Any) -> List[Any]:
+def outside_values(rule: Allowed, hint: Any) -> list[Any]:
     """One value just outside each bound of ``rule`` (or a non-choice), shaped like the key (list or scalar)."""
     step = 1 if _is_int(hint) else 0.5
     if rule.choices:
-        values: List[Any] = ["not-a-choice"]
+        values: list[Any] = ["not-a-choice"]
     else:
         values = [bound - step for bound in (rule.ge,) if bound is not None]
         values += [bound for bound in (rule.gt, rule.lt) if bound is not None]
@@ -134,7 +136,7 @@ def test_an_undeclared_numeric_key_is_found():
     @dataclasses.dataclass
     class Sloppy:
         rate: float = 0.1
-        counts: typing.List[int] = dataclasses.field(default_factory=list)
+        counts: list[int] = dataclasses.field(default_factory=list)
         flag: bool = False
         label: str = "x"
 
@@ -236,8 +238,6 @@ def test_cli_stops_before_any_work_with_one_line(module, args, expected, tmp_pat
 
 def test_configuration_docs_list_every_fit_key_with_what_it_allows():
     """docs/configuration.md's table is the schema's declarations, row for row."""
-    from pathlib import Path
-
     expected = []
     for key, rule, hint in declared(FitConfig):
         args = typing.get_args(hint)

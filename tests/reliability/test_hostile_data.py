@@ -23,8 +23,7 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 from paddletrain.config import DataConfig
-from paddletrain.data import build_loader, preprocessing_info
-from paddletrain.data import imagefolder
+from paddletrain.data import build_loader, imagefolder, preprocessing_info
 from paddletrain.data.datasets import BadSampleError, DatasetError
 from paddletrain.data.imagefolder import ImageFolderDataset
 from paddletrain.data.images import IMG_EXTENSIONS, ImageReadError, open_image, to_mode

@@ -8,31 +8,14 @@ import os
 from pathlib import Path
 
 import numpy as np
-import paddle
 import pytest
 from omegaconf import OmegaConf
 from PIL import Image
 
-from paddletrain.config import DataConfig
-from paddletrain.data import preprocessing_info
 from paddletrain.errors import UserError
-from paddletrain.export import export_model
 from paddletrain.inference import PREPROCESS_FILE, Predictor
-from paddletrain.models import create_model
 from paddletrain.predict import PredictConfig, run
-from tests.conftest import run_module
-
-LABELS = ["a", "b", "c"]
-SIZE = 16
-
-
-@pytest.fixture(scope="module")
-def export_dir(tmp_path_factory):
-    paddle.seed(0)
-    model = create_model("resnet20", num_classes=len(LABELS))
-    info = preprocessing_info(OmegaConf.structured(DataConfig(image_size=SIZE)))
-    return export_model(model, tmp_path_factory.mktemp("export"), input_size=(3, SIZE, SIZE), preprocessing=info,
-                        labels=LABELS)
+from tests.conftest import EXPORT_LABELS, run_module
 
 
 @pytest.fixture
@@ -130,7 +113,7 @@ def test_labels_that_do_not_match_the_outputs_are_refused(tmp_path, export_dir):
     for path in export_dir.iterdir():
         (edited / path.name).write_bytes(path.read_bytes())
     meta = json.loads((edited / PREPROCESS_FILE).read_text())
-    (edited / PREPROCESS_FILE).write_text(json.dumps({**meta, "labels": LABELS + ["extra"]}))
+    (edited / PREPROCESS_FILE).write_text(json.dumps({**meta, "labels": EXPORT_LABELS + ["extra"]}))
     with pytest.raises(UserError, match=rf"{edited / PREPROCESS_FILE} has 4 labels but the model in {edited} has 3 "):
         Predictor(edited, device="cpu", cpu_threads=1)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 from paddletrain.checkpoint import find_latest
+from paddletrain.data.loaders import build_loader
 from paddletrain.distributed import RankOutcome, lost_peers
 from paddletrain.errors import ExitCode
 from paddletrain.launcher import NodeSpec, decide
@@ -40,8 +43,6 @@ class Zeros:
 def test_loader_workers_do_not_pile_up_when_an_epoch_stops_at_len_loader(persistent):
     # The trainer reads len(loader) batches and stops without exhausting the iterator: paddle then kept that
     # epoch's workers alive until the process ended (62 workers after 30 epochs, measured).
-    from paddletrain.data.loaders import build_loader
-
     cfg = OmegaConf.create(dict(batch_size=16, eval_batch_size=None, num_workers=2, drop_last=True,
                                 use_shared_memory=True, persistent_workers=persistent, bad_sample_policy="fail",
                                 max_bad_fraction=0.0))
@@ -107,9 +108,6 @@ time.sleep(120)
 
 
 def test_a_killed_predictor_takes_its_decode_workers_with_it(tmp_path):
-    import subprocess
-    import sys
-
     for i in range(16):
         Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / f"{i}.png")
     proc = subprocess.Popen([sys.executable, "-c", DECODING_SCRIPT, str(tmp_path)], stdout=subprocess.PIPE, text=True)

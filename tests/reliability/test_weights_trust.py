@@ -20,7 +20,7 @@ import paddle
 import pytest
 from safetensors.numpy import save_file
 
-from paddletrain.checkpoint import CheckpointError, PickleRefused, safe_pickle, safe_unpickle
+from paddletrain.checkpoint import CheckpointError, PickleRefused, load_legacy, safe_pickle, safe_unpickle
 from paddletrain.models import PretrainedLoadError, create_model, load_pretrained
 from paddletrain.models.weights import describe, read_state_dict
 from tests.reliability.checkpoint_craft import BAD_TENSOR_FILES, assert_one_error_line, fit_cli
@@ -92,8 +92,6 @@ def test_billion_laughs_pdparams_is_refused_at_once(tmp_path, trust):
 
 
 def test_trusted_legacy_checkpoints_are_screened_for_structure_too(tmp_path):
-    from paddletrain.checkpoint import load_legacy
-
     path = _write(tmp_path, "laughs.pdparams", billion_laughs())
     # trainer.resume=<legacy> with trust_pickle uses paddle.load, which would walk the 2**43 lists.
     with deadline(), pytest.raises(PickleRefused, match="same list more than once"):

@@ -1,5 +1,7 @@
 """Worker for tests/test_distributed.py: trains a BatchNorm-free model with the Trainer API and saves its
 parameters. Run by `paddle.distributed.launch` (N processes) or directly (1 process on the global batch)."""
+from __future__ import annotations
+
 import sys
 
 import numpy as np

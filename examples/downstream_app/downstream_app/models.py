@@ -1,4 +1,6 @@
 """This app's own model, registered under its builder's name."""
+from __future__ import annotations
+
 from paddletrain.models import BasicBlock, ResNet, register_model
 
 

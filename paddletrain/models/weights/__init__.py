@@ -2,6 +2,8 @@
 
 :func:`paddletrain.models.load_pretrained` is the entry point; the modules here each do one step of it.
 """
+from __future__ import annotations
+
 from .adapt import adapt_input_conv
 from .mapping import SCHEMES, Conversion, convert_state
 from .report import LoadReport, PretrainedLoadError

@@ -19,10 +19,12 @@ conv as ``[out, in, kh, kw]`` and a Linear as ``[in, out]``).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional
 
 import paddle
+
+from ..resnet import ResNet
 
 __all__ = ["SCHEMES", "Conversion", "convert_state", "source_key"]
 
@@ -70,9 +72,7 @@ class ResNetLayout:
     shortcut_conv_index: int  # 0 for conv+norm shortcuts, 1 when an average pool comes first (vd)
 
     @classmethod
-    def of(cls, model: paddle.nn.Layer) -> Optional["ResNetLayout"]:
-        from ..resnet import ResNet
-
+    def of(cls, model: paddle.nn.Layer) -> ResNetLayout | None:
         if not isinstance(model, ResNet):
             return None
         stages = [getattr(model, name) for name in model.stage_names]
@@ -83,7 +83,7 @@ class ResNetLayout:
         return sum(self.depths[:stage]) + block
 
 
-def parse_unit(prefix: str, layout: ResNetLayout) -> Optional[Unit]:
+def parse_unit(prefix: str, layout: ResNetLayout) -> Unit | None:
     """The unit a paddletrain ResNet key prefix (the key without ``.weight`` etc.) names, or None."""
     stem = (_DEEP_STEM if layout.deep_stem else _BASIC_STEM).get(prefix)
     if stem is not None:
@@ -151,7 +151,7 @@ _FORMATTERS: dict[str, Callable[[Unit, str, ResNetLayout, bool], str]] = {
 }
 
 
-def source_key(key: str, scheme: str, layout: Optional[ResNetLayout], numbered: bool = False) -> Optional[str]:
+def source_key(key: str, scheme: str, layout: ResNetLayout | None, numbered: bool = False) -> str | None:
     """The name ``scheme`` gives the paddletrain key ``key``; None when the scheme has no such weight."""
     if scheme == IDENTITY:
         return key
@@ -182,7 +182,7 @@ def convert_state(state: Mapping[str, object], model: paddle.nn.Layer) -> Conver
     layout = ResNetLayout.of(model)
     numbered = any(k.startswith("res4b1_") for k in state)
     targets = list(model.state_dict().keys())
-    best: Optional[tuple[str, dict]] = None
+    best: tuple[str, dict] | None = None
     for scheme in SCHEMES:
         names = {}
         for key in targets:

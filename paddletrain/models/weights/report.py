@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 from ...errors import UserError
 
@@ -47,7 +46,7 @@ class LoadReport:
     unexpected: list[str] = field(default_factory=list)
     shape_mismatched: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
     head_reinitialised: bool = False
-    input_conv_adapted: Optional[str] = None
+    input_conv_adapted: str | None = None
 
     def __str__(self) -> str:
         total = len(self.matched) + len(self.missing) + len(self.shape_mismatched)

@@ -26,13 +26,26 @@ import json
 import logging
 import os
 import pkgutil
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import numpy as np
+import paddle
+import paddle.vision.models as vision_models
+from paddle.utils import download
 
-from ...checkpoint.untrusted import StateValueError, checked_str_list
+from ...checkpoint import CheckpointError, PickleRefused, load_checkpoint, safe_unpickle
+from ...checkpoint.tensors import read_metadata, read_tensors
+from ...checkpoint.untrusted import (
+    StateValueError,
+    checked_int,
+    checked_mapping,
+    checked_number,
+    checked_str_list,
+    show,
+)
 from .report import PretrainedLoadError
 
 __all__ = [
@@ -94,12 +107,12 @@ class WeightsInfo:
 
     source: str
     kind: str
-    path: Optional[Path] = None
-    url: Optional[str] = None
-    md5: Optional[str] = None
+    path: Path | None = None
+    url: str | None = None
+    md5: str | None = None
     preprocessing: dict[str, Any] = field(default_factory=dict)
-    label_names: Optional[list[str]] = None
-    architecture: Optional[str] = None
+    label_names: list[str] | None = None
+    architecture: str | None = None
     model_options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -109,8 +122,6 @@ def weights_cache_dir() -> Path:
     override = os.environ.get("PADDLETRAIN_WEIGHTS_HOME")
     if override:
         return Path(override).expanduser()
-    from paddle.utils import download
-
     return Path(download.WEIGHTS_HOME)
 
 
@@ -128,7 +139,7 @@ def _offline() -> bool:
     return os.environ.get("PADDLETRAIN_OFFLINE", "").lower() in ("1", "true", "yes")
 
 
-def imagenet_label_names() -> Optional[list[str]]:
+def imagenet_label_names() -> list[str] | None:
     """The 1000 ImageNet class names from the installed ``paddleclas`` package, or None without it."""
     spec = importlib.util.find_spec("paddleclas")  # finds the package without importing it (opencv, sklearn)
     if spec is None or not spec.submodule_search_locations:
@@ -190,13 +201,11 @@ def _describe_vision(source: str, arch: str) -> WeightsInfo:
                        label_names=imagenet_label_names(), architecture=arch)
 
 
-def _vision_model_urls() -> dict[str, tuple[str, Optional[str]]]:
+def _vision_model_urls() -> dict[str, tuple[str, str | None]]:
     """``{name: (url, md5)}`` from every ``paddle.vision.models`` module's ``model_urls``."""
-    import paddle.vision.models as package
-
-    found: dict[str, tuple[str, Optional[str]]] = {}
-    for module_info in pkgutil.iter_modules(package.__path__):
-        module = importlib.import_module(f"{package.__name__}.{module_info.name}")
+    found: dict[str, tuple[str, str | None]] = {}
+    for module_info in pkgutil.iter_modules(vision_models.__path__):
+        module = importlib.import_module(f"{vision_models.__name__}.{module_info.name}")
         for name, entry in getattr(module, "model_urls", {}).items():
             url, md5 = (entry[0], entry[1]) if isinstance(entry, (tuple, list)) else (entry, None)
             found[name] = (url, md5)
@@ -221,8 +230,6 @@ def _describe_paddleclas(source: str, name: str) -> WeightsInfo:
 
 
 def _describe_checkpoint(source: str, path: Path) -> WeightsInfo:
-    from ...checkpoint import CheckpointError, load_checkpoint
-
     if not (path / "manifest.json").is_file():
         raise PretrainedLoadError(f"{source!r} is a directory but not a paddletrain checkpoint (no manifest.json); "
                                   f"give a .safetensors/.pdparams file or a checkpoint directory")
@@ -246,8 +253,6 @@ def _describe_checkpoint(source: str, path: Path) -> WeightsInfo:
 
 def _checkpoint_preprocessing(data: Mapping) -> dict[str, Any]:
     """The eval preprocessing a checkpoint's resolved ``data`` config describes, checked like a file's."""
-    from ...checkpoint.untrusted import checked_int
-
     key = "config.data"
     found = checked_preprocessing({"mean": data["mean"], "std": data["std"],
                                    "interpolation": data.get("interpolation", "bilinear")}, key)
@@ -260,9 +265,6 @@ def _checkpoint_preprocessing(data: Mapping) -> dict[str, Any]:
 
 
 def _read_safetensors_metadata(path: Path, info: WeightsInfo) -> None:
-    from ...checkpoint import CheckpointError
-    from ...checkpoint.tensors import read_metadata
-
     try:
         metadata = read_metadata(path)
     except CheckpointError as err:
@@ -284,8 +286,6 @@ def checked_preprocessing(data: Any, key: str = META_PREPROCESSING) -> dict[str,
     Raises:
         StateValueError: naming the key (``paddletrain.preprocessing.mean``) and the bad value.
     """
-    from ...checkpoint.untrusted import StateValueError, checked_int, checked_mapping, checked_number, show
-
     data = dict(checked_mapping(data, key))
     size = data.get("input_size")
     if size is not None:
@@ -329,8 +329,6 @@ def read_weights(source: str, trust_pickle: bool = False) -> tuple[dict[str, np.
     if info.kind == "hub":
         return _read_hub(info, trust_pickle), info
     if info.kind == "checkpoint":
-        from ...checkpoint import load_checkpoint
-
         state = load_checkpoint(info.path, map_numpy=True).state
         if not isinstance(state.get("model"), Mapping):
             raise PretrainedLoadError(f"Checkpoint {source!r} holds no model state")
@@ -359,8 +357,6 @@ def _cached_download(info: WeightsInfo) -> Path:
         return path
     if _offline():
         raise PretrainedLoadError(f"{info.source}: not in the cache and PADDLETRAIN_OFFLINE is set; {where}")
-    from paddle.utils import download
-
     try:
         fetched = download.get_path_from_url(info.url, str(path.parent), info.md5, decompress=False)
     except Exception as err:  # network errors surface as many types (requests, OSError, RuntimeError)
@@ -397,7 +393,7 @@ def _read_hub(info: WeightsInfo, trust_pickle: bool) -> dict[str, np.ndarray]:
     return read_state_dict(str(files[0]), trust_pickle=trust_pickle)
 
 
-def _why_not_paddlehub() -> Optional[str]:
+def _why_not_paddlehub() -> str | None:
     """None when paddlehub can load modules here, else why the module directory is read directly."""
     if _offline():
         return "PADDLETRAIN_OFFLINE is set, so paddlehub, which may contact its server, is not used"
@@ -412,8 +408,7 @@ def _why_not_paddlehub() -> Optional[str]:
 
 
 def _read_hub_with_paddlehub(info: WeightsInfo, name: str) -> dict[str, np.ndarray]:
-    import paddle
-    import paddlehub
+    import paddlehub  # optional dependency: only hub: sources need it
 
     try:
         # A module names its parameters from Paddle's global name counter and loads its weights by those names:
@@ -446,9 +441,6 @@ def read_state_dict(path: str, trust_pickle: bool = False) -> dict[str, np.ndarr
         raise PretrainedLoadError(f"Pretrained weight file not found: {path!r}")
     suffix = os.path.splitext(path)[1].lower()
     if suffix in SAFE_SUFFIXES:
-        from ...checkpoint import CheckpointError
-        from ...checkpoint.tensors import read_tensors
-
         try:
             return read_tensors(path)
         except CheckpointError as err:
@@ -461,8 +453,6 @@ def read_state_dict(path: str, trust_pickle: bool = False) -> dict[str, np.ndarr
 
 
 def _read_pickle(path: str, trust_pickle: bool) -> dict[str, np.ndarray]:
-    from ...checkpoint import CheckpointError, PickleRefused, safe_unpickle
-
     try:
         state = safe_unpickle(path)
     except CheckpointError as err:
@@ -490,8 +480,6 @@ def _read_pickle(path: str, trust_pickle: bool) -> dict[str, np.ndarray]:
 
 
 def _paddle_load(path: str) -> Any:
-    import paddle
-
     try:
         return paddle.load(path)
     except Exception as err:  # paddle.load raises many types for a corrupt pickle
