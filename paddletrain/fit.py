@@ -29,7 +29,7 @@ import shlex  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import List, NoReturn, Optional  # noqa: E402
+from typing import NoReturn  # noqa: E402
 
 import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
@@ -64,7 +64,7 @@ _set_full_error = False
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="fit")
-def main(cfg: DictConfig) -> Optional[float]:
+def main(cfg: DictConfig) -> float | None:
     """Hydra entry point; returns the monitored metric so sweepers can optimise it.
 
     With ``trainer.devices=N`` (N > 1) or ``trainer.num_nodes`` > 1 this process only launches the ranks
@@ -149,7 +149,7 @@ _CONFIG_FLAGS = ("--config-dir", "-cd", "--config-path", "-cp", "--config-name",
 MAX_OVERRIDES_BYTES = 1 << 20
 
 
-def continue_command(run_dir: Path, argv: Optional[List[str]] = None) -> str:
+def continue_command(run_dir: Path, argv: list[str] | None = None) -> str:
     """The shell command that continues the run in ``run_dir`` with the same config.
 
     It is this program with its config options, the run's overrides as Hydra recorded them in
@@ -169,7 +169,7 @@ def override_key(override: str) -> str:
     return override.lstrip("+~").split("=", 1)[0].strip()
 
 
-def run_overrides(run_dir: Path) -> List[str]:
+def run_overrides(run_dir: Path) -> list[str]:
     """The overrides of the run in ``run_dir``: ``.hydra/overrides.yaml`` (a list of strings, read within a size
     bound), else this process's Hydra overrides, else none."""
     import yaml
@@ -188,7 +188,7 @@ def run_overrides(run_dir: Path) -> List[str]:
     return []
 
 
-def _program(argv: List[str]) -> List[str]:
+def _program(argv: list[str]) -> list[str]:
     """``python -m <module>`` for a module run with ``-m`` or a rank started from this file, else the script."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     if spec is not None and spec.name:
@@ -198,9 +198,9 @@ def _program(argv: List[str]) -> List[str]:
     return ["python", argv[0]]
 
 
-def _config_flags(args: List[str]) -> List[str]:
+def _config_flags(args: list[str]) -> list[str]:
     """Hydra's config-selecting options among ``args``, with their values (``-cd dir`` or ``--config-dir=dir``)."""
-    flags: List[str] = []
+    flags: list[str] = []
     for i, arg in enumerate(args):
         name = arg.split("=", 1)[0]
         if name in _CONFIG_FLAGS:
@@ -210,8 +210,8 @@ def _config_flags(args: List[str]) -> List[str]:
     return flags
 
 
-def finish(code: int, message: str, lost_ranks: Optional[List[int]] = None,
-           run_dir: Optional[Path] = None) -> NoReturn:
+def finish(code: int, message: str, lost_ranks: list[int] | None = None,
+           run_dir: Path | None = None) -> NoReturn:
     """Say how the run ended in one line and exit with ``code``.
 
     A rank reports it to its launcher (:func:`paddletrain.distributed.report_outcome`); a single process logs it.

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from paddletrain.bench.common import parse_options, paired_ratio, summarize
+from paddletrain.bench.common import paired_ratio, parse_options, summarize
 from paddletrain.bench.data import DataBenchConfig, run_data
 from paddletrain.bench.decode import DecodeBenchConfig, run_decode
 from paddletrain.bench.inference import InferenceBenchConfig, run_inference
@@ -87,7 +87,7 @@ def test_overhead_runs_every_arm_and_reports_ratios():
                             "trainer_overhead_ms_per_step"}
     assert all(v > 0 for k, v in summary.items() if k.startswith("trainer_vs"))
     # The paired ratio lies between the extreme window ratios.
-    ratios = [h / t for h, t in zip(by_arm["hand"]["windows_ms"], by_arm["trainer"]["windows_ms"])]
+    ratios = [h / t for h, t in zip(by_arm["hand"]["windows_ms"], by_arm["trainer"]["windows_ms"], strict=True)]
     assert min(ratios) - 1e-2 <= summary["trainer_vs_hand"] <= max(ratios) + 1e-2
     assert [g["goal"] for g in result["goals"]] == ["trainer_vs_hand >= 0.98", "trainer_vs_model_fit >= 1.0"]
     assert all(g["met"] == (g["measured"] >= float(g["goal"].split(">= ")[1])) for g in result["goals"])
@@ -186,7 +186,7 @@ def test_decode_dataloader_arm_gives_the_pools_batches_bad_files_included(tmp_pa
     pool, loader = collect(decoded_batches, 1), collect(dataloader_batches, 1)
     assert [(ok, failed) for ok, _, failed in loader] == [(ok, failed) for ok, _, failed in pool]
     assert [failed for _, _, failed in pool] == [[paths[2]], [], [paths[4], paths[5]], []]
-    for (_, a, _), (_, b, _) in zip(pool, loader):
+    for (_, a, _), (_, b, _) in zip(pool, loader, strict=True):
         assert (a is None) == (b is None)
         if a is not None:
             np.testing.assert_array_equal(a, b)

@@ -66,7 +66,7 @@ def test_runs_of_an_arm_differ_only_in_seed_and_directory(tmp_path, dataset):
     cfg = _cfg(tmp_path, seeds=[3, 5], extra=["trainer.max_epochs=1"])
     runs = build_runs(cfg, dataset, "regularised")
     assert [r.run_dir for r in runs] == [tmp_path / "runs" / dataset / "regularised" / f"seed{s}" for s in (3, 5)]
-    for run, seed in zip(runs, (3, 5)):
+    for run, seed in zip(runs, (3, 5), strict=True):
         keys = [_key(o) for o in run.overrides]
         assert len(keys) == len(set(keys)), "a key given twice"
         assert run.overrides[-2:] == [f"trainer.seed={seed}", f"hydra.run.dir={run.run_dir}"]

@@ -157,7 +157,8 @@ GIVEN = [
                    "class_names = ['circle', 'ring', 'square', 'triangle', 'star', 'cross']\n"),
 ]
 # Paths a Python block names with "..." for the reader's own run: the newest match in the workspace.
-PYTHON_PATHS = {"outputs/.../checkpoints/best": "outputs/*/*/checkpoints/epoch*", "outputs/<name>/<time>": "outputs/resnet20-shapes/*"}
+PYTHON_PATHS = {"outputs/.../checkpoints/best": "outputs/*/*/checkpoints/epoch*",
+                "outputs/<name>/<time>": "outputs/resnet20-shapes/*"}
 
 
 def given_for(doc: str, text: str) -> str:
@@ -274,7 +275,8 @@ def resolve_placeholders(text: str) -> str:
         patterns = [pattern]
         if CHECKPOINT_NAME.search(pattern):
             patterns.append(CHECKPOINT_NAME.sub("epoch*-step*", pattern))
-        return (prefix + "=" if prefix else "") + '"$(newest ' + " ".join(shlex.quote(p) for p in patterns) + ')"' + choice
+        newest = '"$(newest ' + " ".join(shlex.quote(p) for p in patterns) + ')"'
+        return (prefix + "=" if prefix else "") + newest + choice
 
     return re.sub(r"[^\s'\"]*(?:<[^<>\s]+(?: [^<>\s]+)?>|epoch\d{4}-step\d{7})[^\s'\"]*", path, text)
 
@@ -362,67 +364,81 @@ def run_shell(script: str, ws: Path, where: str, timeout: float) -> subprocess.C
 def run_document(doc: str, ws: Path, slow: bool) -> list[str]:
     """Run ``doc``'s blocks in ``ws``; returns what ran (``where`` of each command and snippet)."""
     blocks = read_blocks(ROOT / doc)
-    ran: list[str] = []
-    done: set[str] = set()
     for block in blocks:
         name = file_block_name(block)
         if name:
             (ws / name).write_text(block.text)
+    ran: list[str] = []
+    done: set[str] = set()
     for block in blocks:
-        if block.lang not in SHELL_LANGS:
-            continue
         if block.lang == "console":
-            for command in commands(block):
-                text = runnable(command, slow)
-                if text is None:
-                    continue
-                result = run_shell(NEWEST + text, ws, command.where, 600)
-                output = result.stdout + result.stderr
-                assert output_matches(command.expected, output), (
-                    f"{command.where}: `{command.text}` printed\n{output}\nbut the document shows\n"
-                    + "\n".join(command.expected))
-                ran.append(command.where)
+            ran += run_transcript(block, ws, slow)
+        elif block.lang in SHELL_LANGS:
+            ran += run_shell_block(block, ws, slow, done)
+    return ran + run_python_blocks(doc, blocks, ws, slow)
+
+
+def run_transcript(block: Block, ws: Path, slow: bool) -> list[str]:
+    """Each ``$ command`` of a console block on its own; its output must match the lines shown."""
+    ran = []
+    for command in commands(block):
+        text = runnable(command, slow)
+        if text is None:
             continue
-        lines, block_ran = [NEWEST, "set -e"], []
-        for command in commands(block):
-            text = runnable(command, slow)
-            if text is None or (slow and text in done):  # a long command repeated in one document runs once
-                continue
-            done.add(text)
-            lines += [f"echo {shlex.quote(f'### {command.where}: {command.text}')} >&2", text]
-            if not re.fullmatch(r"\w+=\S*", text):  # a variable alone runs nothing
-                block_ran.append(command.where)
-        if block_ran:
-            ran += block_ran
-            result = run_shell("\n".join(lines + ["wait"]), ws, block.where, 4 * 3600 if slow else 1200)
-            assert result.returncode == 0, (
-                f"{block.where} failed (exit {result.returncode}); the last '###' line names the command:\n"
-                + (result.stdout + result.stderr)[-4000:])
-    snippets = []
-    for block in blocks:
-        if block.lang != "python":
+        result = run_shell(NEWEST + text, ws, command.where, 600)
+        output = result.stdout + result.stderr
+        assert output_matches(command.expected, output), (
+            f"{command.where}: `{command.text}` printed\n{output}\nbut the document shows\n"
+            + "\n".join(command.expected))
+        ran.append(command.where)
+    return ran
+
+
+def run_shell_block(block: Block, ws: Path, slow: bool, done: set[str]) -> list[str]:
+    """A shell block as one bash script (``set -e``); ``done``: long commands this document already ran."""
+    lines, ran = [NEWEST, "set -e"], []
+    for command in commands(block):
+        text = runnable(command, slow)
+        if text is None or (slow and text in done):  # a long command repeated in one document runs once
             continue
-        if not runs_in(rule_for(doc, block.text), slow):
-            continue
-        name = file_block_name(block)
-        code = f"import {name[:-3]}\n" if name else given_for(doc, block.text) + block.text
-        for shown, pattern in PYTHON_PATHS.items():
-            if shown in code:
-                matches = sorted(ws.glob(pattern), key=lambda p: p.stat().st_mtime)
-                assert matches, f"{block.where}: nothing in the workspace matches {shown}"
-                code = code.replace(shown, str(matches[-1].relative_to(ws)))
-        if not slow:
-            for pattern, replacement in SMALL_PYTHON:
-                code = pattern.sub(replacement, code)
-        snippets.append((block.where, code))
-        ran.append(block.where)
+        done.add(text)
+        lines += [f"echo {shlex.quote(f'### {command.where}: {command.text}')} >&2", text]
+        if not re.fullmatch(r"\w+=\S*", text):  # a variable alone runs nothing
+            ran.append(command.where)
+    if ran:
+        result = run_shell("\n".join(lines + ["wait"]), ws, block.where, 4 * 3600 if slow else 1200)
+        assert result.returncode == 0, (
+            f"{block.where} failed (exit {result.returncode}); the last '###' line names the command:\n"
+            + (result.stdout + result.stderr)[-4000:])
+    return ran
+
+
+def python_code(doc: str, block: Block, ws: Path, slow: bool) -> str:
+    """What runs for a Python block: its text after what it takes as given, with the reader's paths made real."""
+    name = file_block_name(block)
+    code = f"import {name[:-3]}\n" if name else given_for(doc, block.text) + block.text
+    for shown, pattern in PYTHON_PATHS.items():
+        if shown in code:
+            matches = sorted(ws.glob(pattern), key=lambda p: p.stat().st_mtime)
+            assert matches, f"{block.where}: nothing in the workspace matches {shown}"
+            code = code.replace(shown, str(matches[-1].relative_to(ws)))
+    if not slow:
+        for pattern, replacement in SMALL_PYTHON:
+            code = pattern.sub(replacement, code)
+    return code
+
+
+def run_python_blocks(doc: str, blocks: list[Block], ws: Path, slow: bool) -> list[str]:
+    """The document's Python blocks in order, in one interpreter, like a reader's session."""
+    snippets = [(block.where, python_code(doc, block, ws, slow)) for block in blocks
+                if block.lang == "python" and runs_in(rule_for(doc, block.text), slow)]
     if snippets:
         (ws / ".snippets.json").write_text(json.dumps(snippets))
         (ws / ".snippet_driver.py").write_text(SNIPPET_DRIVER)
         result = subprocess.run([sys.executable, ".snippet_driver.py", ".snippets.json"], cwd=ws, env=run_env(),
                                 capture_output=True, text=True, timeout=4 * 3600 if slow else 1200)
         assert result.returncode == 0, (f"{doc}: a Python block failed:\n" + (result.stdout + result.stderr)[-4000:])
-    return ran
+    return [where for where, _ in snippets]
 
 
 DOCS = [p.relative_to(ROOT).as_posix() for p in doc_files()]
@@ -469,7 +485,8 @@ def test_every_rule_is_used():
     unused = [rule for rule in RULES if not any(rule.matches(doc, text) for doc, text in texts)]
     assert not unused, f"rules that match no command or block any more (remove them): {unused}"
     blocks = [(b.doc, b.text) for b in all_blocks() if b.lang == "python"]
-    unused_given = [g for g in GIVEN if not any(d == g.doc and re.search(g.pattern, t, re.MULTILINE) for d, t in blocks)]
+    unused_given = [g for g in GIVEN
+                    if not any(d == g.doc and re.search(g.pattern, t, re.MULTILINE) for d, t in blocks)]
     assert not unused_given, f"Given entries that match no Python block any more (remove them): {unused_given}"
 
 

@@ -21,13 +21,14 @@ import inspect
 import logging
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any
 
 from paddletrain.errors import ExitCode, UserError
 
 
-def _benchmarks() -> Dict[str, Tuple[type, Callable[[Any], Dict[str, Any]]]]:
+def _benchmarks() -> dict[str, tuple[type, Callable[[Any], dict[str, Any]]]]:
     from paddletrain.bench.augment import AugmentBenchConfig, run_augment
     from paddletrain.bench.data import DataBenchConfig, run_data
     from paddletrain.bench.decode import DecodeBenchConfig, run_decode
@@ -72,15 +73,15 @@ ABOUT = {
 HELP_FLAGS = ("-h", "--help", "help")
 
 
-def _field_comments(schema: type) -> Dict[str, str]:
+def _field_comments(schema: type) -> dict[str, str]:
     """The ``#`` comment lines right above each field of ``schema`` (and its bases): the key's meaning."""
-    comments: Dict[str, str] = {}
+    comments: dict[str, str] = {}
     for cls in reversed(schema.__mro__[:-1]):
         try:
             lines = inspect.getsource(cls).splitlines()
         except (OSError, TypeError):
             continue
-        pending: List[str] = []
+        pending: list[str] = []
         for line in lines:
             text = line.strip()
             if text.startswith("#"):
@@ -94,7 +95,7 @@ def _field_comments(schema: type) -> Dict[str, str]:
     return comments
 
 
-def usage(name: Optional[str] = None) -> str:
+def usage(name: str | None = None) -> str:
     """The --help text: every benchmark with an example, or one benchmark's keys, defaults and example."""
     benchmarks = _benchmarks()
     if name is None:
@@ -112,7 +113,7 @@ def usage(name: Optional[str] = None) -> str:
             + "\n".join(keys) + "\n  out=None    # also write the results as JSON (and .md) there")
 
 
-def run(argv: List[str]) -> Dict[str, Any]:
+def run(argv: list[str]) -> dict[str, Any]:
     """Parse ``<benchmark> key=value ...``, run it, print markdown and write ``out=`` if given."""
     from paddletrain.bench.common import parse_options
     from paddletrain.bench.report import to_markdown, write_report
@@ -123,7 +124,7 @@ def run(argv: List[str]) -> Dict[str, Any]:
         raise UserError(f"usage: python -m paddletrain.bench <{'|'.join(benchmarks)}> [key=value ...] "
                         f"[out=results.json]{got}")
     name, args = argv[0], argv[1:]
-    out: Optional[str] = None
+    out: str | None = None
     for arg in [a for a in args if a.startswith("out=")]:
         out = arg.split("=", 1)[1]
         args.remove(arg)

@@ -11,8 +11,8 @@ Runs the default job (``python -m paddletrain.fit``: resnet20 on the embedded sh
 
 The share covers the whole fit, worker start-up included (the figure ``summary.json`` and the end table
 report). ``bare_images_per_s`` is the arm's per-sample work (render + augment) in a plain loop on one core,
-what one worker can supply. Goal (issue 14): under 10% for ``every`` at 2 workers on 32 px. Arms are repeated ``repeats`` times,
-interleaved (A B C A B C), and the median is reported, so a neighbour's load hits every arm alike.
+what one worker can supply. Goal (issue 14): under 10% for ``every`` at 2 workers on 32 px. Arms are repeated
+``repeats`` times, interleaved (A B C A B C), and the median is reported, so a neighbour's load hits every arm alike.
 """
 from __future__ import annotations
 

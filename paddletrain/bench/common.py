@@ -12,8 +12,9 @@ import platform
 import resource
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Type, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import paddle
@@ -26,7 +27,7 @@ C = TypeVar("C")
 TINY_MODEL = "tiny"
 
 
-def parse_options(schema: Type[C], args: Sequence[str], command: str) -> C:
+def parse_options(schema: type[C], args: Sequence[str], command: str) -> C:
     """``key=value`` arguments validated against the dataclass ``schema`` (types, unknown keys)."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
@@ -79,7 +80,7 @@ def build_model(name: str, num_classes: int, data_format: str = "NCHW", seed: in
 
 
 def synthetic_batches(count: int, batch_size: int, image_size: int, num_classes: int,
-                      seed: int = 0) -> List[List[paddle.Tensor]]:
+                      seed: int = 0) -> list[list[paddle.Tensor]]:
     """``count`` distinct ``[images, labels]`` batches already on the current device (NCHW float32)."""
     rng = np.random.default_rng(seed)
     return [[paddle.to_tensor(rng.standard_normal((batch_size, 3, image_size, image_size), dtype=np.float32)),
@@ -87,7 +88,7 @@ def synthetic_batches(count: int, batch_size: int, image_size: int, num_classes:
             for _ in range(count)]
 
 
-def cycle(batches: Sequence[Any], steps: int) -> List[Any]:
+def cycle(batches: Sequence[Any], steps: int) -> list[Any]:
     """``steps`` items taken round-robin from ``batches``."""
     return [batches[i % len(batches)] for i in range(steps)]
 
@@ -107,7 +108,7 @@ def reset_peak_memory() -> None:
         paddle.device.cuda.reset_max_memory_allocated()
 
 
-def peak_memory_mb() -> Dict[str, Optional[float]]:
+def peak_memory_mb() -> dict[str, float | None]:
     """Device memory peak on a GPU (since the last reset); on CPU the process's peak RSS (never resets)."""
     if on_gpu():
         return {"peak_gpu_allocated_mb": paddle.device.cuda.max_memory_allocated() / 2**20, "peak_rss_mb": None}
@@ -118,7 +119,7 @@ def peak_memory_mb() -> Dict[str, Optional[float]]:
 Window = Callable[[int], float]
 
 
-def interleave(arms: Dict[str, Window], windows: int, steps: int, warmup: int) -> Dict[str, List[float]]:
+def interleave(arms: dict[str, Window], windows: int, steps: int, warmup: int) -> dict[str, list[float]]:
     """Run every arm's warm-up, then ``windows`` rounds of A B C ...; returns seconds per step per window.
 
     An arm is ``run(steps) -> elapsed seconds`` and must end its window with a device sync.
@@ -126,7 +127,7 @@ def interleave(arms: Dict[str, Window], windows: int, steps: int, warmup: int) -
     for run in arms.values():
         if warmup:
             run(warmup)
-    per_step: Dict[str, List[float]] = {name: [] for name in arms}
+    per_step: dict[str, list[float]] = {name: [] for name in arms}
     for _ in range(windows):
         for name, run in arms.items():
             per_step[name].append(run(steps) / steps)
@@ -141,7 +142,7 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
-def summarize(seconds_per_step: Sequence[float], batch_size: int) -> Dict[str, Any]:
+def summarize(seconds_per_step: Sequence[float], batch_size: int) -> dict[str, Any]:
     """Median ms/step and images/s, plus the spread across windows (max-min over median)."""
     median = statistics.median(seconds_per_step)
     return {
@@ -154,10 +155,10 @@ def summarize(seconds_per_step: Sequence[float], batch_size: int) -> Dict[str, A
 
 def paired_ratio(numerator: Sequence[float], denominator: Sequence[float]) -> float:
     """Median of window-by-window ratios: robust to drift that hits neighbouring windows alike."""
-    return statistics.median(n / d for n, d in zip(numerator, denominator))
+    return statistics.median(n / d for n, d in zip(numerator, denominator, strict=True))
 
 
-def environment(cpu_threads: Optional[int] = None) -> Dict[str, Any]:
+def environment(cpu_threads: int | None = None) -> dict[str, Any]:
     """Where and under which load the numbers were measured; call before measuring, then :func:`finished`."""
     from paddletrain.runtime import usable_cores
 
@@ -175,7 +176,7 @@ def environment(cpu_threads: Optional[int] = None) -> Dict[str, Any]:
     }
 
 
-def finished(env: Dict[str, Any]) -> Dict[str, Any]:
+def finished(env: dict[str, Any]) -> dict[str, Any]:
     """``env`` with the load average at the end and the benchmark's wall time added."""
     env = dict(env)
     env["seconds"] = round(time.perf_counter() - env.pop("_start"), 1)

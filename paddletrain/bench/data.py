@@ -17,12 +17,11 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import paddle
 
-from paddletrain.bench.common import (build_model, check_options, environment, finished, paired_ratio,
-                                      write_jpeg_folder)
+from paddletrain.bench.common import build_model, check_options, environment, finished, paired_ratio, write_jpeg_folder
 from paddletrain.config import TRANSFORMS, allowed
 from paddletrain.errors import ConfigError
 
@@ -30,22 +29,22 @@ from paddletrain.errors import ConfigError
 @dataclass
 class DataBenchConfig:
     # An image folder (root/train/<class>/<image>); None: synthesise num_images JPEGs of source_size px.
-    root: Optional[str] = None
+    root: str | None = None
     num_images: int = allowed(2048, ge=1)
     source_size: int = allowed(64, ge=1)
     image_size: int = allowed(32, ge=1)
     transform: str = allowed("small", choices=TRANSFORMS)  # a data.train_transform preset
     batch_size: int = allowed(64, ge=1)
-    workers: List[int] = allowed(factory=lambda: [0, 1, 2], ge=0)
+    workers: list[int] = allowed(factory=lambda: [0, 1, 2], ge=0)
     # Timed passes over the images (bare and per worker count); the median is reported. This machine's speed
     # drifts by up to 15% between sub-second passes: fewer or shorter passes make the ratio noisy.
     epochs: int = allowed(5, ge=1)
     # Model for the Trainer's data-wait share; null skips that part.
-    model: Optional[str] = "resnet20"
+    model: str | None = "resnet20"
     train_batches: int = allowed(16, ge=1)
     # paddle 3.3.1's persistent workers wait ~0.5 s at every epoch start (see docs/performance.md).
     persistent_workers: bool = False
-    cpu_threads: Optional[int] = allowed(None, ge=1)
+    cpu_threads: int | None = allowed(None, ge=1)
 
 
 def _data_config(cfg: DataBenchConfig, num_workers: int) -> Any:
@@ -74,7 +73,7 @@ def bare_pass(dataset: Any) -> float:
     return len(dataset) / (time.perf_counter() - start)
 
 
-def loader_pass(loader: Any, epoch: int) -> Tuple[float, float]:
+def loader_pass(loader: Any, epoch: int) -> tuple[float, float]:
     """One epoch of ``loader``: steady images/s (first batch to last) and the first batch's wait in seconds.
 
     The steady rate leaves out worker start-up, which ``first_batch_s`` reports instead.
@@ -91,15 +90,15 @@ def loader_pass(loader: Any, epoch: int) -> Tuple[float, float]:
     return sum(sizes[1:]) / (arrivals[-1] - arrivals[0]), arrivals[0] - start
 
 
-def interleaved_rates(dataset: Any, loaders: Dict[int, Any], epochs: int) -> List[Dict[str, Any]]:
+def interleaved_rates(dataset: Any, loaders: dict[int, Any], epochs: int) -> list[dict[str, Any]]:
     """Rows for the bare loop and each loader; every pass runs bare, w0, w1, ... so load drift hits all alike."""
-    bare: List[float] = []
-    timings: Dict[int, List[Tuple[float, float]]] = {w: [] for w in loaders}
+    bare: list[float] = []
+    timings: dict[int, list[tuple[float, float]]] = {w: [] for w in loaders}
     for epoch in range(epochs):
         bare.append(bare_pass(dataset))
         for workers, loader in loaders.items():
             timings[workers].append(loader_pass(loader, epoch))
-    rows: List[Dict[str, Any]] = [{"pipeline": "bare decode+augment (1 core)", "num_workers": None,
+    rows: list[dict[str, Any]] = [{"pipeline": "bare decode+augment (1 core)", "num_workers": None,
                                    "images_per_s": statistics.median(bare), "vs_bare": 1.0}]
     for workers, passes in timings.items():
         rates = [rate for rate, _ in passes]
@@ -109,7 +108,7 @@ def interleaved_rates(dataset: Any, loaders: Dict[int, Any], epochs: int) -> Lis
     return rows
 
 
-def trainer_data_wait(cfg: DataBenchConfig, loader: Any, num_classes: int) -> Dict[str, float]:
+def trainer_data_wait(cfg: DataBenchConfig, loader: Any, num_classes: int) -> dict[str, float]:
     """The Trainer's own data-wait share and throughput in its second epoch on ``loader``."""
     from paddletrain.trainer import Trainer
 
@@ -121,7 +120,7 @@ def trainer_data_wait(cfg: DataBenchConfig, loader: Any, num_classes: int) -> Di
     return {"data_time_share": metrics["train/data_time_share"], "train_images_per_s": metrics["train/throughput"]}
 
 
-def run_data(cfg: DataBenchConfig) -> Dict[str, Any]:
+def run_data(cfg: DataBenchConfig) -> dict[str, Any]:
     """Bare decode+augment rate, loader rate per worker count and the Trainer's data-wait share."""
     from paddletrain.data import build_loader
     from paddletrain.runtime import setup_runtime

@@ -17,22 +17,31 @@ the Predictor's ``copy_from_cpu`` does.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import resource
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from typing import Any
 
 import numpy as np
 import paddle
 
-from paddletrain.bench.common import (check_options, environment, finished, interleave, paired_ratio, summarize,
-                                      timed, write_jpeg_folder)
+from paddletrain.bench.common import (
+    check_options,
+    environment,
+    finished,
+    interleave,
+    paired_ratio,
+    summarize,
+    timed,
+    write_jpeg_folder,
+)
 from paddletrain.config import allowed
 from paddletrain.data.loaders import _shut_down_workers
 from paddletrain.decoding import Batch, _decode_each, _worker_cores, decoded_batches
@@ -50,8 +59,8 @@ class DecodeBenchConfig:
     image_size: int = allowed(224, ge=8)
     batch_size: int = allowed(32, ge=1)
     # Decode processes for the pool and the DataLoader; None = predict's default (half the cores).
-    num_workers: Optional[int] = allowed(None, ge=1)
-    arms: List[str] = allowed(factory=lambda: list(ARMS), choices=ARMS)
+    num_workers: int | None = allowed(None, ge=1)
+    arms: list[str] = allowed(factory=lambda: list(ARMS), choices=ARMS)
     windows: int = allowed(5, ge=1)
     warmup: int = allowed(1, ge=0)
 
@@ -77,7 +86,7 @@ class _GivenBatches(paddle.io.BatchSampler):
 
     def __init__(self, sizes: list[int]) -> None:  # no super().__init__(): it wants a sampler or a dataset
         starts = np.cumsum([0, *sizes]).tolist()
-        self.batches = [list(range(a, b)) for a, b in zip(starts, starts[1:])]
+        self.batches = [list(range(a, b)) for a, b in itertools.pairwise(starts)]
 
     def __iter__(self) -> Iterator[list[int]]:
         return iter(self.batches)

@@ -15,15 +15,24 @@ from __future__ import annotations
 import math
 import statistics
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any
 
 import numpy as np
 import paddle
 
-from paddletrain.bench.common import (build_model, check_options, environment, finished, interleave, paired_ratio,
-                                      timed, write_jpeg_folder)
+from paddletrain.bench.common import (
+    build_model,
+    check_options,
+    environment,
+    finished,
+    interleave,
+    paired_ratio,
+    timed,
+    write_jpeg_folder,
+)
 from paddletrain.config import allowed
 from paddletrain.errors import ConfigError
 from paddletrain.export import compare_logits, export_model
@@ -36,21 +45,21 @@ class InferenceBenchConfig:
     model: str = "resnet18"
     image_size: int = allowed(224, ge=1)
     num_classes: int = allowed(1000, ge=1)
-    batch_sizes: List[int] = allowed(factory=lambda: [1, 8, 32, 64], ge=1)
+    batch_sizes: list[int] = allowed(factory=lambda: [1, 8, 32, 64], ge=1)
     # Each timed window runs ceil(images_per_window / batch) batches.
     images_per_window: int = allowed(64, ge=1)
     windows: int = allowed(3, ge=1)
     warmup: int = allowed(1, ge=0)
     use_mkldnn: bool = True
     # Predictor precisions to compare with dygraph fp32; None = fp32, plus bf16 on CPUs that run it natively.
-    precisions: Optional[List[str]] = allowed(None, choices=PRECISIONS)
+    precisions: list[str] | None = allowed(None, choices=PRECISIONS)
     # Files for the predict_files end-to-end comparison; 0 skips it.
     predict_images: int = allowed(256, ge=0)
     predict_batch_size: int = allowed(32, ge=1)
     # Decode processes; None = predict's default (half the cores), which leaves the predictor its threads.
-    predict_workers: Optional[int] = allowed(None, ge=0)
+    predict_workers: int | None = allowed(None, ge=0)
     predict_windows: int = allowed(2, ge=1)
-    cpu_threads: Optional[int] = allowed(None, ge=1)
+    cpu_threads: int | None = allowed(None, ge=1)
     device: str = allowed("auto", choices=DEVICES)
 
 
@@ -77,7 +86,7 @@ def _predictor_arm(predictor: Any, batch: np.ndarray) -> Callable[[int], float]:
     return run
 
 
-def _preprocessing(cfg: InferenceBenchConfig) -> Dict[str, Any]:
+def _preprocessing(cfg: InferenceBenchConfig) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
     from paddletrain.config import DataConfig
@@ -88,7 +97,7 @@ def _preprocessing(cfg: InferenceBenchConfig) -> Dict[str, Any]:
     return preprocessing_info(data)
 
 
-def _precisions(cfg: InferenceBenchConfig, device: str) -> List[str]:
+def _precisions(cfg: InferenceBenchConfig, device: str) -> list[str]:
     from paddletrain.inference import check_precision_runs_on, cpu_bf16_support
 
     if cfg.precisions is None:
@@ -102,7 +111,7 @@ def _precisions(cfg: InferenceBenchConfig, device: str) -> List[str]:
 
 
 def batch_table(cfg: InferenceBenchConfig, model: paddle.nn.Layer,
-                predictors: Dict[str, Any]) -> List[Dict[str, Any]]:
+                predictors: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per batch size: dygraph and each predictor's latency, images/s, speed-up and logit error."""
     rng = np.random.default_rng(0)
     rows = []
@@ -112,7 +121,7 @@ def batch_table(cfg: InferenceBenchConfig, model: paddle.nn.Layer,
         arms = {"dygraph": _dygraph_arm(model, batch)}
         arms.update({f"predictor_{p}": _predictor_arm(predictor, batch) for p, predictor in predictors.items()})
         per_batch = interleave(arms, cfg.windows, steps, cfg.warmup)
-        row: Dict[str, Any] = {"batch_size": batch_size}
+        row: dict[str, Any] = {"batch_size": batch_size}
         for arm, seconds in per_batch.items():
             median = statistics.median(seconds)
             row[f"{arm}_latency_ms"] = median * 1e3
@@ -127,7 +136,7 @@ def batch_table(cfg: InferenceBenchConfig, model: paddle.nn.Layer,
     return rows
 
 
-def predict_pipeline(cfg: InferenceBenchConfig, predictor: Any, workdir: Path) -> Dict[str, Any]:
+def predict_pipeline(cfg: InferenceBenchConfig, predictor: Any, workdir: Path) -> dict[str, Any]:
     """predict_files' images/s on JPEGs vs the bare predictor's on ready arrays, interleaved windows."""
     from paddletrain.predict import default_num_workers, predict_files
 
@@ -153,7 +162,7 @@ def predict_pipeline(cfg: InferenceBenchConfig, predictor: Any, workdir: Path) -
             "bare_predictor_images_per_s": raw, "ratio": e2e / raw}
 
 
-def run_inference(cfg: InferenceBenchConfig) -> Dict[str, Any]:
+def run_inference(cfg: InferenceBenchConfig) -> dict[str, Any]:
     """The batching table (dygraph vs predictor) and the predict_files pipeline ratio."""
     from paddletrain.inference import Predictor
     from paddletrain.runtime import setup_runtime

@@ -20,17 +20,28 @@ from __future__ import annotations
 
 import math
 import timeit
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any
 
 import paddle
 
-from paddletrain.bench.common import (build_model, check_options, cycle, environment, finished, interleave,
-                                      paired_ratio, summarize, synthetic_batches, timed)
+from paddletrain.bench.common import (
+    build_model,
+    check_options,
+    cycle,
+    environment,
+    finished,
+    interleave,
+    paired_ratio,
+    summarize,
+    synthetic_batches,
+    timed,
+)
 from paddletrain.config import allowed
+from paddletrain.errors import ConfigError
 from paddletrain.precision import clip_grad_norm_
 from paddletrain.runtime import DEVICES
-from paddletrain.errors import ConfigError
 
 ARMS = ("trainer", "hand", "bare", "model_fit")
 # Per-step work of each arm, reported with the results (details in the module docstring).
@@ -51,13 +62,13 @@ class OverheadBenchConfig:
     batch_size: int = allowed(64, ge=1)
     image_size: int = allowed(32, ge=1)
     num_classes: int = allowed(10, ge=1)
-    arms: List[str] = allowed(factory=lambda: list(ARMS), choices=ARMS)
+    arms: list[str] = allowed(factory=lambda: list(ARMS), choices=ARMS)
     windows: int = allowed(5, ge=1)
     steps: int = allowed(10, ge=1)
     warmup: int = allowed(3, ge=0)
     # Also time the Trainer's extra parts one by one (hooks, meter; module.parameters() is now once per fit).
     attribute: bool = True
-    cpu_threads: Optional[int] = allowed(None, ge=1)
+    cpu_threads: int | None = allowed(None, ge=1)
     device: str = allowed("auto", choices=DEVICES)
 
 
@@ -65,7 +76,7 @@ def _optimizer(model: paddle.nn.Layer) -> paddle.optimizer.Optimizer:
     return paddle.optimizer.Momentum(LR, momentum=0.9, parameters=model.parameters())
 
 
-def trainer_arm(cfg: OverheadBenchConfig, batches: List[Any]) -> Callable[[int], float]:
+def trainer_arm(cfg: OverheadBenchConfig, batches: list[Any]) -> Callable[[int], float]:
     from paddletrain.callbacks import LearningRateMonitor, ProgressBar
     from paddletrain.trainer import Trainer
 
@@ -80,7 +91,7 @@ def trainer_arm(cfg: OverheadBenchConfig, batches: List[Any]) -> Callable[[int],
     return run
 
 
-def hand_arm(cfg: OverheadBenchConfig, batches: List[Any], equivalent_work: bool = True) -> Callable[[int], float]:
+def hand_arm(cfg: OverheadBenchConfig, batches: list[Any], equivalent_work: bool = True) -> Callable[[int], float]:
     model = build_model(cfg.model, cfg.num_classes)
     model.train()
     optimizer = _optimizer(model)
@@ -115,7 +126,7 @@ def hand_arm(cfg: OverheadBenchConfig, batches: List[Any], equivalent_work: bool
     return lambda steps: timed(lambda: work(steps))
 
 
-def model_fit_arm(cfg: OverheadBenchConfig, batches: List[Any]) -> Callable[[int], float]:
+def model_fit_arm(cfg: OverheadBenchConfig, batches: list[Any]) -> Callable[[int], float]:
     from paddle.static import InputSpec
 
     network = build_model(cfg.model, cfg.num_classes)
@@ -130,7 +141,7 @@ def model_fit_arm(cfg: OverheadBenchConfig, batches: List[Any]) -> Callable[[int
     return run
 
 
-BUILDERS: Dict[str, Callable[..., Callable[[int], float]]] = {
+BUILDERS: dict[str, Callable[..., Callable[[int], float]]] = {
     "trainer": trainer_arm,
     "hand": hand_arm,
     "bare": lambda cfg, batches: hand_arm(cfg, batches, equivalent_work=False),
@@ -144,7 +155,7 @@ def per_call_us(fn: Callable[[], Any], number: int = 200, repeat: int = 5) -> fl
     return min(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e6
 
 
-def trainer_step_parts(cfg: OverheadBenchConfig, batches: List[Any]) -> Dict[str, float]:
+def trainer_step_parts(cfg: OverheadBenchConfig, batches: list[Any]) -> dict[str, float]:
     """Microseconds per step of what the Trainer does beyond the hand loop, measured one part at a time."""
     from paddletrain.callbacks import LearningRateMonitor, ProgressBar, StepOutput
     from paddletrain.metrics import ClassificationMeter
@@ -173,7 +184,7 @@ def trainer_step_parts(cfg: OverheadBenchConfig, batches: List[Any]) -> Dict[str
             cb.on_before_optimizer_step(trainer, optimizer)
             cb.on_train_batch_end(trainer, output, batches[0], 0)
 
-    sums: List[Any] = [None, None]
+    sums: list[Any] = [None, None]
 
     def inline_metric() -> None:
         _, top = paddle.topk(logits, k=max(ks), axis=-1)
@@ -196,7 +207,7 @@ def trainer_step_parts(cfg: OverheadBenchConfig, batches: List[Any]) -> Dict[str
     }
 
 
-def run_overhead(cfg: OverheadBenchConfig) -> Dict[str, Any]:
+def run_overhead(cfg: OverheadBenchConfig) -> dict[str, Any]:
     """Median ms/step of each arm, the Trainer's throughput ratios and its absolute overhead in ms/step."""
     from paddletrain.runtime import setup_runtime
 
@@ -210,7 +221,7 @@ def run_overhead(cfg: OverheadBenchConfig) -> Dict[str, Any]:
     per_step = interleave(arms, cfg.windows, cfg.steps, cfg.warmup)
     rows = [{"arm": name, "model": cfg.model, "batch_size": cfg.batch_size, **summarize(times, cfg.batch_size)}
             for name, times in per_step.items()]
-    summary: Dict[str, float] = {}
+    summary: dict[str, float] = {}
     if "trainer" in per_step:
         trainer = per_step["trainer"]
         for other in ("hand", "bare", "model_fit"):
@@ -225,13 +236,13 @@ def run_overhead(cfg: OverheadBenchConfig) -> Dict[str, Any]:
             "notes": [f"{name}: {ARM_WORK[name]}" for name in cfg.arms]}
 
 
-def _median_difference(a: List[float], b: List[float]) -> float:
+def _median_difference(a: list[float], b: list[float]) -> float:
     import statistics
 
-    return statistics.median(x - y for x, y in zip(a, b))
+    return statistics.median(x - y for x, y in zip(a, b, strict=True))
 
 
-def _goals(summary: Dict[str, float]) -> List[Dict[str, Any]]:
+def _goals(summary: dict[str, float]) -> list[dict[str, Any]]:
     goals = []
     for key, target in (("trainer_vs_hand", 0.98), ("trainer_vs_model_fit", 1.0)):
         if key in summary:

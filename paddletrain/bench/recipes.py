@@ -128,7 +128,7 @@ def build_runs(cfg: RecipesBenchConfig, dataset: str, arm: str, teacher_dir: Pat
     return [FitRun(f"{dataset} {arm} seed {seed}", run_dir,
                    merge_overrides(recipe.base, overrides, cfg.extra,
                                    [f"trainer.seed={seed}", f"hydra.run.dir={run_dir}"]))
-            for seed, run_dir in zip(seeds, dirs)]
+            for seed, run_dir in zip(seeds, dirs, strict=True)]
 
 
 def row_command(runs: list[FitRun]) -> str:
@@ -157,14 +157,14 @@ def format_mean_std(values: list[float]) -> str:
 
 def table_row(dataset: str, arm: str, runs: list[FitRun], summaries: list[dict[str, Any] | None]) -> dict[str, Any]:
     """One table row from the runs of an arm and their summaries (None for a run without one)."""
-    done = [(_seed(run), s) for run, s in zip(runs, summaries) if s is not None and METRIC in s]
+    done = [(_seed(run), s) for run, s in zip(runs, summaries, strict=True) if s is not None and METRIC in s]
     values = [s[METRIC] for _, s in done]
     row: dict[str, Any] = {"dataset": dataset, "arm": arm, "seeds": ",".join(str(seed) for seed, _ in done) or "-",
                            "val top-1 % (mean ± std)": format_mean_std(values) if values else "not run",
                            "per seed": ", ".join(f"{100 * v:.1f}" for v in values) or "-",
                            "min per run": (round(statistics.fmean(s["wall_seconds"] for _, s in done) / 60, 1)
                                            if done else None)}
-    missing = [_seed(run) for run, s in zip(runs, summaries) if s is None or METRIC not in s]
+    missing = [_seed(run) for run, s in zip(runs, summaries, strict=True) if s is None or METRIC not in s]
     if missing and done:
         row["val top-1 % (mean ± std)"] += f" (seeds {missing} missing)"
     row["command"] = f"`{row_command(runs)}`"

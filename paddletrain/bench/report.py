@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any
 
 
 def format_value(value: Any) -> str:
@@ -18,9 +19,9 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
-def table(rows: Sequence[Dict[str, Any]]) -> str:
+def table(rows: Sequence[dict[str, Any]]) -> str:
     """A markdown table of ``rows``: columns in first-seen order, list values (per-window raw data) left out."""
-    columns: List[str] = []
+    columns: list[str] = []
     for row in rows:
         columns += [k for k, v in row.items() if k not in columns and not isinstance(v, (list, dict))]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
@@ -28,7 +29,7 @@ def table(rows: Sequence[Dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def to_markdown(result: Dict[str, Any]) -> str:
+def to_markdown(result: dict[str, Any]) -> str:
     """The result's tables, summary, goals and notes, headed by where and under which load it ran."""
     env = result["environment"]
     parts = [f"### bench {result['benchmark']}",
@@ -49,7 +50,7 @@ def to_markdown(result: Dict[str, Any]) -> str:
     return "\n".join(parts) + "\n"
 
 
-def write_report(result: Dict[str, Any], out: Path) -> Path:
+def write_report(result: dict[str, Any], out: Path) -> Path:
     """Write ``out`` (JSON) and the markdown beside it (same name, ``.md``); returns the markdown path."""
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2, default=str) + "\n")

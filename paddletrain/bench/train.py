@@ -6,13 +6,25 @@ batch / precision / data format. ``threads``: the same step with each CPU thread
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any
 
 import paddle
 
-from paddletrain.bench.common import (build_model, check_options, cycle, environment, finished, interleave,
-                                      peak_memory_mb, reset_peak_memory, summarize, synthetic_batches, timed)
+from paddletrain.bench.common import (
+    build_model,
+    check_options,
+    cycle,
+    environment,
+    finished,
+    interleave,
+    peak_memory_mb,
+    reset_peak_memory,
+    summarize,
+    synthetic_batches,
+    timed,
+)
 from paddletrain.config import allowed
 from paddletrain.errors import ConfigError
 from paddletrain.precision import Precision
@@ -34,13 +46,13 @@ class TrainBenchConfig:
     steps: int = allowed(10, ge=1)
     warmup: int = allowed(3, ge=0)
     # None: paddletrain.runtime.default_cpu_threads().
-    cpu_threads: Optional[int] = allowed(None, ge=1)
+    cpu_threads: int | None = allowed(None, ge=1)
     device: str = allowed("auto", choices=DEVICES)
 
 
 @dataclass
 class ThreadsBenchConfig(TrainBenchConfig):
-    threads: List[int] = allowed(factory=lambda: [1, 2], ge=1)
+    threads: list[int] = allowed(factory=lambda: [1, 2], ge=1)
 
 
 def build_precision(name: str, dtype: str, device: str) -> Precision:
@@ -81,7 +93,7 @@ def make_step_window(cfg: TrainBenchConfig, seed: int = 0) -> Callable[[int], fl
     return window
 
 
-def run_train(cfg: TrainBenchConfig) -> Dict[str, Any]:
+def run_train(cfg: TrainBenchConfig) -> dict[str, Any]:
     """Median images/s and ms/step over ``cfg.windows`` windows of ``cfg.steps`` steps, after warm-up."""
     from paddletrain.runtime import setup_runtime
 
@@ -100,7 +112,7 @@ def run_train(cfg: TrainBenchConfig) -> Dict[str, Any]:
             "rows": [row], "notes": notes}
 
 
-def run_threads(cfg: ThreadsBenchConfig) -> Dict[str, Any]:
+def run_threads(cfg: ThreadsBenchConfig) -> dict[str, Any]:
     """The training step with each thread count in ``cfg.threads``, windows interleaved across counts."""
     from paddletrain.runtime import set_cpu_threads, setup_runtime
 
