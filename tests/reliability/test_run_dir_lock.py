@@ -112,7 +112,10 @@ def test_second_fit_is_refused_and_a_killed_holder_does_not_block_the_next_run(t
     first = start(["-m", "paddletrain.fit", *LONG, f"hydra.run.dir={run_dir}"], tmp_path)
     try:
         wait_for_holder(run_dir, first.pid)
-        saved_config = (run_dir / ".hydra" / "overrides.yaml").read_text()
+        # The lock is taken before Hydra writes .hydra/: wait for the holder's config too.
+        overrides = run_dir / ".hydra" / "overrides.yaml"
+        wait_for(lambda: overrides.is_file() and overrides.stat().st_size > 0, 60, "the first run's overrides.yaml")
+        saved_config = overrides.read_text()
         started = time.monotonic()
         second = run_module("paddletrain.fit", [*TINY, f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=120)
         assert second.returncode == 2, second.stdout + second.stderr
