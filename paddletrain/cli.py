@@ -99,6 +99,8 @@ def hydra_error_line(exc: BaseException) -> str:
         if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
             parent, _, name = key.rpartition(".")
             schema = cause.object_type
+            if schema is dict:  # an open mapping (e.g. trainer.distill.teacher_options): any key, but only with +
+                return f"{parent} takes any key, but a new one needs a leading +: +{key}=<value>"
             fields = [f.name for f in dataclasses.fields(schema)] if dataclasses.is_dataclass(schema) else []
             close = [f"{parent}.{c}" if parent else c for c in difflib.get_close_matches(name, fields, n=3)]
             hint = f"did you mean {', '.join(close)}?" if close else "check the spelling"

@@ -44,6 +44,8 @@ def test_fit_then_evaluate_end_to_end(tmp_path):
                             "trainer.max_epochs, trainer.max_steps?)"),
     ("optim.lr=fast", "optim.lr: Value 'fast' of type 'str' could not be converted to Float"),
     ("model=resnet_20", "In 'fit': Could not find 'model/resnet_20'; did you mean resnet20, resnet50, resnet32?"),
+    ("trainer.distill.teacher_options={arch:x}", "trainer.distill.teacher_options takes any key, but a new one "
+                                                 "needs a leading +: +trainer.distill.teacher_options.arch=<value>"),
 ])
 def test_a_command_line_hydra_rejects_is_one_line(tmp_path, override, line):
     run_dir = tmp_path / "run"
