@@ -1,4 +1,4 @@
-"""paddletrain's import graph has no cycle (issue 12).
+"""paddletrain's imports: the graph has no cycle (issue 12), and every third-party one is declared (issue 17).
 
 Every import that can run counts: at module top and inside functions (a function-level import only hides a
 cycle until the function runs), relative or absolute; imports under ``if TYPE_CHECKING:`` never run and do not
@@ -11,7 +11,11 @@ module that registers into it: that module imports the registry, which would clo
 from __future__ import annotations
 
 import ast
+import configparser
 import graphlib
+import importlib.metadata
+import re
+import sys
 import textwrap
 from pathlib import Path
 
@@ -136,3 +140,132 @@ def test_type_checking_imports_and_a_childs_own_parents_are_not_cycles(tmp_path)
                       "pkg/b.py": "x = 1\n", "pkg/c.py": "from pkg.a import x\n"})
     graph = import_graph(tmp_path, "pkg")
     assert graph["pkg.a"] == {"pkg.b"} and find_cycle(graph) is None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Every third-party import is declared (issue 17): a fresh venv with only the README's install runs the suite.
+
+# Optional packages: module -> what brings it. Each must be imported behind a guard (inside a function, under
+# try/except ImportError, or through pytest.importorskip), so that the code and the suite work without it.
+OPTIONAL = {
+    "paddle2onnx": "the onnx extra (pip install -e '.[onnx]')",
+    "onnxruntime": "the onnx extra (pip install -e '.[onnx]')",
+    "paddleclas": "pip install --no-deps paddleclas (.ci/run does, for the weight-conversion parity tests)",
+    "paddlehub": "pip install paddlehub (PaddleHub weight sources)",
+    "playwright": "pip install playwright (examples/visualdl_screenshots.py)",
+    "setuptools": "python -m venv (bundled on Python < 3.12; tests/test_plugins.py falls back without it)",
+}
+# Present in every environment `python -m venv` makes (ensurepip), so never declared.
+WITH_EVERY_VENV = {"pip"}
+SCANNED = ("paddletrain", "tests", "examples")
+SKIPPED_DIRS = {"downstream_app", "build", "__pycache__"}  # the example app declares its own dependencies
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def readme_extras() -> set[str]:
+    """The extras of the README's install command (``pip install -e ".[cpu,dev]"``)."""
+    match = re.search(r'pip install -e "\.\[([\w,]+)\]"', (ROOT / "README.md").read_text(encoding="utf-8"))
+    assert match, "README.md has no `pip install -e \".[extras]\"` command"
+    return set(match.group(1).split(","))
+
+
+def declared_distributions(extras: set[str]) -> set[str]:
+    """setup.cfg's install_requires plus the requirements of ``extras``, as normalised distribution names."""
+    parser = configparser.ConfigParser()
+    parser.read(ROOT / "setup.cfg", encoding="utf-8")
+    lines = parser.get("options", "install_requires").splitlines()
+    for extra in extras:
+        lines += parser.get("options.extras_require", extra).splitlines()
+    names = (re.match(r"\s*([A-Za-z0-9][A-Za-z0-9_.-]*)", line) for line in lines if line.strip())
+    return {_normalise(match.group(1)) for match in names if match}
+
+
+def modules_of(distributions: set[str]) -> set[str]:
+    """The top-level modules the installed ``distributions`` provide."""
+    return {module for module, dists in importlib.metadata.packages_distributions().items()
+            if any(_normalise(dist) in distributions for dist in dists)}
+
+
+def _catches_import_error(handler: ast.ExceptHandler) -> bool:
+    names = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+    return handler.type is None or any(isinstance(n, ast.Name) and n.id in {"ImportError", "ModuleNotFoundError",
+                                                                            "Exception"} for n in names)
+
+
+def third_party_imports(tree: ast.AST) -> list[tuple[str, int, bool]]:
+    """(top-level module, line, guarded) for every absolute import of ``tree`` outside the standard library;
+    guarded: inside a function or a ``try`` that catches ImportError."""
+    found: list[tuple[str, int, bool]] = []
+    stack: list[tuple[ast.AST, bool]] = [(tree, False)]
+    while stack:
+        node, guarded = stack.pop()
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [node.module]
+        else:
+            names = []
+        found += [(name.split(".")[0], node.lineno, guarded) for name in names
+                  if name.split(".")[0] not in sys.stdlib_module_names | {"__future__"}]
+        inner = guarded or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or (
+            isinstance(node, ast.Try) and any(map(_catches_import_error, node.handlers)))
+        stack += [(child, inner) for child in ast.iter_child_nodes(node)]
+    return sorted(found, key=lambda item: item[1])
+
+
+def undeclared_imports(files: list[Path], declared: set[str], project: set[str]) -> list[str]:
+    """One line per import that is neither the standard library, ``project``, ``declared``, nor an
+    :data:`OPTIONAL` module imported behind a guard."""
+    problems = []
+    for path in files:
+        for module, line, guarded in third_party_imports(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            where = f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}:{line}"
+            if module in project | declared | WITH_EVERY_VENV:
+                continue
+            if module not in OPTIONAL:
+                problems.append(f"{where}: `{module}` is not installed by the README's command; declare it in "
+                                "setup.cfg or name it in OPTIONAL with the extra that brings it")
+            elif not guarded:
+                problems.append(f"{where}: optional `{module}` ({OPTIONAL[module]}) is imported unguarded; import "
+                                "it inside a function, under try/except ImportError, or with pytest.importorskip")
+    return problems
+
+
+def scanned_files() -> list[Path]:
+    return sorted(path for top in SCANNED for path in (ROOT / top).rglob("*.py")
+                  if not SKIPPED_DIRS & set(path.relative_to(ROOT).parts))
+
+
+def _project_modules() -> set[str]:
+    """paddletrain, the tests, and the example scripts' own modules (they import each other from their folder)."""
+    return {"paddletrain", "tests", "conftest"} | {p.stem for p in (ROOT / "examples").glob("*.py")}
+
+
+def test_every_import_is_declared_by_the_readmes_install():
+    declared = modules_of(declared_distributions(readme_extras()))
+    assert {"paddle", "numpy", "hydra", "omegaconf", "PIL", "pytest"} <= declared, "setup.cfg lost its core"
+    problems = undeclared_imports(scanned_files(), declared, _project_modules())
+    assert not problems, "\n".join(problems)
+
+
+def test_the_dependency_check_flags_an_undeclared_or_unguarded_import(tmp_path):
+    source = tmp_path / "test_new.py"
+    source.write_text("import numpy\nimport scipy.stats\nimport onnxruntime\n"
+                      "try:\n    import paddle2onnx\nexcept ImportError:\n    paddle2onnx = None\n"
+                      "def later():\n    import paddlehub\n")
+    problems = undeclared_imports([source], {"numpy"}, set())
+    assert len(problems) == 2, problems
+    assert "test_new.py:2: `scipy` is not installed" in problems[0]
+    assert "test_new.py:3: optional `onnxruntime`" in problems[1]
+
+
+def test_ci_runs_the_readmes_commands_in_a_new_venv():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    install, test = re.search(r"```bash\n(.+?)\n(.+?)\n```", readme).groups()
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert re.search(r"^python3? -m venv ", ci, re.MULTILINE), ".ci/run must make a new venv"
+    assert install.split(" && ")[0] in ci.splitlines(), f".ci/run must install as the README says: {install}"
+    assert test in ci.splitlines(), f".ci/run must run the README's test command: {test}"
