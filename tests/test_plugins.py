@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import site
 import subprocess
 import sys
 import textwrap
@@ -92,8 +93,15 @@ def plugin_venv(tmp_path_factory) -> str:
     if tuple(int(p) for p in pip.__version__.split(".")[:2]) < (22, 3):
         pytest.skip(f"pip {pip.__version__} cannot install into another environment (pip --python needs 22.3)")
     home = tmp_path_factory.mktemp("plugin-venv")
-    venv.create(home, system_site_packages=True, with_pip=False)  # pip below installs into it with --python
+    venv.create(home, with_pip=False)  # pip below installs into it with --python
     python = str(home / "bin" / "python")
+    # system_site_packages=True would show the *base* interpreter's packages, not those of the venv the suite runs
+    # in; a .pth line that adds this interpreter's site directories (their own .pth files included) shows these.
+    site_dirs = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
+    new_site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    Path(new_site, "suite_site_packages.pth").write_text(
+        "".join(f"import site; site.addsitedir({d!r})\n" for d in site_dirs))
     # Without build isolation when this interpreter can build the wheel offline; otherwise pip fetches
     # setuptools for the build from the configured index.
     isolation = ["--no-build-isolation"] if _can_build_wheels_offline() else []
