@@ -20,6 +20,7 @@ fails, and so does a rule that no longer matches anything.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -125,6 +126,39 @@ RULES = [
     Rule("docs/monitoring.md", r"^python -m paddletrain\.fit|visualdl_screenshots", SLOW,
          "two full default runs and a headless browser, as the screenshots were made"),
 ]
+
+
+
+@dataclass(frozen=True)
+class Needs:
+    """A command or Python block that ``pattern`` matches in ``doc`` needs ``modules`` from an optional extra: it
+    runs where they are installed, and where they are not the document's test runs the rest, then reports as
+    skipped naming what it left out and the extra."""
+
+    doc: str
+    pattern: str
+    modules: tuple[str, ...]
+    extra: str
+
+    def missing(self, doc: str, text: str) -> list[str]:
+        if doc != self.doc or re.search(self.pattern, text) is None:
+            return []
+        return [module for module in self.modules if importlib.util.find_spec(module) is None]
+
+
+# Reviewed list, like RULES; a Needs entry that matches nothing fails test_every_rule_is_used.
+NEEDS = [
+    Needs("docs/inference.md", r"format=onnx|OnnxPredictor", ("paddle2onnx", "onnxruntime"), "onnx"),
+]
+
+
+def missing_extra(doc: str, text: str) -> str | None:
+    """Why ``text`` cannot run here (the modules it needs and their extra), or None when it can."""
+    for needs in NEEDS:
+        missing = needs.missing(doc, text)
+        if missing:
+            return f"needs {', '.join(missing)}: pip install -e '.[{needs.extra}]'"
+    return None
 
 
 @dataclass(frozen=True)
@@ -303,7 +337,7 @@ def shrink(command: str) -> str:
 def runnable(command: Command, slow: bool) -> str | None:
     """The text to run for ``command`` in this suite (placeholders resolved; shrunk in the default suite), or None
     when :data:`RULES` give it to the other suite or skip it."""
-    if not runs_in(rule_for(command.block.doc, command.text), slow):
+    if not runs_in(rule_for(command.block.doc, command.text), slow) or missing_extra(command.block.doc, command.text):
         # Setting a variable is needed by the commands after it in either suite.
         return command.text if re.fullmatch(r"\w+=\S*", command.text) else None
     text = resolve_placeholders(command.text)
@@ -361,8 +395,17 @@ def run_shell(script: str, ws: Path, where: str, timeout: float) -> subprocess.C
     return result
 
 
+def left_out_here(doc: str) -> list[str]:
+    """``where: why`` of each command and Python block of ``doc`` that needs an extra this environment lacks."""
+    blocks = read_blocks(ROOT / doc)
+    texts = [(c.where, c.text) for b in blocks if b.lang in SHELL_LANGS | {"console"} for c in commands(b)]
+    texts += [(b.where, b.text) for b in blocks if b.lang == "python"]
+    return [f"{where} ({why})" for where, text in texts if (why := missing_extra(doc, text))]
+
+
 def run_document(doc: str, ws: Path, slow: bool) -> list[str]:
-    """Run ``doc``'s blocks in ``ws``; returns what ran (``where`` of each command and snippet)."""
+    """Run ``doc``'s blocks in ``ws``; returns what ran (``where`` of each command and snippet). What needs a
+    missing extra (:data:`NEEDS`) is left out: :func:`left_out_here` lists it."""
     blocks = read_blocks(ROOT / doc)
     for block in blocks:
         name = file_block_name(block)
@@ -396,7 +439,7 @@ def run_transcript(block: Block, ws: Path, slow: bool) -> list[str]:
 
 def run_shell_block(block: Block, ws: Path, slow: bool, done: set[str]) -> list[str]:
     """A shell block as one bash script (``set -e``); ``done``: long commands this document already ran."""
-    lines, ran = [NEWEST, "set -e"], []
+    lines, ran = [NEWEST, "set -e -o pipefail"], []  # pipefail: `cmd | tail -1` fails when cmd does
     for command in commands(block):
         text = runnable(command, slow)
         if text is None or (slow and text in done):  # a long command repeated in one document runs once
@@ -431,7 +474,8 @@ def python_code(doc: str, block: Block, ws: Path, slow: bool) -> str:
 def run_python_blocks(doc: str, blocks: list[Block], ws: Path, slow: bool) -> list[str]:
     """The document's Python blocks in order, in one interpreter, like a reader's session."""
     snippets = [(block.where, python_code(doc, block, ws, slow)) for block in blocks
-                if block.lang == "python" and runs_in(rule_for(doc, block.text), slow)]
+                if block.lang == "python" and runs_in(rule_for(doc, block.text), slow)
+                and not missing_extra(doc, block.text)]
     if snippets:
         (ws / ".snippets.json").write_text(json.dumps(snippets))
         (ws / ".snippet_driver.py").write_text(SNIPPET_DRIVER)
@@ -457,6 +501,14 @@ def test_document_runs(doc, tmp_path, trained_run):
     started = time.perf_counter()
     run_document(doc, _workspace(tmp_path, trained_run), slow=False)
     print(f"{doc}: {time.perf_counter() - started:.1f} s")
+    _report_left_out(doc)
+
+
+def _report_left_out(doc: str) -> None:
+    """After the rest of ``doc`` passed: skipped, naming what needs an extra that is not installed here."""
+    left_out = left_out_here(doc)
+    if left_out:
+        pytest.skip(f"{doc}: the rest ran; left out {'; '.join(left_out)}")
 
 
 @pytest.mark.slow
@@ -466,6 +518,7 @@ def test_document_runs_as_written(doc, tmp_path):
     ran = run_document(doc, _workspace(tmp_path, None), slow=True)
     if not ran:
         pytest.skip(f"{doc} has nothing for the slow suite")
+    _report_left_out(doc)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -483,6 +536,8 @@ def test_every_rule_is_used():
     texts = [(b.block.doc, b.text) for block in all_blocks() if block.lang in SHELL_LANGS for b in commands(block)]
     texts += [(b.doc, b.text) for b in all_blocks() if b.lang == "python"]
     unused = [rule for rule in RULES if not any(rule.matches(doc, text) for doc, text in texts)]
+    unused += [needs for needs in NEEDS
+               if not any(doc == needs.doc and re.search(needs.pattern, text) for doc, text in texts)]
     assert not unused, f"rules that match no command or block any more (remove them): {unused}"
     blocks = [(b.doc, b.text) for b in all_blocks() if b.lang == "python"]
     unused_given = [g for g in GIVEN
