@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -105,8 +106,10 @@ def plugin_venv(tmp_path_factory) -> str:
     # Without build isolation when this interpreter can build the wheel offline; otherwise pip fetches
     # setuptools for the build from the configured index.
     isolation = ["--no-build-isolation"] if _can_build_wheels_offline() else []
+    source = home / "downstream_app"  # a copy: setuptools builds in the source tree (build/, *.egg-info)
+    shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     ok(subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--quiet",
-                       *isolation, str(EXAMPLE)], capture_output=True, text=True, timeout=300))
+                       *isolation, str(source)], capture_output=True, text=True, timeout=300))
     return python
 
 
