@@ -143,7 +143,10 @@ class DataConfig:
     # image_size, interpolation, mean, std: null = from the pretrained weights (model.pretrained), else these
     # defaults; see docs/finetuning.md.
     image_size: int | None = allowed(32, ge=1)
-    # Side of the resize before the centre crop at evaluation (imagenet preset); None = image_size / 0.875.
+    # Side of the evaluation input (validation, evaluate, export, predict) when it differs from the training size
+    # (timm's --test-input-size; "ResNet strikes back" A3 trains at 160 and tests at 224); None = image_size.
+    eval_image_size: int | None = allowed(None, ge=1)
+    # Side of the resize before the centre crop at evaluation (imagenet preset); None = eval size / 0.875.
     eval_resize: int | None = allowed(None, ge=1)
     interpolation: str | None = allowed("bilinear", choices=INTERPOLATIONS)
     # Per channel, in the 0..1 range of the image.
@@ -185,7 +188,7 @@ class OptimConfig:
     nesterov: bool = False
     weight_decay: float = allowed(5e-4, ge=0)
     betas: list[float] = allowed(factory=lambda: [0.9, 0.999], ge=0, lt=1)
-    # None: each optimizer's own default (1e-6 for lamb, 1e-8 for adam/adamw, 1e-6 for rmsprop).
+    # None: each optimizer's own default (paddletrain.optim.DEFAULT_EPS).
     eps: float | None = allowed(None, gt=0)
     # lars: the trust coefficient of the layer-wise rate.
     trust_coefficient: float = allowed(0.001, gt=0)

@@ -22,6 +22,7 @@ from paddletrain.build import build_data, checkpoint_config, checkpoint_model, r
 from paddletrain.checkpoint import Checkpoint, load_checkpoint
 from paddletrain.checkpoint.locate import locate_checkpoint
 from paddletrain.config import register_configs
+from paddletrain.data.transforms import eval_image_size
 from paddletrain.errors import ExitCode, UserError
 from paddletrain.registry import prepare
 from paddletrain.runtime import seed_everything, setup_runtime
@@ -43,7 +44,7 @@ def evaluate(cfg: DictConfig, checkpoint: Checkpoint) -> dict[str, float]:
     model = checkpoint_model(cfg, checkpoint.state, len(data.classes), data.in_chans,
                              source=f"checkpoint={checkpoint.path}")
     if tta.get("flip") or tta.get("crops", 1) > 1:  # test-time augmentation (paddletrain.tta)
-        model = TestTimeAugmentation(model, flip=tta.flip, crops=tta.crops, crop_size=cfg.data.image_size)
+        model = TestTimeAugmentation(model, flip=tta.flip, crops=tta.crops, crop_size=eval_image_size(cfg.data))
     trainer = Trainer(model, paddle.optimizer.SGD(parameters=model.parameters()), num_classes=len(data.classes),
                       limit_val_batches=cfg.trainer.limit_val_batches)
     metrics = trainer.validate(data.val_loader)

@@ -14,7 +14,7 @@ import paddletrain.builtins  # noqa: F401  (registers the built-in names the con
 from paddletrain.callbacks.instantiate import check_callback_entries
 from paddletrain.config import EvaluateConfig, FitConfig, check_values
 from paddletrain.data.mixup import Mixup
-from paddletrain.data.transforms import build_augmentations
+from paddletrain.data.transforms import DEFAULT_CROP_PCT, build_augmentations, eval_image_size
 from paddletrain.distill import resolve_alpha
 from paddletrain.errors import ConfigError
 from paddletrain.registries import DATASETS, LOSSES, MODELS, OPTIMIZERS, SCHEDULERS
@@ -79,14 +79,24 @@ def validate_config(cfg: Any, use: str = "fit") -> None:
                           f"there (e.g. data.root=/data/my_images)")
     _check_nodes(cfg.trainer)
     check_names(cfg)
-    if cfg.data.mean is not None and cfg.data.std is not None and len(cfg.data.mean) != len(cfg.data.std):
-        raise ConfigError(f"data.mean has {len(cfg.data.mean)} values but data.std has {len(cfg.data.std)}")
+    _check_data(cfg.data)
     check_training_parts(cfg)
     if use != "export":
         _check_machine(cfg, training=use == "fit")
 
 
 VALIDATION_USES = ("fit", "evaluate", "export")
+
+
+def _check_data(data: Any) -> None:
+    if data.mean is not None and data.std is not None and len(data.mean) != len(data.std):
+        raise ConfigError(f"data.mean has {len(data.mean)} values but data.std has {len(data.std)}")
+    eval_size = eval_image_size(data)  # None while data.image_size is still to come from the weights
+    if data.eval_transform == "imagenet" and data.eval_resize and eval_size and data.eval_resize < eval_size:
+        size_key = "data.eval_image_size" if data.get("eval_image_size") else "data.image_size"
+        raise ConfigError(f"data.eval_resize={data.eval_resize} is smaller than the evaluation crop {size_key}="
+                          f"{eval_size}: the centre crop is cut from the resized image, so raise data.eval_resize "
+                          f"(e.g. {round(eval_size / DEFAULT_CROP_PCT)}) or leave it null")
 
 
 def check_names(cfg: Any) -> None:

@@ -68,3 +68,14 @@ def test_bad_choice_names_the_key(override, key):
 def test_missing_required_value_names_the_key():
     with pytest.raises(ConfigError, match=r"data\.root"):
         validate_config(compose_fit(["data=imagefolder"]))
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["data.image_size=64", "data.eval_resize=48"], "data.image_size=64"),
+    (["data.image_size=16", "data.eval_image_size=64", "data.eval_resize=48"], "data.eval_image_size=64"),
+])
+def test_an_eval_resize_below_the_eval_crop_names_both_keys(overrides, key):
+    cfg = compose_fit(["data.eval_transform=imagenet", *overrides])
+    with pytest.raises(ConfigError, match=rf"data.eval_resize=48 is smaller than the evaluation crop {key}"):
+        validate_config(cfg)
+    validate_config(compose_fit(["data.eval_transform=small", *overrides]))  # no crop: resize exact to the size

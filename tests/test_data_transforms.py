@@ -90,6 +90,20 @@ def test_default_eval_resize_is_image_size_over_0875():
 
 
 @pytest.mark.parametrize("preset", ["imagenet", "small"])
+def test_eval_image_size_sizes_the_eval_pipeline_and_leaves_training_at_image_size(preset):
+    cfg = DataConfig(image_size=16, eval_image_size=24, train_transform=preset, eval_transform=preset)
+    image = np.zeros((40, 50, 3), np.uint8)
+    assert build_transform(cfg, train=True)(image).shape == (3, 16, 16)
+    assert build_transform(cfg, train=False)(image).shape == (3, 24, 24)
+    info = preprocessing_info(cfg)
+    assert info["input_size"] == [3, 24, 24]
+    # imagenet: the default resize follows the eval size (24 / 0.875), not the training size
+    assert (info["resize"], info["crop"]) == ((27, 24) if preset == "imagenet" else (24, None))
+    assert preprocessing_info(DataConfig(image_size=16, eval_image_size=None)) == preprocessing_info(
+        DataConfig(image_size=16))
+
+
+@pytest.mark.parametrize("preset", ["imagenet", "small"])
 def test_train_augmentation_is_a_function_of_the_global_rngs(preset):
     cfg = DataConfig(image_size=16, train_transform=preset, color_jitter=0.4, auto_augment=True)
     transform = build_transform(cfg, train=True)

@@ -73,6 +73,17 @@ def test_export_checkpoint_passes_parity_on_real_validation_images(checkpoint, d
     assert meta["mean"] == list(data_cfg.mean) and meta["std"] == list(data_cfg.std)  # the trained statistics
 
 
+def test_a_run_evaluated_at_another_size_exports_at_that_size(tmp_path):
+    # data.eval_image_size (RSB A3: train 160, test 224): the export's input, preprocessing and parity images are
+    # the evaluation size, not the training size.
+    run_dir = tmp_path / "run"
+    train(compose_fit([*TINY, "callbacks.visualdl=null", "data.eval_image_size=24"]), run_dir)
+    result = export_checkpoint(find_latest(run_dir / "checkpoints"), tmp_path / "out", num_check_images=4)
+    assert result.passed and result.parity.preprocess_max_diff == 0.0
+    meta = json.loads((tmp_path / "out" / "preprocess.json").read_text())
+    assert meta["input_size"] == [3, 24, 24] and meta["resize"] == 24
+
+
 def test_an_nhwc_checkpoint_exports_its_nchw_twin_and_is_verified_against_the_original(checkpoint, tmp_path):
     state = load_checkpoint(checkpoint).state
     state["config"]["model"]["data_format"] = "NHWC"

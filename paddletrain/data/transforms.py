@@ -100,8 +100,13 @@ def _channel_stats(key: str, values: Sequence[float], in_chans: int) -> list[flo
                      f"give {in_chans} values or one")
 
 
+def eval_image_size(cfg: Any) -> int:
+    """The side of the evaluation input: ``data.eval_image_size``, or the training size when that is null."""
+    return getattr(cfg, "eval_image_size", None) or cfg.image_size
+
+
 def _eval_resize(cfg: Any) -> int:
-    return cfg.eval_resize or int(cfg.image_size / DEFAULT_CROP_PCT)
+    return cfg.eval_resize or int(eval_image_size(cfg) / DEFAULT_CROP_PCT)
 
 
 def _augmentations(cfg: Any) -> list:
@@ -178,7 +183,9 @@ def build_transform(cfg: Any, train: bool, in_chans: int = 3, crop: bool = True)
         train: pick the training preset (random augmentation) or the deterministic eval preset.
         in_chans: image channels the model expects (1 or 3); images are converted to match.
         crop: eval only; False keeps the centred square of side ``eval_resize`` instead of cropping
-            ``image_size`` out of it (multi-crop test-time augmentation takes its crops from there).
+            the eval size out of it (multi-crop test-time augmentation takes its crops from there).
+
+    Training pipelines produce ``cfg.image_size`` pixels, eval pipelines :func:`eval_image_size`.
 
     Training pipelines run ``cfg.augment`` (:func:`build_augmentations`): "image" stages after the crop, flip
     and the shorthand augmentations, "array" stages after normalisation.
@@ -189,7 +196,7 @@ def build_transform(cfg: Any, train: bool, in_chans: int = 3, crop: bool = True)
     key = "data.train_transform" if train else "data.eval_transform"
     preset = _check_choice(key, cfg.train_transform if train else cfg.eval_transform, PRESETS)
     interpolation = _check_choice("data.interpolation", cfg.interpolation, INTERPOLATIONS)
-    size = cfg.image_size
+    size = cfg.image_size if train else eval_image_size(cfg)
     if size <= 0:
         raise ConfigError(f"data.image_size must be positive, got {size}")
     mean = _channel_stats("data.mean", cfg.mean, in_chans)
@@ -225,15 +232,16 @@ def preprocessing_info(cfg: Any, in_chans: int = 3) -> dict:
     """
     preset = _check_choice("data.eval_transform", cfg.eval_transform, PRESETS)
     imagenet = preset == "imagenet"
+    size = eval_image_size(cfg)
     return {
-        "input_size": [in_chans, cfg.image_size, cfg.image_size],
+        "input_size": [in_chans, size, size],
         "color_mode": "L" if in_chans == 1 else "RGB",
         "mean": _channel_stats("data.mean", cfg.mean, in_chans),
         "std": _channel_stats("data.std", cfg.std, in_chans),
         "scale": 1.0 / 255.0,
-        "resize": _eval_resize(cfg) if imagenet else cfg.image_size,
+        "resize": _eval_resize(cfg) if imagenet else size,
         "resize_mode": "shorter_side" if imagenet else "exact",
-        "crop": cfg.image_size if imagenet else None,
+        "crop": size if imagenet else None,
         "interpolation": _check_choice("data.interpolation", cfg.interpolation, INTERPOLATIONS),
         "layout": "NCHW",
     }
