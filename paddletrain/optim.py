@@ -194,11 +194,17 @@ def _betas(cfg: Any) -> tuple[float, float]:
     return float(betas[0]), float(betas[1])
 
 
-def _eps(cfg: Any, default: float) -> float:
-    """``optim.eps``, or the optimizer's own default when it is None."""
+# The epsilon of each built-in optimizer when optim.eps is null: the default of the implementation its update
+# follows (PyTorch/timm for adam, adamw and rmsprop; Paddle's Lamb and LarsMomentum kernels). Paddle's own RMSProp
+# defaults to 1e-6; paddletrain keeps PyTorch's 1e-8, with which timm's RMSProp recipes were tuned.
+DEFAULT_EPS = {"adam": 1e-8, "adamw": 1e-8, "rmsprop": 1e-8, "lamb": 1e-6, "lars": 1e-8}
+
+
+def _eps(cfg: Any, name: str) -> float:
+    """``optim.eps``, or the optimizer's own default (:data:`DEFAULT_EPS`) when it is None."""
     eps = getattr(cfg, "eps", None)
     if eps is None:
-        return default
+        return DEFAULT_EPS[name]
     if not eps > 0:
         raise ConfigError(f"optim.eps must be > 0, got {eps!r}")
     return float(eps)
@@ -229,7 +235,7 @@ def _adam(optimizer: type[paddle.optimizer.Optimizer], name: str, groups: Sequen
     """Adam or AdamW from the same settings; the class decides how the weight decay applies."""
     _no_nesterov(cfg, name)
     beta1, beta2 = _betas(cfg)
-    return optimizer(learning_rate=learning_rate, beta1=beta1, beta2=beta2, epsilon=_eps(cfg, 1e-8),
+    return optimizer(learning_rate=learning_rate, beta1=beta1, beta2=beta2, epsilon=_eps(cfg, name),
                      parameters=list(groups), weight_decay=float(cfg.weight_decay))
 
 
@@ -289,7 +295,7 @@ def build_rmsprop(
     return paddle.optimizer.RMSProp(
         learning_rate=learning_rate,
         rho=float(rho),
-        epsilon=_eps(cfg, 1e-8),
+        epsilon=_eps(cfg, "rmsprop"),
         momentum=_momentum(cfg),
         centered=bool(getattr(cfg, "centered", False)),
         parameters=list(groups),
@@ -315,7 +321,7 @@ def build_lamb(
         lamb_weight_decay=float(cfg.weight_decay),
         beta1=beta1,
         beta2=beta2,
-        epsilon=_eps(cfg, 1e-6),
+        epsilon=_eps(cfg, "lamb"),
         parameters=_decay_under(groups, "lamb_weight_decay"),
     )
 
@@ -382,7 +388,7 @@ def build_lars(
         parameters=_decay_under(groups, "lars_weight_decay"),
         trust_coefficient=float(trust),
         weight_decay=float(cfg.weight_decay),
-        epsilon=_eps(cfg, 1e-8),
+        epsilon=_eps(cfg, "lars"),
     )
 
 

@@ -13,7 +13,7 @@ from paddle import nn
 
 from paddletrain.config import OptimConfig
 from paddletrain.models import create_model
-from paddletrain.optim import LarsMomentum, build_optimizer, param_groups, scaled_lr
+from paddletrain.optim import DEFAULT_EPS, LarsMomentum, build_optimizer, param_groups, scaled_lr
 from paddletrain.registries import OPTIMIZERS
 
 paddle.set_device("cpu")
@@ -189,6 +189,12 @@ def test_build_optimizer_maps_config_to_paddle_optimizers():
     assert (adamw._beta1, adamw._beta2, adamw._epsilon) == (0.8, 0.95, 1e-6)
     assert adamw._grad_clip is None and momentum._grad_clip is None  # Precision.step clips
 
+
+
+@pytest.mark.parametrize("name", sorted(DEFAULT_EPS))
+def test_a_null_eps_is_the_optimizers_default_from_its_one_table(name):
+    assert build_optimizer(make_net(), OptimConfig(name=name, eps=None), 1e-3)._epsilon == DEFAULT_EPS[name]
+    assert build_optimizer(make_net(), OptimConfig(name=name, eps=3e-7), 1e-3)._epsilon == 3e-7
 
 def optim_cfg(**options):
     """An OptimConfig with the keys the schema does not have yet (trust_coefficient, rho, centered)."""
