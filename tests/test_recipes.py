@@ -42,7 +42,8 @@ class Source:
     differs: dict[str, Any] = field(default_factory=dict)
 
 
-_VD = "PaddlePaddle/PaddleClas ppcls/configs/ImageNet/ResNet/ResNet50_vd.yaml @ 0f86c55576cd3d9144c377ebd69455d159344ea9"
+_VD = ("PaddlePaddle/PaddleClas ppcls/configs/ImageNet/ResNet/ResNet50_vd.yaml @ "
+       "0f86c55576cd3d9144c377ebd69455d159344ea9")
 _SSLD = ("PaddlePaddle/PaddleClas configs/Distillation/ResX101_32x16d_wsl_distill_R50_vd.yaml @ "
          "6404d7c5826e66fbdfd2fe4904922a04eaf08100 (warmup: CosineWarmup's default, ppcls/optimizer/"
          "learning_rate.py at the same commit)")
@@ -91,8 +92,8 @@ SOURCES = {
         differs={"trainer.distill.teacher": "resnext101_32x16d_wsl"}),
 }
 # CPU-sized: 32 px, batches of 4, two training batches and one validation batch.
-SMALL = ["data.image_size=32", "data.eval_image_size=32", "data.eval_resize=36", "data.batch_size=4", "data.num_workers=0",
-         "data.persistent_workers=false", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
+SMALL = ["data.image_size=32", "data.eval_image_size=32", "data.eval_resize=36", "data.batch_size=4",
+         "data.num_workers=0", "data.persistent_workers=false", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
          "trainer.limit_val_batches=1", "sched.warmup_epochs=0", "trainer.cpu_threads=1",
          "callbacks.progress_bar.enabled=false"]
 
