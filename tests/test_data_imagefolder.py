@@ -41,12 +41,12 @@ def test_scan_orders_classes_and_ignores_non_images(tree: Path) -> None:
     assert ds.classes == ["cat", "dog"]
     names = [Path(ds.describe(i)).name for i in range(len(ds))]
     assert sorted(names) == sorted(["1.jpg", "my cat 2.PNG", "3.jpeg", "a.bmp", "b.webp"])
-    assert ds.targets == [0, 0, 0, 1, 1]
+    assert ds.targets.tolist() == [0, 0, 0, 1, 1]
     assert ds.in_chans == 3
     val = ImageFolderDataset(tree, "val")
     assert val.classes == ["cat", "dog"]
     assert [Path(val.describe(i)).name for i in range(len(val))] == ["v2.jpg", "v1.png"]
-    assert val.targets == [0, 1]
+    assert val.targets.tolist() == [0, 1]
 
 
 def test_is_image_file_cases() -> None:

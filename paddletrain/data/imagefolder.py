@@ -42,6 +42,7 @@ from paddletrain.data.datasets import (
     require_root,
 )
 from paddletrain.data.images import IMG_EXTENSIONS, ImageReadError, file_kind, is_image_file, open_image
+from paddletrain.data.index import SampleIndex
 
 __all__ = ["IMG_EXTENSIONS", "ImageFolderDataset", "ScanReport", "build_imagefolder", "is_image_file",
            "read_class_names"]
@@ -284,6 +285,12 @@ class _SplitScan:
                 self.files[label].append(link)
 
 
+def _relative(root: str, paths: list[str]) -> list[str]:
+    """``paths`` relative to ``root``; the scan builds them all from the root, so slicing is enough (and fast)."""
+    prefix = os.path.join(root, "")
+    return [p[len(prefix):] if p.startswith(prefix) else os.path.relpath(p, root) for p in paths]
+
+
 def _class_dirs(split_dir: Path) -> list[str]:
     return sorted(e.name for e in os.scandir(split_dir) if e.is_dir() and not e.name.startswith("."))
 
@@ -348,8 +355,10 @@ class ImageFolderDataset(ImageDataset):
         self.class_dirs = _class_dirs(train_dir)
         if not self.class_dirs:
             raise DatasetError(f"no class directories in {str(train_dir)!r}; expected {str(train_dir)}/<class>/<image>")
-        self.samples, self.scan_report = self._scan(_split_dir(self.root, split))
-        self.targets = [label for _, label in self.samples]
+        samples, self.scan_report = self._scan(_split_dir(self.root, split))
+        self.index = SampleIndex.build(self.root, _relative(str(self.root), [path for path, _ in samples]),
+                                       [label for _, label in samples])
+        self.targets = self.index.labels
         self.classes = (
             read_class_names(_resolve_class_names(class_names, self.root), len(self.class_dirs))
             if class_names
@@ -382,15 +391,20 @@ class ImageFolderDataset(ImageDataset):
             log.warning("%s: %s", self.split, line)
         return samples, report
 
+    @property
+    def samples(self) -> list[tuple[str, int]]:
+        """``(path, label)`` of every image, as torchvision's ``ImageFolder`` has them (built from the index)."""
+        return [(self.index.path(i), int(label)) for i, label in enumerate(self.index.labels)]
+
     def load_image(self, index: int) -> Image.Image:
-        path = self.samples[index][0]
+        path = self.index.path(index)
         try:
             return open_image(path, _MODES[self.in_chans])
         except ImageReadError as e:
             raise BadSampleError(f"cannot decode image {path!r}: {e}", index, path) from e
 
     def describe(self, index: int) -> str:
-        return self.samples[index][0]
+        return self.index.path(index)
 
 
 @register_dataset("imagefolder")
