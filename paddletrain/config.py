@@ -138,8 +138,18 @@ class DataConfig:
     name: str = "shapes"
     root: str | None = None
     download: bool = False
-    # Optional text file with one class name per line (imagefolder) .
+    # Optional text file with one class name per line (imagefolder: in sorted directory order; labellist: line i
+    # names class i).
     class_names: str | None = None
+    # labellist: files of '<path relative to root><delimiter><class index>' lines (PaddleClas), or a .csv with a
+    # 'path,label' header; relative list paths are looked up from the working directory, then from root.
+    train_list: str | None = None
+    val_list: str | None = None
+    delimiter: str = " "
+    # labellist: PaddleClas's multi-label lines, '<path><TAB><0/1 per class, comma-separated>'.
+    multilabel: bool = False
+    # labellist: a bad line refuses the list ("error") or is skipped with a warning ("skip").
+    bad_lines: str = allowed("error", choices=("error", "skip"))
     # image_size, interpolation, mean, std: null = from the pretrained weights (model.pretrained), else these
     # defaults; see docs/finetuning.md.
     image_size: int | None = allowed(32, ge=1)

@@ -22,7 +22,7 @@ from paddletrain.registry import prepare
 from paddletrain.runtime import select_device
 
 # Built-in datasets that cannot run without data.root (the others have a default location or need no files).
-DATASETS_NEEDING_ROOT = ("imagefolder",)
+DATASETS_NEEDING_ROOT = ("imagefolder", "labellist")
 
 def _check_nodes(trainer: Any) -> None:
     """The multi-node keys agree with each other (each one's own range is declared on the field)."""
@@ -77,6 +77,8 @@ def validate_config(cfg: Any, use: str = "fit") -> None:
     if cfg.data.name in DATASETS_NEEDING_ROOT and not cfg.data.root:
         raise ConfigError(f"missing required value for data.root: data.name={cfg.data.name} reads its images from "
                           f"there (e.g. data.root=/data/my_images)")
+    if cfg.data.name == "labellist":
+        _check_label_lists(cfg.data)
     _check_nodes(cfg.trainer)
     check_names(cfg)
     _check_data(cfg.data)
@@ -86,6 +88,16 @@ def validate_config(cfg: Any, use: str = "fit") -> None:
 
 
 VALIDATION_USES = ("fit", "evaluate", "export")
+
+
+def _check_label_lists(data: Any) -> None:
+    missing = [key for key in ("train_list", "val_list") if not data.get(key)]
+    if missing:
+        raise ConfigError(f"missing required value for data.{missing[0]}: data.name=labellist reads its samples from "
+                          f"list files (data.train_list=<file> data.val_list=<file>, '<path> <label>' a line)")
+    if data.multilabel:
+        raise ConfigError("data.multilabel=true: training on multi-label lists is not supported yet (issue 18, "
+                          "part 2); the lists are read, but no multi-label loss and metrics are wired")
 
 
 def _check_data(data: Any) -> None:

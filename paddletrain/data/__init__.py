@@ -5,7 +5,7 @@ registry (:mod:`paddletrain.data.datasets`) imports none of them.
 """
 from __future__ import annotations
 
-from paddletrain.data import cifar, mnist  # noqa: F401  (register cifar10/cifar100, mnist/fashion_mnist)
+from paddletrain.data import cifar, labellist, mnist  # noqa: F401  (register cifar10/100, labellist, mnist)
 from paddletrain.data.datasets import (
     BadSampleError,
     DatasetError,
@@ -16,6 +16,8 @@ from paddletrain.data.datasets import (
     register_dataset,
 )
 from paddletrain.data.imagefolder import ImageFolderDataset
+from paddletrain.data.index import SampleIndex
+from paddletrain.data.labellist import LabelListDataset
 from paddletrain.data.loaders import CheckedDataLoader, SeededDataset, build_loader
 from paddletrain.data.sampler import ResumableBatchSampler, SampleKey
 from paddletrain.data.shapes import ShapesDataset
@@ -27,7 +29,9 @@ __all__ = [
     "DatasetError",
     "DatasetSplits",
     "ImageFolderDataset",
+    "LabelListDataset",
     "ResumableBatchSampler",
+    "SampleIndex",
     "SampleKey",
     "SeededDataset",
     "ShapesDataset",

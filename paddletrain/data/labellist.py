@@ -1,0 +1,374 @@
+"""Label lists, read as users keep them: every problem found at start-up, named by list and line.
+
+Three formats, one reader:
+
+- PaddleClas's list: ``<path relative to data.root><delimiter><class index>`` a line (``data.delimiter``, a
+  space by default). The path is everything before the last delimiter, so a path may contain spaces.
+- CSV with a header (a ``.csv`` file, as Kaggle ships): the ``path`` and ``label`` columns, others ignored.
+- PaddleClas's multi-label list (``multilabel=True``): ``<path><TAB><0/1 per class, comma-separated>``, split on
+  the tab whatever the delimiter, as PaddleClas's ``MultiLabelDataset`` does.
+
+A list is what the user wrote, so each line is checked before any training: not UTF-8, a byte-order mark, a CR
+(Windows) line ending, a blank line, no label, a label that is not an integer or out of range, a path that is
+empty, absolute or leaves ``data.root`` (``..`` or a symlink out), a duplicate path, a missing or non-regular
+file. ``bad_lines="error"`` (the default) refuses the list at its first bad line, naming the list, the line and
+the count of others; ``"skip"`` drops each bad line with a warning. A summary line says how many lines were used.
+The list may come from someone else: its size is bounded and no file outside ``data.root`` is read.
+"""
+from __future__ import annotations
+
+import csv
+import logging
+import os
+import re
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from paddletrain.class_names import read_names_file
+from paddletrain.data.datasets import (
+    BadSampleError,
+    DatasetError,
+    DatasetSplits,
+    ImageDataset,
+    Transform,
+    register_dataset,
+    require_root,
+)
+from paddletrain.data.images import ImageReadError, file_kind, open_image
+from paddletrain.data.index import SampleIndex
+
+__all__ = ["BAD_LINE_POLICIES", "LabelList", "LabelListDataset", "build_labellist", "read_label_list",
+           "resolve_list_path"]
+
+log = logging.getLogger("paddletrain")
+
+BAD_LINE_POLICIES = ("error", "skip")
+# 1.28 M ImageNet lines are ~40 MB; ImageNet-21k's 14 M under 1 GiB. Anything larger is not a label list.
+MAX_LIST_BYTES = 2**31
+# More classes than any dataset has: a label this large is a typo (and would build a huge classifier).
+MAX_CLASSES = 1_000_000
+_WARNED_LINES = 100  # bad lines warned one by one under bad_lines=skip; the rest are counted
+_BOM = b"\xef\xbb\xbf"
+_INTEGER = re.compile(r"[0-9]+")
+
+
+class _BadLine(ValueError):
+    """One line's problem (the message says what is wrong with it)."""
+
+
+@dataclass(frozen=True)
+class LabelList:
+    """A list read and checked: its samples, the class count its labels need, and what was dropped."""
+
+    index: SampleIndex
+    num_classes: int
+    lines: int
+    skipped: int
+
+
+def resolve_list_path(path: str | Path, root: str | Path) -> Path:
+    """A relative list (or class-names) path is looked up from the working directory, then from ``root``."""
+    candidate = Path(path).expanduser()
+    if candidate.is_absolute() or candidate.exists() or not (Path(root) / candidate).exists():
+        return candidate
+    return Path(root) / candidate
+
+
+def read_label_list(path: str | Path, root: str | Path, *, key: str, delimiter: str = " ",
+                    multilabel: bool = False, num_classes: int | None = None, bad_lines: str = "error",
+                    check_files: bool = True) -> LabelList:
+    """Read and check the label list at ``path`` whose image paths are relative to ``root``.
+
+    Args:
+        key: the config key that named the list (``data.train_list``), for messages.
+        delimiter: between path and label (PaddleClas's ``delimiter``); multi-label lists always split on a tab.
+        num_classes: labels must be below it (multi-label: rows must have this many values); None takes the
+            count from the list itself (the largest label + 1, or the first row's length).
+        bad_lines: ``"error"`` refuses the list at its first bad line, ``"skip"`` drops bad lines with a warning.
+        check_files: check on disk that each file exists, is a regular file and stays inside ``root``.
+
+    Raises:
+        DatasetError: the list cannot be read, a line is bad (``bad_lines="error"``), or no line is usable.
+    """
+    if bad_lines not in BAD_LINE_POLICIES:
+        raise DatasetError(f"data.bad_lines={bad_lines!r} is not one of {', '.join(BAD_LINE_POLICIES)}")
+    if not delimiter or delimiter in "\r\n":
+        raise DatasetError(f"data.delimiter={delimiter!r} must be a character that separates path and label")
+    where = f"{key}={str(path)!r}"
+    data = _read_bounded(Path(path), where)
+    lines = _lines(data)
+    parse = _MultiLabelParser(num_classes) if multilabel else _LabelParser(num_classes)
+    if Path(path).suffix.lower() == ".csv" and not multilabel:
+        rows, problems = _csv_rows(lines, where)
+    else:
+        rows, problems = _split_rows(lines, "\t" if multilabel else delimiter)
+    entries, more = _parse_rows(rows, parse)
+    problems += more
+    if check_files and entries:
+        problems += _file_problems(entries, Path(root))
+    bad = {line for line, _ in problems}
+    _report(sorted(problems), where, bad_lines, len(lines))
+    kept = [entry for entry in entries if entry[0] not in bad]
+    if not kept:
+        raise DatasetError(f"{where} has no usable line (read {len(lines)} lines; each one a path and its label "
+                           f"relative to data.root={str(root)!r})")
+    labels = np.array([label for _, _, label in kept], np.uint8 if multilabel else np.int64)
+    index = SampleIndex.build(root, [relpath for _, relpath, _ in kept], labels)
+    count = parse.num_classes if multilabel else int(labels.max()) + 1
+    found = LabelList(index, num_classes if num_classes is not None else count, len(lines), len(lines) - len(kept))
+    log.info("%s: %d of %d lines used%s", where, len(kept), len(lines),
+             f", {found.skipped} bad lines skipped (data.bad_lines=skip)" if found.skipped else "")
+    return found
+
+
+def _read_bounded(path: Path, where: str) -> bytes:
+    try:
+        if not path.is_file():
+            raise DatasetError(f"{where} is not a file (give the list of '<path> <label>' lines)")
+        size = path.stat().st_size
+        if size > MAX_LIST_BYTES:
+            raise DatasetError(f"{where} is {size} bytes, more than the {MAX_LIST_BYTES} any label list needs")
+        return path.read_bytes()
+    except OSError as exc:
+        raise DatasetError(f"cannot read {where}: {exc}") from exc
+
+
+def _lines(data: bytes) -> list[bytes]:
+    """The list's lines, without the newline that ends the last one."""
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    return lines
+
+
+def _decoded(lines: list[bytes]) -> Iterator[tuple[int, str | _BadLine]]:
+    """(line number, its text or its problem) for every line: the problems every format shares."""
+    for number, raw in enumerate(lines, 1):
+        if number == 1 and raw.startswith(_BOM):
+            yield number, _BadLine("starts with a UTF-8 byte-order mark (save the list without BOM)")
+        elif raw.endswith(b"\r"):
+            yield number, _BadLine("ends with CR, a Windows line ending (convert the list with dos2unix)")
+        elif not raw.strip():
+            yield number, _BadLine("is blank")
+        else:
+            try:
+                yield number, raw.decode("utf-8").rstrip(" ")
+            except UnicodeDecodeError as exc:
+                yield number, _BadLine(f"is not UTF-8 (byte {raw[exc.start]:#04x} at column {exc.start + 1})")
+
+
+def _split_rows(lines: list[bytes], delimiter: str) -> tuple[list[tuple[int, str, str]], list[tuple[int, str]]]:
+    rows, problems = [], []
+    for number, text in _decoded(lines):
+        if isinstance(text, _BadLine):
+            problems.append((number, str(text)))
+            continue
+        relpath, found, label = text.rpartition(delimiter)
+        if not found:
+            problems.append((number, f"has no {delimiter!r} between the path and its label"))
+        else:
+            rows.append((number, relpath, label))
+    return rows, problems
+
+
+def _csv_rows(lines: list[bytes], where: str) -> tuple[list[tuple[int, str, str]], list[tuple[int, str]]]:
+    """The ``path`` and ``label`` columns of a CSV list; its first line is the header."""
+    rows, problems, columns = [], [], None
+    for number, text in _decoded(lines):
+        if isinstance(text, _BadLine):
+            problems.append((number, str(text)))
+            continue
+        fields = next(csv.reader([text]))
+        if columns is None:
+            names = [name.strip().lower() for name in fields]
+            if number != 1 or "path" not in names or "label" not in names:
+                raise DatasetError(f"{where}: a CSV list needs a header line with 'path' and 'label' columns, got "
+                                   f"{text[:200]!r} on line {number}")
+            columns = names.index("path"), names.index("label")
+        elif len(fields) <= max(columns):
+            problems.append((number, f"has {len(fields)} CSV fields, the header {max(columns) + 1} or more"))
+        else:
+            rows.append((number, fields[columns[0]], fields[columns[1]].strip()))
+    return rows, problems
+
+
+class _LabelParser:
+    """Class indices below ``num_classes`` (or below MAX_CLASSES when the list sets the count)."""
+
+    def __init__(self, num_classes: int | None) -> None:
+        self.limit = num_classes if num_classes is not None else MAX_CLASSES
+
+    def __call__(self, text: str) -> int:
+        if not _INTEGER.fullmatch(text):
+            raise _BadLine(f"has label {text[:40]!r}, not a class index (a non-negative integer)")
+        label = int(text)
+        if label >= self.limit:
+            raise _BadLine(f"has label {label}, out of range for {self.limit} classes (0..{self.limit - 1})")
+        return label
+
+
+class _MultiLabelParser:
+    """Multi-hot rows of 0/1 values, all as long as ``num_classes`` (or as the first good row)."""
+
+    def __init__(self, num_classes: int | None) -> None:
+        self.num_classes = num_classes
+
+    def __call__(self, text: str) -> list[int]:
+        values = text.split(",")
+        if any(v.strip() not in ("0", "1") for v in values):
+            raise _BadLine(f"has labels {text[:60]!r}, not comma-separated 0/1 values (one per class)")
+        if self.num_classes is None:
+            self.num_classes = len(values)
+        elif len(values) != self.num_classes:
+            raise _BadLine(f"has {len(values)} label values, not one per class ({self.num_classes})")
+        return [int(v) for v in values]
+
+
+def _parse_rows(rows: list[tuple[int, str, str]], parse: _LabelParser | _MultiLabelParser,
+                ) -> tuple[list[tuple[int, str, object]], list[tuple[int, str]]]:
+    """Check each row's path (as text) and label; a path listed twice is a problem on its second line."""
+    entries, problems, first_line = [], [], {}
+    for number, relpath, label_text in rows:
+        try:
+            clean = _clean_relpath(relpath)
+            if clean in first_line:
+                raise _BadLine(f"lists {relpath!r} again (first on line {first_line[clean]})")
+            first_line[clean] = number
+            entries.append((number, clean, parse(label_text)))
+        except _BadLine as exc:
+            problems.append((number, str(exc)))
+    return entries, problems
+
+
+def _clean_relpath(relpath: str) -> str:
+    if not relpath.strip():
+        raise _BadLine("has an empty path")
+    if os.path.isabs(relpath) or re.match(r"[A-Za-z]:[\\/]", relpath):
+        raise _BadLine(f"has an absolute path {relpath!r}; paths are relative to data.root")
+    clean = os.path.normpath(relpath)
+    if clean == ".." or clean.startswith("../"):
+        raise _BadLine(f"has path {relpath!r}, which leaves data.root")
+    return clean
+
+
+def _file_problems(entries: list[tuple[int, str, object]], root: Path) -> list[tuple[int, str]]:
+    """Missing, non-regular and out-of-root files: one lstat per file, one realpath per directory and symlink."""
+    real_root = os.path.realpath(root)
+    if not os.path.isdir(real_root):
+        raise DatasetError(f"data.root={str(root)!r} is not a directory")
+    inside_dirs: dict[str, bool] = {}
+    problems = []
+    for number, relpath, _ in entries:
+        folder = os.path.dirname(relpath)
+        if folder not in inside_dirs:
+            inside_dirs[folder] = _inside(os.path.realpath(os.path.join(real_root, folder)), real_root)
+        problem = _file_problem(os.path.join(real_root, relpath), real_root, inside_dirs[folder])
+        if problem:
+            problems.append((number, f"names {relpath!r}, {problem}"))
+    return problems
+
+
+def _file_problem(path: str, real_root: str, folder_inside: bool) -> str | None:
+    if not folder_inside:
+        return "whose folder is a symlink out of data.root"
+    try:
+        mode = os.lstat(path).st_mode
+        if stat.S_ISLNK(mode):
+            target = os.path.realpath(path)
+            if not _inside(target, real_root):
+                return "a symlink out of data.root"
+            mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        return "which does not exist"
+    except OSError as exc:
+        return f"which cannot be read ({exc.strerror})"
+    return None if stat.S_ISREG(mode) else f"which is {file_kind(mode)}, not an image file"
+
+
+def _inside(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
+
+
+def _report(problems: list[tuple[int, str]], where: str, bad_lines: str, total: int) -> None:
+    if not problems:
+        return
+    if bad_lines == "error":
+        line, message = problems[0]
+        more = f" ({len(problems) - 1} more bad lines)" if len(problems) > 1 else ""
+        raise DatasetError(f"{where} line {line} {message}{more}; fix the list, or set data.bad_lines=skip to "
+                           "skip bad lines with a warning each")
+    for line, message in problems[:_WARNED_LINES]:
+        log.warning("%s line %d %s: skipped", where, line, message)
+    if len(problems) > _WARNED_LINES:
+        log.warning("%s: %d more bad lines skipped", where, len(problems) - _WARNED_LINES)
+
+
+class LabelListDataset(ImageDataset):
+    """The images of a :class:`SampleIndex` (a checked label list), decoded to RGB (``in_chans=3``) or grayscale.
+
+    Labels are class indices (``int64``) or, for a multi-label index, multi-hot ``float32`` rows.
+    """
+
+    def __init__(self, index: SampleIndex, classes: list[str], transform: Transform = None, in_chans: int = 3) -> None:
+        super().__init__(transform)
+        if in_chans not in (1, 3):
+            raise DatasetError(f"labellist in_chans must be 1 or 3, got {in_chans}")
+        self.index = index
+        self.classes = list(classes)
+        self.targets = index.labels
+        self.in_chans = in_chans
+
+    def load_image(self, index: int) -> Image.Image:
+        path = self.index.path(index)
+        try:
+            return open_image(path, "L" if self.in_chans == 1 else "RGB")
+        except ImageReadError as e:
+            raise BadSampleError(f"cannot decode image {path!r}: {e}", index, path) from e
+
+    def describe(self, index: int) -> str:
+        return self.index.path(index)
+
+    def __getitem__(self, index: int):
+        if not self.index.multilabel:
+            return super().__getitem__(index)
+        index = self._check_index(index)
+        image = self.load_image(index)
+        return (self.transform(image) if self.transform is not None else image), self.targets[index].astype(
+            np.float32)
+
+
+def _list_key(cfg: Any, key: str) -> str:
+    value = getattr(cfg, key, None)
+    if not value:
+        raise DatasetError(f"missing required value for data.{key}: data.name=labellist reads its samples from a "
+                           f"list file (data.{key}=<file> of '<path> <label>' lines)")
+    return str(value)
+
+
+@register_dataset("labellist")
+def build_labellist(cfg: Any, train_transform: Transform, eval_transform: Transform) -> DatasetSplits:
+    """``data.name=labellist``: ``data.train_list`` / ``data.val_list`` of paths relative to ``data.root``.
+
+    ``data.class_names`` names the classes (line i names class i); without it the indices are the names and the
+    training list's largest label sets the class count.
+    """
+    root = require_root(cfg)
+    names = None
+    if getattr(cfg, "class_names", None):
+        names_path = resolve_list_path(cfg.class_names, root)
+        names = read_names_file(names_path, f"data.class_names={str(names_path)!r}", DatasetError)
+    options = dict(delimiter=getattr(cfg, "delimiter", " "), multilabel=bool(getattr(cfg, "multilabel", False)),
+                   bad_lines=getattr(cfg, "bad_lines", "error"))
+    train = read_label_list(resolve_list_path(_list_key(cfg, "train_list"), root), root, key="data.train_list",
+                            num_classes=len(names) if names else None, **options)
+    val = read_label_list(resolve_list_path(_list_key(cfg, "val_list"), root), root, key="data.val_list",
+                          num_classes=train.num_classes, **options)
+    classes = names or [str(i) for i in range(train.num_classes)]
+    return DatasetSplits.of(LabelListDataset(train.index, classes, train_transform),
+                            LabelListDataset(val.index, classes, eval_transform))
