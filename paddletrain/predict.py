@@ -5,6 +5,7 @@ Examples::
     python -m paddletrain.predict model_dir=export/ input=photos/ output=preds.jsonl
     python -m paddletrain.predict model_dir=export/ input='shots/**/*.png' batch_size=64 num_workers=4 topk=3
     python -m paddletrain.predict model_dir=export/ input=list.txt     # one path a line, relative to the list
+    python -m paddletrain.predict model_dir=export/ input=val_list.txt data_root=data/   # a label list
     python -m paddletrain.predict model_dir=export/model.onnx input=photos/     # the ONNX model, in onnxruntime
     python -m paddletrain.predict checkpoint=outputs/fit/<time>:best input=photos/  # exports it first, verified
 
@@ -67,6 +68,11 @@ class PredictConfig(RuntimeConfig):
     backend: str = allowed("auto", choices=BACKENDS)
     # A folder (searched recursively for images), a text file with one path a line, or a glob pattern.
     input: str = MISSING
+    # With a label list as input (training's data.train_list/val_list format: '<path><delimiter><class index>'
+    # lines, or a .csv with a path,label header): the folder its paths are relative to (training's data.root).
+    # The list is checked as training checks it, and each output line gets the list's class index as "target".
+    data_root: str | None = None
+    delimiter: str = " "
     batch_size: int = allowed(32, ge=1)
     # Decode/preprocess processes; 0 decodes in the main process; None = half the cores (the predictor
     # needs the rest).
@@ -199,19 +205,33 @@ def default_predictor_threads(num_workers: int) -> int:
     return max(1, usable_cores() - num_workers)
 
 
-def topk_lines(paths: Sequence[str], logits: np.ndarray, labels: list[str] | None, k: int) -> Iterator[str]:
-    """One JSON line per image: its top-``k`` labels, softmax scores and class ids, best first."""
+def topk_lines(paths: Sequence[str], logits: np.ndarray, labels: list[str] | None, k: int,
+               targets: dict[str, int] | None = None) -> Iterator[str]:
+    """One JSON line per image: its top-``k`` labels, softmax scores and class ids, best first (and its
+    ``target`` class index when ``targets`` maps its path to one)."""
     probs = softmax(logits)
     k = min(k, probs.shape[1])
     top = np.argsort(-probs, axis=1, kind="stable")[:, :k]
     for path, ids, row in zip(paths, top, probs, strict=True):
-        yield json.dumps({"path": path, "labels": label_names(labels, ids.tolist()),
-                          "scores": [round(float(row[i]), 6) for i in ids], "class_ids": ids.tolist()})
+        line = {"path": path, "labels": label_names(labels, ids.tolist()),
+                "scores": [round(float(row[i]), 6) for i in ids], "class_ids": ids.tolist()}
+        if targets is not None:
+            line["target"] = targets[path]
+        yield json.dumps(line)
+
+
+def read_labelled_inputs(spec: str, data_root: str, delimiter: str = " ") -> dict[str, int]:
+    """The images of the label list ``spec`` (paths relative to ``data_root``) and their class indices, checked
+    as training checks its lists (:func:`paddletrain.data.labellist.read_label_list`)."""
+    from paddletrain.data.labellist import read_label_list  # on use: importing predict must not load Paddle
+
+    index = read_label_list(spec, data_root, key="input", delimiter=delimiter).index
+    return {index.path(i): int(label) for i, label in enumerate(index.labels)}
 
 
 def predict_files(predictor: ExportedModel, paths: Sequence[str], batch_size: int = 32,
                   num_workers: int | None = None, topk: int = 5, output: None | str | Path | IO[str] = None,
-                  progress: bool = True) -> PredictSummary:
+                  progress: bool = True, targets: dict[str, int] | None = None) -> PredictSummary:
     """Predict every image of ``paths`` with ``predictor`` and write one JSON line per image.
 
     Args:
@@ -223,6 +243,7 @@ def predict_files(predictor: ExportedModel, paths: Sequence[str], batch_size: in
         topk: labels per image.
         output: a file path or an open text stream; None = stdout.
         progress: show a tqdm progress bar (on stderr).
+        targets: each path's true class index (from a label list), written as ``target``.
     """
     if predictor.preprocessing is None:
         raise UserError(f"{predictor.model_dir} has no preprocessing in preprocess.json, so images cannot be "
@@ -257,7 +278,7 @@ def predict_files(predictor: ExportedModel, paths: Sequence[str], batch_size: in
                 t0 = time.perf_counter()
                 logits = predictor.predict(inputs)
                 predict_seconds += time.perf_counter() - t0
-                sink.write("".join(line + "\n" for line in topk_lines(ok, logits, predictor.labels, topk)))
+                sink.write("".join(line + "\n" for line in topk_lines(ok, logits, predictor.labels, topk, targets)))
                 n_ok += len(ok)
             bar.update(len(ok) + len(failed))
         sink.flush()
@@ -316,7 +337,8 @@ def run(cfg: DictConfig, default_out_dir: str | None = None) -> int:
         prepare(cfg)
         if cfg.output is not None:
             check_output_location(cfg.output, cfg.input)
-        paths = resolve_inputs(cfg.input)
+        targets = read_labelled_inputs(cfg.input, cfg.data_root, cfg.delimiter) if cfg.data_root else None
+        paths = list(targets) if targets is not None else resolve_inputs(cfg.input)
         if cfg.checkpoint is not None:
             exported = _export_for_prediction(cfg, Path(default_out_dir or "outputs/predict") / "export")
             if exported is None:
@@ -332,7 +354,7 @@ def run(cfg: DictConfig, default_out_dir: str | None = None) -> int:
                                    tensorrt=cfg.tensorrt)
         log.info("%d input files; %r", len(paths), predictor)
         summary = predict_files(predictor, paths, batch_size=cfg.batch_size, num_workers=workers,
-                                topk=cfg.topk, output=cfg.output, progress=cfg.progress_bar)
+                                topk=cfg.topk, output=cfg.output, progress=cfg.progress_bar, targets=targets)
     except UserError as exc:
         log.error("%s", exc)
         return EXIT_USER_ERROR
