@@ -325,7 +325,7 @@ def build_run(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = ()
         max_epochs=t.max_epochs, max_steps=t.max_steps, accumulate_grad_batches=t.accumulate_grad_batches,
         grad_clip_norm=t.grad_clip_norm, limit_train_batches=t.limit_train_batches,
         limit_val_batches=t.limit_val_batches, val_every_n_epochs=t.val_every_n_epochs,
-        max_consecutive_nonfinite=t.max_consecutive_nonfinite, num_classes=len(data.classes),
+        max_consecutive_nonfinite=t.max_consecutive_nonfinite, num_classes=len(data.classes), class_names=data.classes,
         run_dir=str(run_dir), hparams=run_hparams(cfg), sync_bn=cfg.model.sync_bn,
         find_unused_parameters=t.find_unused_parameters,
         checkpoint_extras={"config": resolved, "run": facts},
