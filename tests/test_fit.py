@@ -205,3 +205,25 @@ def test_the_last_optimizer_step_trains_with_the_schedules_last_learning_rate(tm
     assert all(b < a for a, b in itertools.pairwise(record.lrs)), record.lrs
     last = 0.1 * 0.5 * (1 + math.cos(math.pi * (expected_steps - 1) / expected_steps))
     assert record.lrs[-1] == pytest.approx(last, rel=1e-6)
+
+
+def test_class_balanced_training_resumed_mid_epoch_ends_as_an_uninterrupted_run(tmp_path):
+    """The sampler's draw, its position and the weighted focal loss survive a checkpoint mid-epoch (fresh
+    processes, as a resume is: layer names would differ between two models built in one)."""
+    from paddletrain.checkpoint import find_latest, load_checkpoint
+
+    parts = [*TINY, "trainer.max_epochs=2", "data.num_workers=0", "data.sampler=class_balanced", "loss=focal",
+             "loss.class_weights=[1,2,3,1,2,3]", "callbacks.visualdl=null"]
+
+    def fit(run_dir, *extra):
+        result = run_module("paddletrain.fit", [*parts, *extra, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+        assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+        return load_checkpoint(find_latest(run_dir / "checkpoints")).state
+
+    straight = fit(tmp_path / "straight")
+    stopped = fit(tmp_path / "resumed", "trainer.max_steps=6")  # 4 steps per epoch: batch 2 of the second
+    assert stopped["progress"]["batch_in_epoch"] == 2 and stopped["sampler"]["sampling"].startswith("weighted:")
+    resumed = fit(tmp_path / "resumed", "trainer.resume=auto")
+    assert resumed["progress"]["global_step"] == straight["progress"]["global_step"] == 8
+    for key, value in straight["model"].items():
+        np.testing.assert_array_equal(resumed["model"][key].numpy(), value.numpy(), err_msg=key)
