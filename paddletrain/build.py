@@ -96,10 +96,11 @@ def build_data(cfg: DictConfig, seed: int, rank: int = 0, world_size: int = 1, e
     targets = dataset_targets(splits.train)
     counts = class_counts(targets, num_classes or len(splits.classes)) if targets is not None else None
     weights = None
-    if training and cfg.data.get("sampler") == "class_balanced" and targets is not None:
+    if cfg.data.get("sampler") == "class_balanced" and targets is not None:
         weights = class_balanced_weights(targets, counts)
-        log.info("data.sampler=class_balanced: %d classes with %d to %d training samples, each drawn about %.1f "
-                 "times per epoch", len(counts), counts.min(), counts.max(), len(targets) / len(counts))
+        if training:
+            log.info("data.sampler=class_balanced: %d classes with %d to %d training samples, each drawn about "
+                     "%.1f times per epoch", len(counts), counts.min(), counts.max(), len(targets) / len(counts))
     train_loader = build_loader(splits.train, cfg.data, train=True, seed=seed, num_replicas=world_size, rank=rank,
                                 transform=train_tf, sample_weights=weights)
     val_loader = build_loader(splits.val, cfg.data, train=False, seed=seed, num_replicas=world_size, rank=rank,

@@ -59,13 +59,14 @@ def topk_correct(logits: paddle.Tensor, labels: paddle.Tensor, ks: Sequence[int]
 
 def _topk_hits(logits: paddle.Tensor, labels: paddle.Tensor,
                ks: Sequence[int]) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
-    """(hits per k, the top-1 predictions, the labels as a ``[batch, 1]`` tensor of the predictions' dtype)."""
+    """(hits per k, the top-k predictions ``[batch, max(ks)]``, the labels as a ``[batch, 1]`` tensor of the
+    predictions' dtype)."""
     _, pred = paddle.topk(logits, k=max(ks), axis=-1)
     labels = labels.reshape([-1, 1])
     if labels.dtype != pred.dtype:  # a cast is a kernel launch: skip it when the dtypes already agree
         labels = labels.astype(pred.dtype)
     hits = pred == labels
-    return paddle.stack([hits[:, :k].any(axis=-1).astype("float32").sum() for k in ks]), pred[:, 0], labels
+    return paddle.stack([hits[:, :k].any(axis=-1).astype("float32").sum() for k in ks]), pred, labels
 
 
 # The confusion matrix is kept up to this many classes (ImageNet-1k: 10^6 counts, 8 MB all-reduced once per
@@ -180,10 +181,10 @@ class ClassificationMeter:
                 self.ks = tuple(k for k in self.ks if k <= logits.shape[-1]) or (1,)
                 if self._hits is not None:
                     self._hits = self._hits[: len(self.ks)]
-            hits, top1, labels = _topk_hits(logits.detach(), labels, self.ks)
+            hits, pred, labels = _topk_hits(logits.detach(), labels, self.ks)
             self._hits = hits if self._hits is None else self._hits + hits
-            if self.per_class:
-                self._count_classes(top1, labels.reshape([-1]), int(logits.shape[-1]))
+            if self.per_class:  # validation only: training steps launch no extra kernel
+                self._count_classes(pred[:, 0], labels.reshape([-1]), int(logits.shape[-1]))
         self.count += batch_size
 
     def _count_classes(self, top1: paddle.Tensor, labels: paddle.Tensor, num_outputs: int) -> None:
