@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import paddle
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -29,10 +30,11 @@ from paddletrain.callbacks.base import Callback
 from paddletrain.callbacks.instantiate import instantiate_callbacks
 from paddletrain.config import DataConfig, FitConfig
 from paddletrain.data import build_datasets, build_loader, build_transform
+from paddletrain.data.balance import class_balanced_weights, class_counts, dataset_targets
 from paddletrain.data.mixup import Mixup
 from paddletrain.data.unlabeled import with_unlabeled
 from paddletrain.distill import Distiller
-from paddletrain.errors import TrainingInterrupted, UserError
+from paddletrain.errors import ConfigError, TrainingInterrupted, UserError
 from paddletrain.losses import build_loss
 from paddletrain.models import create_model
 from paddletrain.models.weights import describe
@@ -53,12 +55,17 @@ log = logging.getLogger("paddletrain")
 
 @dataclass
 class DataBundle:
-    """What the data config builds: loaders plus what the model must know about the data."""
+    """What the data config builds: loaders plus what the model must know about the data.
+
+    ``class_counts``: training samples per class of the model (None when the dataset has no ``targets``), counted
+    once here for ``data.sampler=class_balanced`` and ``loss.class_weights=balanced``.
+    """
 
     train_loader: Any
     val_loader: Any
     classes: list[str]
     in_chans: int
+    class_counts: np.ndarray | None = None
 
 
 def build_data(cfg: DictConfig, seed: int, rank: int = 0, world_size: int = 1, eval_crop: bool = True,
@@ -86,11 +93,19 @@ def build_data(cfg: DictConfig, seed: int, rank: int = 0, world_size: int = 1, e
         raise UserError(f"data.batch_size={cfg.data.batch_size} is larger than the {per_rank} training samples each "
                         f"of the {world_size} process(es) gets from data.name={cfg.data.name}: with "
                         "data.drop_last=true no training step would run. Lower data.batch_size.")
+    targets = dataset_targets(splits.train)
+    counts = class_counts(targets, num_classes or len(splits.classes)) if targets is not None else None
+    weights = None
+    if cfg.data.get("sampler") == "class_balanced" and targets is not None:
+        weights = class_balanced_weights(targets, counts)
+        if training:
+            log.info("data.sampler=class_balanced: %d classes with %d to %d training samples, each drawn about "
+                     "%.1f times per epoch", len(counts), counts.min(), counts.max(), len(targets) / len(counts))
     train_loader = build_loader(splits.train, cfg.data, train=True, seed=seed, num_replicas=world_size, rank=rank,
-                                transform=train_tf)
+                                transform=train_tf, sample_weights=weights)
     val_loader = build_loader(splits.val, cfg.data, train=False, seed=seed, num_replicas=world_size, rank=rank,
                               transform=eval_tf)
-    return DataBundle(train_loader, val_loader, list(splits.classes), splits.in_chans)
+    return DataBundle(train_loader, val_loader, list(splits.classes), splits.in_chans, counts)
 
 
 # Model options passed to the builder only when the config changes them, so a user's builder need not take them.
@@ -171,11 +186,21 @@ def build_mixup(cfg: DictConfig, num_classes: int, seed: int, rank: int = 0) -> 
                              rank=rank)
 
 
-def build_distiller(cfg: DictConfig, num_classes: int, in_chans: int, precision: Precision) -> Distiller | None:
+def build_loss_fn(cfg: DictConfig, data: DataBundle) -> Any:
+    """The configured ``loss``, with ``loss.class_weights`` resolved against the data's classes and counts."""
+    if cfg.loss.get("class_weights") == "balanced" and data.class_counts is None:
+        raise ConfigError(f"loss.class_weights=balanced needs the label of every training sample, but "
+                          f"data.name={cfg.data.name} exposes no `targets`: give loss.class_weights as a list")
+    return build_loss(cfg.loss, num_classes=cfg.model.num_classes or len(data.classes),
+                      class_counts=data.class_counts, classes=data.classes)
+
+
+def build_distiller(cfg: DictConfig, num_classes: int, in_chans: int, precision: Precision,
+                    hard_loss: Any = None) -> Distiller | None:
     """The frozen teacher of ``trainer.distill`` and its loss (None when ``teacher`` is null).
 
     The teacher is built like the student (registry name + weight source) with the student's classes; its
-    hard-label term is the configured ``loss``.
+    hard-label term is ``hard_loss`` (default: the configured ``loss``).
     """
     d = cfg.trainer.get("distill")
     if d is None or not d.teacher:
@@ -186,8 +211,8 @@ def build_distiller(cfg: DictConfig, num_classes: int, in_chans: int, precision:
     if precision.amp_active and precision.level == "O2":  # O2 autocast expects low-precision weights
         teacher = paddle.amp.decorate(models=teacher, level="O2", dtype=precision.dtype)
     log.info("Distilling from the teacher %s (%s), kind=%s", d.teacher, d.pretrained, d.kind)
-    return Distiller(teacher, kind=d.kind, alpha=d.alpha, temperature=d.temperature, hard_loss=build_loss(cfg.loss),
-                     precision=precision)
+    return Distiller(teacher, kind=d.kind, alpha=d.alpha, temperature=d.temperature,
+                     hard_loss=hard_loss or build_loss(cfg.loss), precision=precision)
 
 
 def build_precision(cfg: DictConfig, device: str) -> Precision:
@@ -291,16 +316,17 @@ def build_run(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = ()
         resume_from = load_resume_checkpoint(t.resume, run_dir, facts, config=resolved)
     precision = build_precision(cfg, runtime.device)
     num_classes = cfg.model.num_classes or len(data.classes)
+    loss_fn = build_loss_fn(cfg, data)
     trainer = (trainer_cls or Trainer)(
         model, optimizer, scheduler=scheduler, rank=rank, world_size=world_size,
-        loss_fn=build_loss(cfg.loss), precision=precision,
+        loss_fn=loss_fn, precision=precision,
         batch_transform=build_mixup(cfg, num_classes, seed=t.seed, rank=rank),
-        distiller=build_distiller(cfg, num_classes, data.in_chans, precision),
+        distiller=build_distiller(cfg, num_classes, data.in_chans, precision, hard_loss=loss_fn),
         callbacks=[*configured, *callbacks],
         max_epochs=t.max_epochs, max_steps=t.max_steps, accumulate_grad_batches=t.accumulate_grad_batches,
         grad_clip_norm=t.grad_clip_norm, limit_train_batches=t.limit_train_batches,
         limit_val_batches=t.limit_val_batches, val_every_n_epochs=t.val_every_n_epochs,
-        max_consecutive_nonfinite=t.max_consecutive_nonfinite, num_classes=len(data.classes),
+        max_consecutive_nonfinite=t.max_consecutive_nonfinite, num_classes=len(data.classes), class_names=data.classes,
         run_dir=str(run_dir), hparams=run_hparams(cfg), sync_bn=cfg.model.sync_bn,
         find_unused_parameters=t.find_unused_parameters,
         checkpoint_extras={"config": resolved, "run": facts},

@@ -32,7 +32,9 @@ class Allowed:
     """The values a config key accepts: a numeric range or a set of choices (for a list: each element).
 
     Bounds are inclusive (``ge``/``le``) or strict (``gt``/``lt``); a declaration without bounds or choices
-    says on purpose that any finite number is fine. ``None`` is allowed exactly when the key's type is Optional.
+    says on purpose that any finite number is fine. ``None`` is allowed exactly when the key's type is Optional
+    (or ``Any``). Choices and bounds together declare a key that takes one of the choices or a list of numbers
+    in the bounds (``loss.class_weights``: ``balanced`` or one weight per class).
     """
 
     ge: float | None = None
@@ -41,9 +43,27 @@ class Allowed:
     lt: float | None = None
     choices: tuple = ()
 
+    @property
+    def bounded(self) -> bool:
+        return any(bound is not None for bound in (self.ge, self.gt, self.le, self.lt))
+
+    @property
+    def choice_or_list(self) -> bool:
+        """A key taking one of the choices, or a list of numbers within the bounds."""
+        return bool(self.choices) and self.bounded
+
     def admits(self, value: Any) -> bool:
+        """Whether a single value (a list's element is judged by :meth:`admits_element`) is allowed."""
         if self.choices:
-            return value in self.choices
+            return isinstance(value, str | int | float) and value in self.choices
+        return self._in_bounds(value)
+
+    def admits_element(self, value: Any) -> bool:
+        """Whether one element of a list value is allowed (the choices of a choice-or-list key name a whole
+        value, never an element)."""
+        return self._in_bounds(value) if self.choice_or_list else self.admits(value)
+
+    def _in_bounds(self, value: Any) -> bool:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             return False  # nan and inf are never a meaningful setting
         return ((self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
@@ -51,8 +71,14 @@ class Allowed:
 
     def describe(self) -> str:
         """``>= 0 and < 1``, ``one of: a, b`` or ``any finite number`` (nan and inf are never allowed)."""
+        if self.choice_or_list:
+            return " or ".join(map(str, self.choices)) + ", or a list with each value " + self.describe_bounds()
         if self.choices:
             return "one of: " + ", ".join(map(str, self.choices))
+        return self.describe_bounds()
+
+    def describe_bounds(self) -> str:
+        """The numeric part alone: ``>= 0 and < 1`` or ``any finite number``."""
         bounds = [f"{op} {_number(bound)}" for op, bound in ((">=", self.ge), (">", self.gt), ("<=", self.le),
                                                               ("<", self.lt)) if bound is not None]
         return " and ".join(bounds) or "any finite number"
@@ -128,6 +154,8 @@ class MixupConfig:
     correct_lam: bool = True
 
 
+# Training samplers (data.sampler; null = random): paddletrain.data.sampler.
+SAMPLERS = ("random", "class_balanced")
 # Transform presets (paddletrain.data.transforms) and the resampling filters PIL resizes with.
 TRANSFORMS = ("imagenet", "small", "none")
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "box", "lanczos", "hamming")
@@ -184,7 +212,11 @@ class DataConfig:
     drop_last: bool = True
     # What to do with an unreadable sample: "fail" or "skip".
     bad_sample_policy: str = allowed("fail", choices=("fail", "skip"))
+    # How training batches are drawn: null or "random" (a shuffled permutation: every sample once per epoch);
+    # "class_balanced" (with replacement, each sample weighted by 1 / its class's count: every class equally often
+    # in expectation; an epoch keeps the split's length). See docs/data.md#imbalanced-classes.
     max_bad_fraction: float = allowed(0.01, ge=0, le=1)
+    sampler: str | None = allowed(None, choices=SAMPLERS)
     shapes: ShapesConfig = field(default_factory=ShapesConfig)
 
 
@@ -249,7 +281,7 @@ class AmpConfig:
 @dataclass
 class LossConfig:
     # A name registered in paddletrain.registries.LOSSES: cross_entropy, soft_target_cross_entropy,
-    # binary_cross_entropy, or a plugin's.
+    # binary_cross_entropy, focal, or a plugin's.
     name: str = "cross_entropy"
     # Label smoothing of hard labels (soft targets are smoothed where they are mixed).
     label_smoothing: float = allowed(0.0, ge=0, lt=1)
@@ -258,6 +290,12 @@ class LossConfig:
     # binary_cross_entropy only: sum over classes, then mean over the batch (timm's --bce-sum), instead of the
     # mean over every (sample, class) element.
     bce_sum: bool = False
+    # Per-class weights: null (none), "balanced" (sklearn's n_samples / (n_classes * count_c) over the training
+    # split) or a list with one positive weight per class. Only their ratios matter: every weighted loss is a
+    # weighted mean (paddletrain.losses; docs/data.md#imbalanced-classes). Typed Any: a word or a list.
+    class_weights: Any = allowed(None, choices=("balanced",), gt=0)
+    # focal only: gamma of the modulating factor (1 - p)^gamma (Lin et al. 2017); 0 is cross-entropy.
+    focal_gamma: float = allowed(2.0, ge=0)
 
 
 DISTILL_KINDS = ("kd", "ssld")
@@ -435,9 +473,10 @@ def _read(node: Any, name: str) -> Any:
 def _check(rule: Allowed, key: str, value: Any, context: str) -> None:
     if isinstance(value, (list, tuple, ListConfig)):
         values = list(value)
-        bad = [v for v in values if not rule.admits(v)]
+        bad = [v for v in values if not rule.admits_element(v)]
         if bad:
-            raise ConfigError(f"{context}{key}={values} is not allowed: every value must be {rule.describe()} "
+            each = rule.describe_bounds() if rule.choice_or_list else rule.describe()
+            raise ConfigError(f"{context}{key}={values} is not allowed: every value must be {each} "
                               f"(got {bad[0]!r})")
     elif not rule.admits(value):
         if rule.choices:

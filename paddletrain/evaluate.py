@@ -1,4 +1,5 @@
-"""`python -m paddletrain.evaluate checkpoint=<dir>[:best|:last] [overrides]`: loss, top-1 and top-5 of a checkpoint.
+"""`python -m paddletrain.evaluate checkpoint=<dir>[:best|:last] [overrides]`: loss, top-1, top-5 and balanced
+accuracy of a checkpoint, with per-class precision, recall and F1 (a table in the log) and the confusion matrix.
 
 ``checkpoint`` is one checkpoint directory, or a run directory with ``:best`` or ``:last`` (see
 :mod:`paddletrain.checkpoint.locate`), e.g. ``checkpoint=outputs/fit/2026-11-23_10-00-00:best``.
@@ -6,6 +7,9 @@
 The configuration saved in the checkpoint is used, so the model and data match training; any override given on
 the command line (e.g. ``data.root=/other/val``, ``data.eval_batch_size=256``) is applied on top of it.
 ``tta.flip=true`` / ``tta.crops=5`` average the predictions over flipped / cropped views (paddletrain.tta).
+
+The last line on stdout is one JSON object: ``checkpoint``, the metrics (``val/loss``, ``val/top1``, ...), and
+``val/per_class`` / ``val/confusion_matrix`` as in ``summary.json`` (:meth:`paddletrain.metrics.ClassReport.to_dict`).
 """
 from __future__ import annotations
 
@@ -46,11 +50,17 @@ def evaluate(cfg: DictConfig, checkpoint: Checkpoint) -> dict[str, float]:
     if tta.get("flip") or tta.get("crops", 1) > 1:  # test-time augmentation (paddletrain.tta)
         model = TestTimeAugmentation(model, flip=tta.flip, crops=tta.crops, crop_size=eval_image_size(cfg.data))
     trainer = Trainer(model, paddle.optimizer.SGD(parameters=model.parameters()), num_classes=len(data.classes),
-                      limit_val_batches=cfg.trainer.limit_val_batches)
+                      limit_val_batches=cfg.trainer.limit_val_batches, class_names=data.classes)
     metrics = trainer.validate(data.val_loader)
     line = " ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items()))
     log.info("Evaluation of %s: %s", checkpoint.path, line)
-    print(json.dumps({"checkpoint": str(checkpoint.path), **metrics}))
+    report = trainer.val_report
+    details = {}
+    if report is not None:
+        for row in report.table():
+            log.info("%s", row)
+        details = {f"val/{key}": value for key, value in report.to_dict().items()}
+    print(json.dumps({"checkpoint": str(checkpoint.path), **metrics, **details}))
     return metrics
 
 

@@ -10,19 +10,41 @@ given, because whoever mixes them (timm's ``Mixup(label_smoothing=...)`` contrac
 and smoothing them again here would count it twice. :func:`one_hot` is the one definition both use.
 
 Registered names (``loss.name``): ``cross_entropy``, ``soft_target_cross_entropy`` (timm's name for the same
-loss) and ``binary_cross_entropy`` (timm's ``BinaryCrossEntropy``, as in "ResNet strikes back").
+loss), ``binary_cross_entropy`` (timm's ``BinaryCrossEntropy``, as in "ResNet strikes back") and ``focal``
+(softmax focal loss, Lin et al. 2017, "Focal Loss for Dense Object Detection").
+
+Class weights (``loss.class_weights``; :func:`resolve_class_weights`) make every loss a *weighted mean*, so only
+the ratios of the weights matter and weights of 1 give the unweighted loss:
+
+- softmax losses (cross-entropy, focal), with per-class terms ``l_ic`` and targets ``q_ic`` (one-hot, smoothed
+  or mixed): ``sum_i sum_c w_c q_ic l_ic / sum_i sum_c w_c q_ic``. For hard labels this is PyTorch's weighted
+  mean ``sum_i w_{y_i} l_i / sum_i w_{y_i}``. A smoothed or mixed target weighs its sample by the target's
+  expected class weight ``sum_c w_c q_ic``, so one definition covers hard, smoothed and mixed targets (a Mixup
+  with lambda 1 equals the hard label). PyTorch differs there: with label smoothing it divides by
+  ``sum_i w_{y_i}``, and for probability targets by the batch size;
+- ``binary_cross_entropy``: each class's one-vs-all term is multiplied by ``w_c / mean(w)`` (PyTorch's per-class
+  ``weight``, rescaled to mean 1), then reduced as without weights.
+
+Focal loss: ``-sum_c q_c (1 - p_c)^gamma log p_c`` per sample, which for a hard label ``y`` is the paper's
+``-(1 - p_y)^gamma log p_y``; its ``alpha_t`` are the class weights; ``gamma = 0`` is cross-entropy.
 """
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import inspect
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
 
+import numpy as np
 import paddle
 import paddle.nn.functional as F
 
 from paddletrain.config import LossConfig
 from paddletrain.errors import ConfigError
 from paddletrain.registries import LOSSES
+
+log = logging.getLogger("paddletrain")
 
 LossFn = Callable[[paddle.Tensor, paddle.Tensor], paddle.Tensor]
 
@@ -56,24 +78,62 @@ def _check_fraction(key: str, value: float) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- functions
-def soft_target_cross_entropy(logits: paddle.Tensor, targets: paddle.Tensor) -> paddle.Tensor:
-    """``mean_batch(-sum_classes targets * log_softmax(logits))`` for soft targets."""
+def _target_mean(per_class: paddle.Tensor, targets: paddle.Tensor,
+                 class_weights: paddle.Tensor | None = None) -> paddle.Tensor:
+    """``mean_i sum_c q_ic l_ic``, or with weights the weighted mean ``sum w_c q_ic l_ic / sum w_c q_ic``."""
+    targets = targets.astype("float32")
+    if class_weights is None:
+        return (targets * per_class).sum(axis=-1).mean()
+    weighted = targets * class_weights
+    return (weighted * per_class).sum() / weighted.sum()
+
+
+def soft_target_cross_entropy(logits: paddle.Tensor, targets: paddle.Tensor,
+                              class_weights: paddle.Tensor | None = None) -> paddle.Tensor:
+    """``mean_batch(-sum_classes targets * log_softmax(logits))`` for soft targets (weighted: see the module
+    notes)."""
     log_probs = F.log_softmax(logits.astype("float32"), axis=-1)
-    return -(targets.astype("float32") * log_probs).sum(axis=-1).mean()
+    return _target_mean(-log_probs, targets, class_weights)
 
 
-def cross_entropy(logits: paddle.Tensor, targets: paddle.Tensor, label_smoothing: float = 0.0) -> paddle.Tensor:
-    """Softmax cross-entropy, mean over the batch.
+def cross_entropy(logits: paddle.Tensor, targets: paddle.Tensor, label_smoothing: float = 0.0,
+                  class_weights: paddle.Tensor | None = None) -> paddle.Tensor:
+    """Softmax cross-entropy, mean over the batch (a weighted mean with ``class_weights``, ``[classes]``).
 
     Hard labels are smoothed by ``label_smoothing``; soft targets are used as given (see the module notes).
     """
     logits = logits.astype("float32")
     if is_soft(logits, targets):
-        return soft_target_cross_entropy(logits, targets)
+        return soft_target_cross_entropy(logits, targets, class_weights)
     labels = targets.reshape([-1]).astype("int64")
     if label_smoothing:
-        return soft_target_cross_entropy(logits, one_hot(labels, logits.shape[-1], label_smoothing))
+        return soft_target_cross_entropy(logits, one_hot(labels, logits.shape[-1], label_smoothing), class_weights)
+    if class_weights is not None:  # Paddle's weighted mean: sum_i w_{y_i} l_i / sum_i w_{y_i}
+        return F.cross_entropy(logits, labels, weight=class_weights)
     return F.cross_entropy(logits, labels)
+
+
+# The smallest normal float32: (1 - p) is kept at least this, so that (1 - p)^gamma with gamma < 1 has a finite
+# gradient when a softmax probability rounds to exactly 1 (the value changes by less than float32 can show).
+_TINY = float(np.finfo(np.float32).tiny)
+
+
+def focal_loss(logits: paddle.Tensor, targets: paddle.Tensor, gamma: float = 2.0, label_smoothing: float = 0.0,
+               class_weights: paddle.Tensor | None = None) -> paddle.Tensor:
+    """Softmax focal loss (Lin et al. 2017): ``-sum_c q_c (1 - p_c)^gamma log p_c``, mean over the batch.
+
+    ``q`` is the one-hot label (smoothed by ``label_smoothing``) or the soft target as given, so a hard label
+    gives the paper's ``-(1 - p_t)^gamma log p_t``; ``class_weights`` are its ``alpha_t`` (a weighted mean, as
+    for cross-entropy). ``gamma = 0`` is cross-entropy.
+    """
+    logits = logits.astype("float32")
+    if not is_soft(logits, targets):
+        targets = one_hot(targets, logits.shape[-1], label_smoothing)
+    log_probs = F.log_softmax(logits, axis=-1)
+    per_class = -log_probs
+    if gamma:
+        per_class = per_class * (1.0 - log_probs.exp()).clip(min=_TINY) ** gamma
+    return _target_mean(per_class, targets, class_weights)
 
 
 def binary_cross_entropy(
@@ -82,6 +142,7 @@ def binary_cross_entropy(
     label_smoothing: float = 0.0,
     target_threshold: float | None = None,
     sum_classes: bool = False,
+    class_weights: paddle.Tensor | None = None,
 ) -> paddle.Tensor:
     """One-vs-all sigmoid cross-entropy per class (timm's ``BinaryCrossEntropy``, "ResNet strikes back").
 
@@ -89,7 +150,7 @@ def binary_cross_entropy(
     label_smoothing / C`` on; soft targets are used as given. With ``target_threshold`` every target above it
     becomes 1 and the rest 0 (so both classes of a Mixup/CutMix pair count as present). The per-element loss
     is averaged over batch and classes (timm's default), or summed over classes and averaged over the batch
-    with ``sum_classes``.
+    with ``sum_classes``. ``class_weights`` (``[classes]``) multiply each class's term by ``w_c / mean(w)``.
     """
     logits = logits.astype("float32")
     if is_soft(logits, targets):
@@ -99,7 +160,74 @@ def binary_cross_entropy(
     if target_threshold is not None:
         targets = (targets > target_threshold).astype("float32")
     loss = F.binary_cross_entropy_with_logits(logits, targets, reduction="none")
+    if class_weights is not None:
+        loss = loss * (class_weights / class_weights.mean())
     return loss.sum(axis=-1).mean() if sum_classes else loss.mean()
+
+
+# ---------------------------------------------------------------------------------------------- class weights
+CLASS_WEIGHTS_KEY = "loss.class_weights"
+
+
+def balanced_class_weights(counts: Sequence[int] | np.ndarray, classes: Sequence[str] | None = None) -> np.ndarray:
+    """sklearn's ``class_weight="balanced"``: ``n_samples / (n_classes * count_c)`` from per-class sample counts.
+
+    Raises:
+        ConfigError: a class without samples (its weight would be infinite), named by ``classes``.
+    """
+    counts = np.asarray(counts, dtype=np.float64)
+    empty = np.flatnonzero(counts == 0)
+    if len(empty):
+        k = int(empty[0])
+        name = f"{classes[k]!r} (class {k})" if classes is not None and k < len(classes) else f"class {k}"
+        raise ConfigError(f"{CLASS_WEIGHTS_KEY}=balanced: {name} has no training samples, so its weight "
+                          f"n_samples / (n_classes * 0) is undefined; {len(empty)} class(es) have none. Give "
+                          f"{CLASS_WEIGHTS_KEY} as a list, or add samples of that class")
+    return counts.sum() / (len(counts) * counts)
+
+
+def resolve_class_weights(setting: Any, num_classes: int | None = None,
+                          class_counts: Sequence[int] | np.ndarray | None = None,
+                          classes: Sequence[str] | None = None) -> np.ndarray | None:
+    """The per-class weights ``loss.class_weights`` asks for, as float64 ``[classes]`` (None when unset).
+
+    ``balanced`` needs ``class_counts`` (the training split's, one per class of the model); a list must have
+    ``num_classes`` positive, finite values when ``num_classes`` is known.
+    """
+    if setting is None:
+        return None
+    if isinstance(setting, str):
+        if setting != "balanced":
+            raise ConfigError(f"{CLASS_WEIGHTS_KEY}={setting!r} is not allowed; choose balanced, or a list with one "
+                              "weight per class")
+        if class_counts is None:
+            raise ConfigError(f"{CLASS_WEIGHTS_KEY}=balanced needs the training split's class counts "
+                              "(build_loss(..., class_counts=...))")
+        return balanced_class_weights(class_counts, classes)
+    try:
+        weights = np.asarray(list(setting), dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{CLASS_WEIGHTS_KEY}={setting!r} must be balanced or a list of numbers") from None
+    if weights.ndim != 1 or not np.all(np.isfinite(weights)) or not np.all(weights > 0):
+        raise ConfigError(f"{CLASS_WEIGHTS_KEY}={weights.tolist()} must be a list of finite numbers > 0")
+    if num_classes is not None and len(weights) != num_classes:
+        raise ConfigError(f"{CLASS_WEIGHTS_KEY} has {len(weights)} values but the model has {num_classes} classes: "
+                          "give one weight per class, in class order")
+    return weights
+
+
+def takes_class_weights(factory: Callable[..., Any]) -> bool:
+    """Whether a registered loss factory accepts ``class_weights`` (the built-ins do; a plugin's may not)."""
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+    return "class_weights" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+
+
+def _weights_tensor(class_weights: Sequence[float] | np.ndarray | None) -> paddle.Tensor | None:
+    # Made once, when the loss is built: the step only multiplies by it.
+    return None if class_weights is None else paddle.to_tensor(np.asarray(class_weights, dtype=np.float32))
 
 
 # ---------------------------------------------------------------------------------------------- factories
@@ -113,15 +241,18 @@ def _reject_bce_options(cfg: LossConfig) -> None:
 
 @LOSSES.register("cross_entropy")
 @LOSSES.register("soft_target_cross_entropy")
-def build_cross_entropy(cfg: LossConfig) -> LossFn:
+def build_cross_entropy(cfg: LossConfig, class_weights: np.ndarray | None = None) -> LossFn:
     """Softmax cross-entropy on hard labels (smoothed by ``loss.label_smoothing``) or soft targets."""
     _check_fraction("loss.label_smoothing", cfg.label_smoothing)
     _reject_bce_options(cfg)
-    return functools.partial(cross_entropy, label_smoothing=float(cfg.label_smoothing))
+    if class_weights is None:  # the unweighted loss exactly as before: no extra argument on the hot path
+        return functools.partial(cross_entropy, label_smoothing=float(cfg.label_smoothing))
+    return functools.partial(cross_entropy, label_smoothing=float(cfg.label_smoothing),
+                             class_weights=_weights_tensor(class_weights))
 
 
 @LOSSES.register("binary_cross_entropy")
-def build_binary_cross_entropy(cfg: LossConfig) -> LossFn:
+def build_binary_cross_entropy(cfg: LossConfig, class_weights: np.ndarray | None = None) -> LossFn:
     """timm's BCE: ``loss.label_smoothing``, ``loss.target_threshold``, ``loss.bce_sum``."""
     _check_fraction("loss.label_smoothing", cfg.label_smoothing)
     if cfg.target_threshold is not None:
@@ -131,9 +262,39 @@ def build_binary_cross_entropy(cfg: LossConfig) -> LossFn:
         label_smoothing=float(cfg.label_smoothing),
         target_threshold=None if cfg.target_threshold is None else float(cfg.target_threshold),
         sum_classes=bool(cfg.bce_sum),
+        class_weights=_weights_tensor(class_weights),
     )
 
 
-def build_loss(cfg: LossConfig) -> LossFn:
-    """The loss registered as ``cfg.name`` (case-insensitive), built from ``cfg``."""
-    return LOSSES.get(str(cfg.name).lower())(cfg)
+@LOSSES.register("focal")
+def build_focal(cfg: LossConfig, class_weights: np.ndarray | None = None) -> LossFn:
+    """Softmax focal loss: ``loss.focal_gamma``, ``loss.label_smoothing``; ``loss.class_weights`` are its alpha."""
+    _check_fraction("loss.label_smoothing", cfg.label_smoothing)
+    _reject_bce_options(cfg)
+    gamma = float(cfg.focal_gamma)
+    if not 0 <= gamma < float("inf"):
+        raise ConfigError(f"loss.focal_gamma={gamma} must be >= 0")
+    return functools.partial(focal_loss, gamma=gamma, label_smoothing=float(cfg.label_smoothing),
+                             class_weights=_weights_tensor(class_weights))
+
+
+def build_loss(cfg: LossConfig, num_classes: int | None = None,
+               class_counts: Sequence[int] | np.ndarray | None = None,
+               classes: Sequence[str] | None = None) -> LossFn:
+    """The loss registered as ``cfg.name`` (case-insensitive), built from ``cfg``.
+
+    With ``loss.class_weights`` set, the factory also gets ``class_weights`` (:func:`resolve_class_weights`:
+    ``balanced`` needs ``class_counts``, the training split's samples per class, named by ``classes``).
+    """
+    name = str(cfg.name).lower()
+    factory = LOSSES.get(name)
+    setting = getattr(cfg, "class_weights", None)
+    if setting is None:
+        return factory(cfg)
+    if not takes_class_weights(factory):
+        raise ConfigError(f"{CLASS_WEIGHTS_KEY} is not supported by loss.name={name} (its factory takes no "
+                          "class_weights)")
+    weights = resolve_class_weights(setting, num_classes, class_counts, classes)
+    shown = ", ".join(f"{w:.4g}" for w in weights[:10]) + (", ..." if len(weights) > 10 else "")
+    log.info("%s=%s: %s", CLASS_WEIGHTS_KEY, setting if isinstance(setting, str) else "list", shown)
+    return factory(cfg, class_weights=weights)

@@ -13,7 +13,8 @@ What each registry holds (the factory's call signature):
 - ``OPTIMIZERS``: ``factory(param_groups, learning_rate, cfg: OptimConfig) -> paddle.optimizer.Optimizer``
 - ``SCHEDULERS``: ``factory(cfg: SchedConfig, base_lr, steps: ScheduleSteps) -> paddle.optimizer.lr.LRScheduler``
 - ``LOSSES``: ``factory(cfg: LossConfig) -> loss(logits, targets) -> scalar tensor``; targets are class indices
-  or soft targets (``[batch, classes]`` probabilities)
+  or soft targets (``[batch, classes]`` probabilities). A factory that also takes ``class_weights`` (a float64
+  ``[classes]`` array, passed only when ``loss.class_weights`` is set) supports per-class weights
 - ``AUGMENTATIONS``: ``factory(**options) -> transform`` whose ``stage`` attribute says where it runs:
   ``"image"`` (PIL image -> PIL image, before normalisation) or ``"array"`` (normalised float32 CHW array ->
   array, after it; e.g. random erasing); random draws from python ``random`` / ``numpy.random`` (seeded per

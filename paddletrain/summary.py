@@ -22,7 +22,7 @@ log = logging.getLogger("paddletrain")
 
 SUMMARY_FILE = "summary.json"
 # Metrics on the "last" line of the table, in this order, when the run has them.
-LAST_METRICS = ("train/loss", "val/loss", "val/top1", "val/top5")
+LAST_METRICS = ("train/loss", "val/loss", "val/top1", "val/top5", "val/balanced_accuracy")
 
 
 def run_summary(run_dir: Path, metrics: dict[str, float], trainer: Any) -> dict[str, Any]:
@@ -32,7 +32,10 @@ def run_summary(run_dir: Path, metrics: dict[str, float], trainer: Any) -> dict[
     final metric, ``train/throughput`` and ``train/data_time_share`` of the whole fit (this process's: per rank),
     ``train/images`` and ``train/step_seconds`` (what the throughput divides), ``wall_seconds`` (the fit's wall
     time, validation and checkpoints included). Nested: ``best`` (monitored metric, its value, 1-based epoch,
-    global step and checkpoint), ``last_checkpoint``, and ``paths`` (run directory, log file, VisualDL directory).
+    global step and checkpoint), ``last_checkpoint``, ``paths`` (run directory, log file, VisualDL directory), and
+    from the last validation ``val/classes`` (the class names, in class order), ``val/per_class`` (``{class name:
+    {precision, recall, f1, support}}``) and ``val/confusion_matrix`` (rows: true class, columns: predicted, in
+    class order; up to :data:`~paddletrain.metrics.MAX_CONFUSION_CLASSES` classes).
     """
     throughput = trainer.run_throughput
     summary: dict[str, Any] = {"epochs": trainer.epoch, "global_step": trainer.global_step,
@@ -52,6 +55,9 @@ def run_summary(run_dir: Path, metrics: dict[str, float], trainer: Any) -> dict[
     if last is not None:
         summary["last_checkpoint"] = last
     summary["paths"] = _paths(run_dir, trainer)
+    report = getattr(trainer, "val_report", None)
+    if report is not None:
+        summary.update({f"val/{key}": value for key, value in report.to_dict().items()})
     return summary
 
 
@@ -132,10 +138,24 @@ def summary_table(summary: dict[str, Any]) -> list[str]:
     return lines + [f"  {label:<{width}}  {text}" for label, text in rows]
 
 
+def summary_json(summary: dict[str, Any]) -> str:
+    """``summary`` as indented JSON, top-level keys sorted (nested ones keep their order: ``val/per_class`` is in
+    class order), each row of the confusion matrix on one line (indenting it would give one line per count: a
+    million lines for 1000 classes)."""
+    ordered = dict(sorted(summary.items()))
+    matrix = summary.get("val/confusion_matrix")
+    if matrix is None:
+        return json.dumps(ordered, indent=2)
+    marker = "@@confusion-matrix@@"
+    text = json.dumps({**ordered, "val/confusion_matrix": marker}, indent=2)
+    rows = ",\n".join("    " + json.dumps(row, separators=(",", ":")) for row in matrix)
+    return text.replace(json.dumps(marker), "[\n" + rows + "\n  ]" if matrix else "[]", 1)
+
+
 def write_summary(run_dir: Path, metrics: dict[str, float], trainer: Any) -> dict[str, Any]:
     """Write ``summary.json`` and log the end-of-run table; returns the summary."""
     summary = run_summary(run_dir, metrics, trainer)
-    (Path(run_dir) / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, sort_keys=True))
+    (Path(run_dir) / SUMMARY_FILE).write_text(summary_json(summary))
     for line in summary_table(summary):
         log.info("%s", line)
     return summary

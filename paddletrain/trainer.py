@@ -24,7 +24,7 @@ from paddletrain.checkpoint.storage import STATE
 from paddletrain.checkpoint.untrusted import StateValueError, checked_mapping, required
 from paddletrain.errors import NonFiniteLossError, TrainingInterrupted, UserError
 from paddletrain.losses import cross_entropy
-from paddletrain.metrics import ClassificationMeter, Throughput
+from paddletrain.metrics import ClassificationMeter, ClassReport, Throughput
 from paddletrain.precision import Precision
 from paddletrain.processes import stop_request
 from paddletrain.runtime import seed_everything
@@ -57,6 +57,8 @@ class Trainer:
         val_every_n_epochs: validation frequency; 0 disables validation during fit.
         max_consecutive_nonfinite: stop with :class:`NonFiniteLossError` after this many skipped steps in a row.
         num_classes: for top-k metrics (top-5 only when there are at least 5 classes).
+        class_names: the classes' names, for the per-class results of each validation (:attr:`val_report`:
+            precision, recall, F1, confusion matrix); default: their indices.
         run_dir: where callbacks write (logs, checkpoints); ``None`` for none.
         hparams: a flat dict of hyper-parameters for loggers.
         checkpoint_extras: JSON-serialisable entries stored in every checkpoint beside the state (e.g. the
@@ -102,6 +104,7 @@ class Trainer:
         handle_signals: bool = True,
         batch_transform: Callable[[paddle.Tensor, paddle.Tensor], tuple[paddle.Tensor, paddle.Tensor]] | None = None,
         distiller: Any | None = None,
+        class_names: Sequence[str] | None = None,
     ) -> None:
         if accumulate_grad_batches < 1:
             raise ValueError(f"accumulate_grad_batches must be >= 1, got {accumulate_grad_batches}")
@@ -124,6 +127,7 @@ class Trainer:
         self.val_every_n_epochs = val_every_n_epochs
         self.max_consecutive_nonfinite = max_consecutive_nonfinite
         self.num_classes = num_classes
+        self.class_names = list(class_names) if class_names is not None else None
         self.run_dir = run_dir
         self.hparams = hparams
         self.checkpoint_extras = dict(checkpoint_extras or {})
@@ -144,6 +148,8 @@ class Trainer:
         self.global_step = 0
         self.should_stop = False
         self.metrics: dict[str, float] = {}
+        # Per-class results of the last validation (all ranks), beside its scalars in `metrics`.
+        self.val_report: ClassReport | None = None
         self.nonfinite_steps = 0
         self.consecutive_nonfinite = 0
         self.num_train_batches: int | None = None
@@ -389,7 +395,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ validate / predict
     def validate(self, loader: Iterable) -> dict[str, float]:
-        """Loss and top-k accuracy over ``loader`` (all ranks combined); also runs the validation hooks."""
+        """Loss, top-k and balanced accuracy over ``loader`` (all ranks combined; per-class results in
+        :attr:`val_report`); also runs the validation hooks."""
         self.setup()
         metrics = self._validate(loader)
         self.metrics.update(metrics)
@@ -402,7 +409,7 @@ class Trainer:
         self.module.eval()
         if self.world_size > 1:
             distributed.broadcast_buffers(self.module)
-        meter = ClassificationMeter(self.num_classes)
+        meter = ClassificationMeter(self.num_classes, per_class=True)
         # A distributed sampler pads each rank's shard at its end; those repeated samples are not counted.
         real = getattr(loader, "num_real_samples", None)
         seen = 0
@@ -421,8 +428,9 @@ class Trainer:
                 self._call("on_validation_batch_end", batch, batch_idx)
         sums = meter.sums()
         if self.world_size > 1:
-            paddle.distributed.all_reduce(sums)
+            paddle.distributed.all_reduce(sums)  # the per-class counts and the confusion matrix ride along
         metrics = meter.compute("val", sums)
+        self.val_report = meter.report(sums, self.class_names)
         if was_training:
             self.module.train()
         self._call("on_validation_end", metrics)

@@ -17,6 +17,7 @@ from paddletrain.data.mixup import Mixup
 from paddletrain.data.transforms import DEFAULT_CROP_PCT, build_augmentations, eval_image_size
 from paddletrain.distill import resolve_alpha
 from paddletrain.errors import ConfigError
+from paddletrain.losses import CLASS_WEIGHTS_KEY, resolve_class_weights, takes_class_weights
 from paddletrain.registries import DATASETS, LOSSES, MODELS, OPTIMIZERS, SCHEDULERS
 from paddletrain.registry import prepare
 from paddletrain.runtime import select_device
@@ -131,6 +132,7 @@ def check_training_parts(cfg: Any) -> None:
     """``data.augment`` entries build, ``data.mixup`` options agree and ``trainer.distill`` is complete: the same
     constructors the run uses check them (each is cheap), so a rule has one home."""
     build_augmentations(cfg.data.get("augment") or [])
+    _check_imbalance_keys(cfg)
     if cfg.data.get("mixup") is not None:
         try:
             Mixup.from_config(cfg.data.mixup, num_classes=2, label_smoothing=cfg.loss.label_smoothing)
@@ -166,6 +168,22 @@ def check_training_parts(cfg: Any) -> None:
     if d.unlabeled_root and Mixup.from_config(cfg.data.mixup, num_classes=2) is not None:
         raise ConfigError("trainer.distill.unlabeled_root cannot be combined with data.mixup: mixed targets need "
                           "every image's label; set data.mixup.mixup_alpha=0 and data.mixup.cutmix_alpha=0")
+
+
+def _check_imbalance_keys(cfg: Any) -> None:
+    """``loss.class_weights`` suits the loss (the length of a list is checked against the classes once the data is
+    open), and the class-balanced sampler has a label for every training image."""
+    weights = cfg.loss.get("class_weights")
+    if weights is not None:
+        if not takes_class_weights(LOSSES.get(cfg.loss.name)):
+            raise ConfigError(f"{CLASS_WEIGHTS_KEY} is not supported by loss.name={cfg.loss.name} (its factory takes "
+                              "no class_weights)")
+        if not isinstance(weights, str):
+            resolve_class_weights(weights)  # numbers > 0; the count per class is known once the data is open
+    distill = cfg.trainer.get("distill") or {}
+    if cfg.data.get("sampler") == "class_balanced" and distill.get("unlabeled_root"):
+        raise ConfigError("data.sampler=class_balanced weighs each image by its class, but the images of "
+                          "trainer.distill.unlabeled_root have none: set data.sampler=random")
 
 
 def _check_machine(cfg: Any, training: bool) -> None:

@@ -20,15 +20,18 @@ from visualdl import LogReader
 from paddletrain.callbacks import StepOutput, VisualDLLogger
 from paddletrain.callbacks.visualdl import (
     AUTO_LOG_POINTS,
+    CONFUSION_TAG,
     MAX_HPARAMS,
     auto_log_interval,
     denormalize_images,
     hparam_names,
+    render_confusion_matrix,
     run_display_name,
     scalar_tag,
     select_hparams,
     tag_sort_key,
 )
+from paddletrain.metrics import ClassReport
 from paddletrain.trainer import Trainer
 from tests.conftest import TINY, run_module
 
@@ -358,8 +361,14 @@ def test_a_real_short_run_logs_every_step_and_each_epochs_last(tmp_path):
     assert steps(reader, "train/loss") == steps(reader, "lr/lr") == [1, 2, 3, 4, 5, 6]
     assert steps(reader, "train/top1") == steps(reader, "val/top1") == [3, 6]
     scalar_tags = reader.get_tags()["scalar"]
-    assert set(scalar_tags) == {"train/loss", "train/top1", "val/loss", "val/top1", "lr/lr", "system/throughput",
-                                "system/data_time_share"}
+    assert set(scalar_tags) == {"train/loss", "train/top1", "val/loss", "val/top1", "val/balanced_accuracy", "lr/lr",
+                                "system/throughput", "system/data_time_share"}
+    # Each validation's confusion matrix (3 classes, named by index): its counts are those of trainer.val_report.
+    images = reader.get_data("image", CONFUSION_TAG)
+    assert [record.id for record in images] == [3, 6]
+    last = np.asarray(Image.open(io.BytesIO(images[-1].image.encoded_image_string)).convert("RGB"))
+    np.testing.assert_array_equal(last, render_confusion_matrix(trainer.val_report.confusion, ["0", "1", "2"]))
+    assert trainer.val_report.confusion.sum() == 8  # the two validation batches of 4
     [hparams] = reader.get_data("hyper_parameters", "hparam")
     assert [info.name for info in hparams.hparam.hparamInfos] == ["lr", "accumulate_grad_batches"]
     assert display_name(reader) == f"{tmp_path.name} {tmp_path.parent.name}"
@@ -416,3 +425,55 @@ def test_screenshot_script_saves_visualdls_pages_of_a_run(fit_run, tmp_path):
         # Not blank: the page drew many colours (charts, text, images), not one background.
         assert len(np.unique(image.reshape(-1, 3), axis=0)) > 200, page
     assert Image.open(out / "visualdl-scalars.png").height > 1500  # every group opened, not only VisualDL's first
+
+
+def _report(matrix, names):
+    matrix = np.asarray(matrix)
+    return ClassReport(support=matrix.sum(axis=1), predicted=matrix.sum(axis=0), correct=np.diag(matrix),
+                       confusion=matrix, class_names=names)
+
+
+def test_each_validation_writes_the_row_normalised_confusion_matrix_as_an_image(tmp_path):
+    matrix = [[8, 2, 0], [0, 5, 0], [0, 0, 0]]  # class "c" has no validation samples
+    trainer = make_trainer(tmp_path, val_report=_report(matrix, ["a", "b", "c"]))
+    logger = VisualDLLogger(log_every_n_steps=1, log_images=False)
+    logger.on_fit_start(trainer)
+    train(logger, trainer, [1.0, 1.0])
+    logger.on_validation_end(trainer, {"val/top1": 13 / 15})
+    trainer.val_report = _report([[10, 0, 0], [0, 5, 0], [0, 0, 0]], ["a", "b", "c"])
+    train(logger, trainer, [1.0], start=2)
+    logger.on_validation_end(trainer, {"val/top1": 1.0})
+    logger.on_fit_end(trainer)
+
+    records = read_log(tmp_path / "visualdl").get_data("image", CONFUSION_TAG)
+    assert [record.id for record in records] == [2, 3]
+    first = np.asarray(Image.open(io.BytesIO(records[0].image.encoded_image_string)).convert("RGB"))
+    expected = render_confusion_matrix(matrix, ["a", "b", "c"])
+    assert first.shape == expected.shape and first.dtype == np.uint8
+    np.testing.assert_array_equal(first, expected)  # PNG is lossless
+
+
+def test_the_confusion_image_colours_each_cell_by_its_rows_share():
+    counts = np.array([[3, 1], [0, 0]])
+    cells = render_confusion_matrix(counts, max_named=0, max_pixels=8)  # no names: the cells alone, 4 px each
+    assert cells.shape == (8, 8, 3)
+    white, dark = np.array([255, 255, 255]), np.array([8, 48, 107])
+    np.testing.assert_array_equal(cells[0, 0], np.rint(white + 0.75 * (dark - white)))
+    np.testing.assert_array_equal(cells[0, 4], np.rint(white + 0.25 * (dark - white)))
+    np.testing.assert_array_equal(cells[4:, :].reshape(-1, 3), np.tile(white, (32, 1)))  # a class without samples
+    assert render_confusion_matrix(np.eye(100)).shape == (800, 800, 3)  # names only up to 30 classes
+    assert render_confusion_matrix(np.eye(2000)).shape == (2000, 2000, 3)  # at least a pixel a class
+    named = render_confusion_matrix(np.eye(6), ["circle", "ring", "square", "triangle", "star", "cross"])
+    assert named.shape[0] > 6 * 32 and named.shape[1] > 6 * 32  # the names take a margin on both axes
+
+
+def test_no_confusion_image_without_a_matrix_or_when_switched_off(tmp_path):
+    for name, logger, report in (("off", VisualDLLogger(log_images=False, log_confusion_matrix=False),
+                                  _report([[1, 0], [0, 1]], ["a", "b"])),
+                                 ("none", VisualDLLogger(log_images=False), None)):
+        trainer = make_trainer(tmp_path / name, val_report=report)
+        logger.on_fit_start(trainer)
+        train(logger, trainer, [1.0])
+        logger.on_validation_end(trainer, {"val/top1": 1.0})
+        logger.on_fit_end(trainer)
+        assert CONFUSION_TAG not in read_log(tmp_path / name / "visualdl").get_tags().get("image", [])

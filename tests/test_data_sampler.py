@@ -1,11 +1,14 @@
-"""ResumableBatchSampler: order as a pure function of (seed, epoch), sharding, padding, skip and resume."""
+"""ResumableBatchSampler: order as a pure function of (seed, epoch), sharding, padding, skip and resume; the
+class-balanced WeightedBatchSampler: class frequencies, determinism, resume and sharding."""
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 import pytest
 
 from paddletrain.data.loaders import CheckedDataLoader, SeededDataset
-from paddletrain.data.sampler import ResumableBatchSampler, SampleKey
+from paddletrain.data.sampler import ResumableBatchSampler, SampleKey, WeightedBatchSampler
 
 
 def _order(sampler):
@@ -238,3 +241,123 @@ def test_copies_in_one_batch_get_different_augmentations():
     assert keys[0].index == keys[1].index and keys[2].index == keys[3].index
     pixels = images.numpy().reshape(4, -1)
     assert not np.allclose(pixels[0], pixels[1]) and not np.allclose(pixels[2], pixels[3])
+
+
+# ---------------------------------------------------------------------------------------------- class-balanced
+# 100:1 between the largest and the smallest class.
+COUNTS = np.array([1000, 100, 10])
+TARGETS = np.repeat(np.arange(3), COUNTS)
+
+
+def _balanced(batch_size=37, **kwargs):
+    from paddletrain.data.balance import class_balanced_weights
+
+    return WeightedBatchSampler(TARGETS, batch_size, class_balanced_weights(TARGETS), **kwargs)
+
+
+def test_class_balanced_draws_every_class_equally_often_within_a_statistical_bound():
+    sampler = _balanced(seed=11)
+    drawn = []
+    for epoch in range(10):
+        sampler.set_epoch(epoch)
+        indices = _flat(sampler)
+        assert len(indices) == len(TARGETS)  # an epoch keeps the split's length
+        drawn += indices
+    fractions = np.bincount(TARGETS[drawn], minlength=3) / len(drawn)
+    # Each class is a binomial share of 1/3: six standard deviations (~0.027 here) fail once in ~10^9 seeds.
+    bound = 6 * np.sqrt((1 / 3) * (2 / 3) / len(drawn))
+    np.testing.assert_allclose(fractions, 1 / 3, atol=bound)
+    # With replacement: the 10 rare samples come back about 370 times each, the 1000 common ones ~3.7 times.
+    assert set(np.flatnonzero(TARGETS == 2)) <= set(drawn)
+    assert np.bincount(drawn)[TARGETS == 2].min() > 1
+
+
+def test_class_balanced_draw_is_a_function_of_seed_and_epoch():
+    a, b = _balanced(seed=3), _balanced(seed=3)
+    a.set_epoch(2)
+    b.set_epoch(2)
+    assert _order(a) == _order(b)
+    b.set_epoch(3)
+    assert _order(a) != _order(b)
+    assert _order(_balanced(seed=4)) != _order(_balanced(seed=3))
+
+
+def test_class_balanced_sampler_resumes_mid_epoch_like_an_uninterrupted_run():
+    uninterrupted = _balanced(seed=6, num_replicas=2, rank=1)
+    uninterrupted.set_epoch(5)
+    full = _order(uninterrupted)
+    interrupted = _balanced(seed=6, num_replicas=2, rank=1)
+    interrupted.set_epoch(5)
+    before = list(itertools.islice(iter(interrupted), 4))
+    interrupted.position = 4  # the loader records the batches it delivered
+    resumed = _balanced(seed=0, num_replicas=2, rank=1)
+    resumed.load_state_dict(interrupted.state_dict())
+    resumed.set_epoch(5)
+    assert [[k.index for k in b] for b in before] + _order(resumed) == full
+
+
+def test_two_ranks_take_disjoint_shares_that_together_are_the_draw():
+    world = 2
+    samplers = [_balanced(batch_size=8, seed=1, num_replicas=world, rank=r) for r in range(world)]
+    draw = samplers[0].epoch_order()
+    assert all((s.epoch_order() == draw).all() for s in samplers)  # every rank agrees on the epoch's draw
+    shards = [_flat(s) for s in samplers]
+    assert len(shards[0]) == len(shards[1]) == len(TARGETS) // world
+    # Disjoint positions of the one draw: interleaving the shards gives it back, entry for entry.
+    interleaved = [shards[r][k] for k in range(len(shards[0])) for r in range(world)]
+    assert interleaved == draw.tolist()
+
+
+def test_resuming_mid_epoch_with_another_sampling_is_refused():
+    random_state = ResumableBatchSampler(TARGETS, 37, shuffle=True).state_dict()
+    random_state["position"] = 2
+    with pytest.raises(ValueError, match=r"sampling was 'random', now weighted:"):
+        _balanced().load_state_dict(random_state)
+    other_counts = WeightedBatchSampler(TARGETS, 37, np.ones(len(TARGETS))).state_dict()
+    other_counts["position"] = 2
+    with pytest.raises(ValueError, match="sampling was"):
+        _balanced().load_state_dict(other_counts)
+
+
+@pytest.mark.parametrize("weights, match", [(np.ones(3), "3 sample weights for a dataset of 1110"),
+                                            (-np.ones(1110), "finite, >= 0"), (np.zeros(1110), "not all 0")])
+def test_bad_sample_weights_are_refused(weights, match):
+    with pytest.raises(ValueError, match=match):
+        WeightedBatchSampler(TARGETS, 4, weights)
+
+
+def test_build_loader_picks_the_sampler_data_sampler_names():
+    from paddletrain.config import DataConfig
+    from paddletrain.data.loaders import build_loader
+    from paddletrain.errors import ConfigError
+
+    class Labelled:
+        targets = TARGETS
+
+        def __len__(self):
+            return len(TARGETS)
+
+    loader = build_loader(Labelled(), DataConfig(sampler="class_balanced", batch_size=10), train=True, seed=0)
+    assert isinstance(loader.batch_sampler, WeightedBatchSampler)
+    np.testing.assert_allclose(loader.batch_sampler.probabilities, _balanced().probabilities)
+    for name in (None, "random"):
+        sampler = build_loader(Labelled(), DataConfig(sampler=name, batch_size=10), train=True, seed=0).batch_sampler
+        assert type(sampler) is ResumableBatchSampler and sampler.shuffle
+    evaluation = build_loader(Labelled(), DataConfig(sampler="class_balanced"), train=False, seed=0).batch_sampler
+    assert type(evaluation) is ResumableBatchSampler and not evaluation.shuffle  # evaluation sees each sample once
+    with pytest.raises(ConfigError, match=r"data\.sampler='uniform' is not allowed"):
+        build_loader(Labelled(), DataConfig(sampler="uniform"), train=True, seed=0)
+
+
+def test_class_counts_skip_unlabeled_images_and_refuse_labels_out_of_range():
+    from paddletrain.data.balance import class_balanced_weights, class_counts
+    from paddletrain.data.datasets import DatasetError
+    from paddletrain.data.unlabeled import UNLABELED
+
+    targets = np.array([0, 2, 2, UNLABELED, 2])
+    np.testing.assert_array_equal(class_counts(targets, 4), [1, 0, 3, 0])
+    with pytest.raises(DatasetError, match=r"label 4 is outside \[0, 4\)"):
+        class_counts(np.array([0, 4]), 4)
+    with pytest.raises(DatasetError, match="needs a label for every training image; 1 have none"):
+        class_balanced_weights(targets)
+    np.testing.assert_allclose(class_balanced_weights(np.array([1, 1, 0])), [0.5, 0.5, 1.0])

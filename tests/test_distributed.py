@@ -78,6 +78,9 @@ def test_fit_on_two_processes_one_run_dir_rank0_output_and_exact_eval(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     single = json.loads(result.stdout.strip().splitlines()[-1])
     assert single["val/top1"] == summary["val/top1"]
+    # The per-class counts are all-reduced with the other sums: the confusion matrix of both ranks is the whole one.
+    assert single["val/confusion_matrix"] == summary["val/confusion_matrix"]
+    assert sum(map(sum, summary["val/confusion_matrix"])) == 31
     assert single["val/loss"] == pytest.approx(summary["val/loss"], rel=1e-5)
 
     # Resuming that 2-process run on 1 process warns with both world sizes and continues.

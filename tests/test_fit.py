@@ -3,16 +3,21 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
 
+import numpy as np
 import paddle
 import pytest
+from PIL import Image
 
-from paddletrain.build import train
+from paddletrain.build import build_run, train
 from paddletrain.callbacks import Callback
+from paddletrain.data.sampler import WeightedBatchSampler
 from paddletrain.models import register_model
 from paddletrain.models.registry import list_models
 from paddletrain.trainer import Trainer
+from paddletrain.validation import validate_config
 from tests.conftest import TINY, compose_fit, run_module
 
 
@@ -37,6 +42,12 @@ def test_fit_then_evaluate_end_to_end(tmp_path):
     # The last checkpoint holds the final weights: evaluation reproduces the final validation metrics.
     assert abs(reported["val/top1"] - summary["val/top1"]) < 1e-6
     assert abs(reported["val/loss"] - summary["val/loss"]) < 1e-4
+    # ... and the per-class results: the same counts, and a readable table in the log.
+    assert reported["val/confusion_matrix"] == summary["val/confusion_matrix"]
+    assert reported["val/per_class"] == summary["val/per_class"]  # ratios of the same integer counts
+    assert reported["val/balanced_accuracy"] == pytest.approx(summary["val/balanced_accuracy"], abs=1e-12)
+    table = [line for line in (result.stdout + result.stderr).splitlines() if "precision  recall" in line]
+    assert len(table) == 1 and "circle" in result.stderr + result.stdout
 
 
 @pytest.mark.parametrize("override, line", [
@@ -131,6 +142,41 @@ def test_train_accepts_a_user_builder_extra_callbacks_and_a_trainer_subclass(tmp
     assert ends.steps == 4 and "val/top1" in metrics
 
 
+def test_an_imbalanced_folder_trains_with_balanced_weights_sampler_and_focal_loss(tmp_path, caplog):
+    """12 images of `common` against 3 of `rare`: the weights are sklearn's, the sampler is class-balanced and the
+    checkpoints are ranked by balanced accuracy."""
+    rng = np.random.default_rng(0)
+    for split, counts in (("train", {"common": 12, "rare": 3}), ("val", {"common": 4, "rare": 2})):
+        for name, count in counts.items():
+            (tmp_path / "data" / split / name).mkdir(parents=True)
+            for i in range(count):
+                Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(
+                    tmp_path / "data" / split / name / f"{i}.png")
+    cfg = compose_fit([*TINY, "data=imagefolder", f"data.root={tmp_path / 'data'}", "data.image_size=8",
+                       "data.batch_size=5", "data.num_workers=0", "loss=focal", "loss.class_weights=balanced",
+                       "data.sampler=class_balanced", "monitor=val/balanced_accuracy", "callbacks.visualdl=null"])
+    validate_config(cfg)
+    run = build_run(cfg, tmp_path / "run")
+    assert isinstance(run.train_loader.batch_sampler, WeightedBatchSampler)
+    np.testing.assert_allclose(run.trainer.loss_fn.keywords["class_weights"].numpy(), [15 / 24, 15 / 6], rtol=1e-6)
+    with caplog.at_level(logging.INFO, logger="paddletrain"):
+        metrics = train(cfg, tmp_path / "run")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["best"]["monitor"] == "val/balanced_accuracy"
+    assert summary["best"]["value"] == pytest.approx(metrics["val/balanced_accuracy"])  # one epoch: the best
+    assert summary["val/classes"] == ["common", "rare"]
+    assert [row["support"] for row in summary["val/per_class"].values()] == [4, 2]
+    assert "loss.class_weights=balanced: 0.625, 2.5" in caplog.text
+
+
+def test_class_weights_of_the_wrong_length_end_in_one_line_naming_the_key(tmp_path):
+    result = run_module("paddletrain.fit", [*TINY, "loss.class_weights=[1,2]", f"hydra.run.dir={tmp_path}"],
+                        cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and "Traceback" not in output
+    assert "loss.class_weights has 2 values but the model has 6 classes" in output
+
+
 @pytest.mark.parametrize("accumulate", [1, 3])
 @pytest.mark.parametrize("drop_last", [True, False])
 @pytest.mark.parametrize("limit", [None, 4])
@@ -159,3 +205,25 @@ def test_the_last_optimizer_step_trains_with_the_schedules_last_learning_rate(tm
     assert all(b < a for a, b in itertools.pairwise(record.lrs)), record.lrs
     last = 0.1 * 0.5 * (1 + math.cos(math.pi * (expected_steps - 1) / expected_steps))
     assert record.lrs[-1] == pytest.approx(last, rel=1e-6)
+
+
+def test_class_balanced_training_resumed_mid_epoch_ends_as_an_uninterrupted_run(tmp_path):
+    """The sampler's draw, its position and the weighted focal loss survive a checkpoint mid-epoch (fresh
+    processes, as a resume is: layer names would differ between two models built in one)."""
+    from paddletrain.checkpoint import find_latest, load_checkpoint
+
+    parts = [*TINY, "trainer.max_epochs=2", "data.num_workers=0", "data.sampler=class_balanced", "loss=focal",
+             "loss.class_weights=[1,2,3,1,2,3]", "callbacks.visualdl=null"]
+
+    def fit(run_dir, *extra):
+        result = run_module("paddletrain.fit", [*parts, *extra, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+        assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+        return load_checkpoint(find_latest(run_dir / "checkpoints")).state
+
+    straight = fit(tmp_path / "straight")
+    stopped = fit(tmp_path / "resumed", "trainer.max_steps=6")  # 4 steps per epoch: batch 2 of the second
+    assert stopped["progress"]["batch_in_epoch"] == 2 and stopped["sampler"]["sampling"].startswith("weighted:")
+    resumed = fit(tmp_path / "resumed", "trainer.resume=auto")
+    assert resumed["progress"]["global_step"] == straight["progress"]["global_step"] == 8
+    for key, value in straight["model"].items():
+        np.testing.assert_array_equal(resumed["model"][key].numpy(), value.numpy(), err_msg=key)

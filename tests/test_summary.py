@@ -94,3 +94,22 @@ def test_table_without_checkpoints_or_visualdl():
         "  last metrics  train/loss 1.5",
         "  run dir       /runs/a (summary.json)",
     ]
+
+
+def test_summary_holds_balanced_accuracy_per_class_scores_and_the_confusion_matrix(finished_run):
+    run_dir, _, lines, summary = finished_run
+    from paddletrain.data.shapes import CLASSES
+
+    matrix = summary["val/confusion_matrix"]
+    assert len(matrix) == len(CLASSES) and all(len(row) == len(CLASSES) for row in matrix)
+    assert sum(map(sum, matrix)) == 32  # every validation image once
+    assert sum(matrix[k][k] for k in range(len(CLASSES))) / 32 == pytest.approx(summary["val/top1"], abs=1e-12)
+    per_class = summary["val/per_class"]
+    assert list(per_class) == summary["val/classes"] == list(CLASSES)  # in class order, as the matrix
+    assert [per_class[name]["support"] for name in CLASSES] == [sum(row) for row in matrix]
+    recalls = [per_class[name]["recall"] for name in CLASSES if per_class[name]["support"]]
+    assert summary["val/balanced_accuracy"] == pytest.approx(sum(recalls) / len(recalls), abs=1e-12)
+    # Compact: a row of the matrix per line, not a count per line.
+    text = (run_dir / "summary.json").read_text()
+    assert len(text.splitlines()) < 120 and json.dumps(matrix[0], separators=(",", ":")) in text
+    assert any("val/balanced_accuracy" in line for line in lines if line.startswith("Epoch 2/2"))

@@ -12,6 +12,8 @@ What VisualDL 2.5 does with a log, and what this logger does about it:
   fit (:func:`select_hparams`).
 - The runs list shows a run's directory unless its log names the run: each run gets a display name that starts
   with what tells it apart, e.g. ``2026-11-23_13-37-00 resnet20-shapes`` (:func:`run_display_name`).
+- Images are shown per tag with a step slider: the confusion matrix of every validation is one image under
+  ``val/confusion_matrix`` (:func:`render_confusion_matrix`).
 - One log file per directory is shown (the newest ``vdlrecords.*``; files are not merged), so a resumed run
   appends to the file it wrote before instead of starting a new one, after cutting off what was written past the
   checkpoint: the curves then continue without a fold-back.
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from PIL import Image, ImageDraw, ImageFont
 from visualdl import LogWriter
 
 from paddletrain.callbacks.base import Callback, StepOutput
@@ -53,6 +56,12 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("paddletrain")
 
 SAMPLES_TAG = "train/samples"
+CONFUSION_TAG = "val/confusion_matrix"
+# The confusion matrix image: class names on its axes up to this many classes (more would not be readable), each
+# cell's share written in it up to MAX_VALUED_CLASSES, and its cells together at most about MAX_MATRIX_PIXELS wide.
+MAX_NAMED_CLASSES = 30
+MAX_VALUED_CLASSES = 12
+MAX_MATRIX_PIXELS = 800
 # Trainer metrics this logger writes from its own per-interval measurements (the trainer's epoch values of these
 # would repeat them), and the tags they are written under.
 _OWN_TRAIN_TAGS = ("train/loss", "train/lr", "train/throughput", "train/data_time_share")
@@ -60,7 +69,8 @@ _RENAMED_TAGS = {"train/lr": "lr/lr", "train/throughput": "system/throughput",
                  "train/data_time_share": "system/data_time_share"}
 # The order tags are written in (VisualDL keeps it inside a group): groups, then names within a group.
 _GROUP_ORDER = ("train", "val", "lr", "system")
-_NAME_ORDER = ("loss", "top1", "top5", "lr", "throughput", "data_time_share", "loss_scale", "nonfinite_steps")
+_NAME_ORDER = ("loss", "top1", "top5", "balanced_accuracy", "lr", "throughput", "data_time_share", "loss_scale",
+               "nonfinite_steps")
 
 # A run of up to this many optimizer steps logs every step; a longer one about this many points per curve.
 AUTO_LOG_POINTS = 1000
@@ -207,6 +217,62 @@ def denormalize_images(images: Any, mean: Sequence[float] | None = None,
     return np.clip(np.rint(array * 255.0), 0, 255).astype(np.uint8)
 
 
+# Colours of a row share of 0 and of 1 (white to the dark end of matplotlib's "Blues").
+_EMPTY_RGB = np.array([255, 255, 255], np.float64)
+_FULL_RGB = np.array([8, 48, 107], np.float64)
+
+
+def render_confusion_matrix(matrix: Any, class_names: Sequence[str] | None = None,
+                            max_named: int = MAX_NAMED_CLASSES, max_pixels: int = MAX_MATRIX_PIXELS) -> np.ndarray:
+    """An HWC ``uint8`` image of a confusion matrix (rows: true class, columns: predicted), row-normalised: a
+    cell's colour is the share of its true class predicted as that column (a class without samples stays white).
+
+    Cells are square, at most 32 px and together at most about ``max_pixels`` wide (at least 1 px each). Up to
+    ``max_named`` classes the names label the rows (true) and columns (predicted, written upwards), and up to
+    :data:`MAX_VALUED_CLASSES` each cell shows its share.
+    """
+    counts = np.asarray(matrix, dtype=np.float64)
+    n = counts.shape[0]
+    if counts.ndim != 2 or counts.shape[1] != n or n == 0:
+        raise ValueError(f"expected a square, non-empty confusion matrix; got shape {counts.shape}")
+    totals = counts.sum(axis=1, keepdims=True)
+    shares = np.divide(counts, totals, out=np.zeros_like(counts), where=totals > 0)
+    cell = max(1, min(32, max_pixels // n))
+    rgb = np.rint(_EMPTY_RGB + shares[..., None] * (_FULL_RGB - _EMPTY_RGB)).astype(np.uint8)
+    cells = Image.fromarray(np.repeat(np.repeat(rgb, cell, axis=0), cell, axis=1), "RGB")
+    if n > max_named:
+        return np.asarray(cells)
+    return np.asarray(_label_matrix(cells, shares, cell, list(class_names or range(n))[:n]))
+
+
+def _label_matrix(cells: Image.Image, shares: np.ndarray, cell: int, names: list[Any]) -> Image.Image:
+    """``cells`` with the class names on both axes and, for few classes, each cell's share written in it."""
+    font = ImageFont.load_default()
+    names = [str(name) for name in names] + [str(k) for k in range(len(names), len(shares))]
+    measure = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+    widths = [measure.textbbox((0, 0), name, font=font)[2] for name in names + ["predicted"]]
+    line = measure.textbbox((0, 0), "Ag", font=font)[3] + 2
+    left, top = max(widths) + 8, max(widths) + line + 8
+    canvas = Image.new("RGB", (left + cells.width + 4, top + cells.height + 4), "white")
+    canvas.paste(cells, (left, top))
+    draw = ImageDraw.Draw(canvas)
+    draw.text((2, 2), "true \\ predicted", fill="black", font=font)
+    for k, name in enumerate(names):
+        middle = k * cell + cell // 2
+        draw.text((left - 4 - measure.textbbox((0, 0), name, font=font)[2], top + middle - line // 2), name,
+                  fill="black", font=font)
+        label = Image.new("RGB", (measure.textbbox((0, 0), name, font=font)[2] + 2, line), "white")
+        ImageDraw.Draw(label).text((1, 0), name, fill="black", font=font)
+        label = label.rotate(90, expand=True)  # column names read upwards
+        canvas.paste(label, (left + middle - label.width // 2, top - 4 - label.height))
+    if len(shares) <= MAX_VALUED_CLASSES and cell >= 28:
+        for (row, col), share in np.ndenumerate(shares):
+            colour = "white" if share > 0.5 else "black"
+            draw.text((left + col * cell + 2, top + row * cell + cell // 2 - line // 2), f"{share:.2f}"[1:]
+                      if share < 1 else "1.0", fill=colour, font=font)
+    return canvas
+
+
 def _batch_images(batch: Any) -> Any:
     """The image tensor of a batch: ``(images, labels, ...)``, ``{"image": ...}`` or the tensor itself."""
     if isinstance(batch, (list, tuple)):
@@ -274,6 +340,8 @@ class VisualDLLogger(Callback):
         log_images: Write up to ``max_images`` images of the first batch as one grid.
         mean, std: Per-channel normalisation of the images (in [0, 1] pixel scale), undone for display.
         hparam_metrics: Metric tags VisualDL's hyper-parameter view compares runs by.
+        log_confusion_matrix: Write the row-normalised confusion matrix of each validation as an image
+            (``val/confusion_matrix``; :func:`render_confusion_matrix`), when the trainer kept one.
         display_name: The run's name in VisualDL's runs list; ``None``: :func:`run_display_name` of the logdir.
     """
 
@@ -289,6 +357,7 @@ class VisualDLLogger(Callback):
         max_images: int = 16,
         hparam_metrics: Sequence[str] = ("val/top1", "val/loss"),
         display_name: str | None = None,
+        log_confusion_matrix: bool = True,
     ) -> None:
         check_option("log_every_n_steps", log_every_n_steps, ge=1)
         check_option("max_images", max_images, ge=1)
@@ -300,6 +369,7 @@ class VisualDLLogger(Callback):
         self.max_images = max_images
         self.hparam_metrics = list(hparam_metrics)
         self.display_name = display_name
+        self.log_confusion_matrix = log_confusion_matrix
         self.last_step: int | None = None
         self.every_n_steps = log_every_n_steps or 1  # the steps between writes, resolved at fit start
         self._writer: LogWriter | None = None
@@ -363,6 +433,11 @@ class VisualDLLogger(Callback):
     def on_validation_end(self, trainer: Trainer, metrics: dict[str, float]) -> None:
         values = {**trainer.metrics, **metrics}
         self._write_scalars(trainer, {k: v for k, v in values.items() if k.startswith("val/") and _is_number(v)})
+        report = getattr(trainer, "val_report", None)
+        if self.log_confusion_matrix and report is not None and report.confusion is not None \
+                and self._writer is not None:
+            image = render_confusion_matrix(report.confusion, report.class_names)
+            self._writer.add_image(CONFUSION_TAG, image, step=trainer.global_step, dataformats="HWC")
 
     def on_fit_end(self, trainer: Trainer) -> None:
         self.close()

@@ -34,8 +34,9 @@ from typing import Any
 import numpy as np
 import paddle
 
+from paddletrain.data.balance import class_balanced_weights, dataset_targets
 from paddletrain.data.datasets import BadSampleError, DatasetError
-from paddletrain.data.sampler import ResumableBatchSampler, SampleKey
+from paddletrain.data.sampler import ResumableBatchSampler, SampleKey, WeightedBatchSampler
 from paddletrain.data.unlabeled import UNLABELED
 from paddletrain.errors import ConfigError
 from paddletrain.processes import call_with_worker_setup, stop_signals_held
@@ -324,11 +325,34 @@ def _check_policy(cfg: Any) -> None:
         raise ConfigError(f"data.max_bad_fraction={cfg.max_bad_fraction} must be between 0 and 1")
 
 
+def _train_sampler(dataset: Any, cfg: Any, batch_size: int, seed: int, num_replicas: int, rank: int,
+                   sample_weights: np.ndarray | None) -> ResumableBatchSampler:
+    """The training batch sampler ``data.sampler`` names (null or random: a permutation; class_balanced: a draw)."""
+    name = getattr(cfg, "sampler", None) or "random"
+    repeats = int(getattr(cfg, "num_repeats", 1) or 1)
+    common = dict(drop_last=bool(cfg.drop_last), seed=seed, num_replicas=num_replicas, rank=rank,
+                  num_repeats=repeats)
+    if name == "random":
+        return ResumableBatchSampler(dataset, batch_size, shuffle=True, **common)
+    if name != "class_balanced":
+        raise ConfigError(f"data.sampler={name!r} is not allowed; choose one of: random, class_balanced")
+    if sample_weights is None:
+        targets = dataset_targets(dataset)
+        if targets is None:
+            raise ConfigError(f"data.sampler=class_balanced needs the labels of every training sample, but "
+                              f"{type(dataset).__name__} has no `targets`")
+        sample_weights = class_balanced_weights(targets)
+    return WeightedBatchSampler(dataset, batch_size, sample_weights, **common)
+
+
 def build_loader(dataset: Any, cfg: Any, train: bool, seed: int, num_replicas: int = 1, rank: int = 0,
-                 transform: Callable[[Any], Any] | None = None) -> CheckedDataLoader:
+                 transform: Callable[[Any], Any] | None = None,
+                 sample_weights: np.ndarray | None = None) -> CheckedDataLoader:
     """A loader over ``dataset`` configured by a ``DataConfig``.
 
-    Train: shuffled by ``(seed, epoch)``, ``cfg.drop_last``, ``cfg.batch_size``, each image ``cfg.num_repeats``
+    Train: shuffled by ``(seed, epoch)`` (``data.sampler=class_balanced``: drawn with replacement by
+    ``sample_weights``, by default :func:`~paddletrain.data.balance.class_balanced_weights` of the dataset's
+    targets), ``cfg.drop_last``, ``cfg.batch_size``, each image ``cfg.num_repeats``
     times (repeated augmentation). Eval: dataset order, every
     sample exactly once per rank shard (never dropped), ``cfg.eval_batch_size`` (default ``batch_size``).
     Call ``loader.batch_sampler.set_epoch(epoch)`` each epoch; save/restore ``loader.batch_sampler.state_dict()``
@@ -341,10 +365,12 @@ def build_loader(dataset: Any, cfg: Any, train: bool, seed: int, num_replicas: i
         raise ConfigError(f"{key}={batch_size} must be positive")
     if cfg.num_workers < 0:
         raise ConfigError(f"data.num_workers={cfg.num_workers} must be 0 or more")
-    # Repeated augmentation is a training draw; evaluation sees every sample once.
-    repeats = int(getattr(cfg, "num_repeats", 1) or 1) if train else 1
-    sampler = ResumableBatchSampler(dataset, batch_size, shuffle=train, drop_last=bool(train and cfg.drop_last),
-                                    seed=seed, num_replicas=num_replicas, rank=rank, num_repeats=repeats)
+    # Repeated augmentation and class balance shape the training draw; evaluation sees every sample once.
+    if train:
+        sampler = _train_sampler(dataset, cfg, batch_size, seed, num_replicas, rank, sample_weights)
+    else:
+        sampler = ResumableBatchSampler(dataset, batch_size, shuffle=False, seed=seed, num_replicas=num_replicas,
+                                        rank=rank)
     return CheckedDataLoader(
         SeededDataset(dataset, transform, seed),
         sampler,

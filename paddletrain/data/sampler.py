@@ -5,9 +5,13 @@ epoch, rank and batch number to the dataset lets :class:`paddletrain.data.loader
 augmentation per batch in any worker process (persistent or not); the batch number also lets the loader
 record exactly how many batches the consumer has received, which the sampler itself cannot know while
 workers prefetch ahead of it.
+
+:class:`WeightedBatchSampler` replaces the epoch's permutation by a draw with replacement (class-balanced
+sampling); sharding, repeats, skipping and resuming are the same.
 """
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator, Sized
 from typing import Any, NamedTuple
 
@@ -49,6 +53,9 @@ class ResumableBatchSampler(DistributedBatchSampler):
     without its rounding to multiples of 256): the epoch keeps its length and number of steps, so an epoch
     shows about ``len(dataset) / k`` distinct images k times each, and the next epoch's permutation others.
     """
+
+    # What orders an epoch; saved, so that a resume mid-epoch with another sampling is refused.
+    sampling = "random"
 
     def __init__(self, dataset: Sized, batch_size: int, *, shuffle: bool = False, drop_last: bool = False,
                  seed: int = 0, num_replicas: int = 1, rank: int = 0, num_repeats: int = 1) -> None:
@@ -99,7 +106,8 @@ class ResumableBatchSampler(DistributedBatchSampler):
         self._skip = int(n)
         self.position = int(n)
 
-    def _permutation(self) -> np.ndarray:
+    def epoch_order(self) -> np.ndarray:
+        """The epoch's global order of sample indices, before repeats, padding and sharding."""
         n = len(self.dataset)
         if self.shuffle:
             return np.random.default_rng([self.seed, self.epoch]).permutation(n)
@@ -108,7 +116,7 @@ class ResumableBatchSampler(DistributedBatchSampler):
     def repeated_stream(self) -> np.ndarray:
         """The epoch's global stream with every index repeated ``num_repeats`` times in a row, padded by
         wrapping to a multiple of ``num_replicas`` (before any rank keeps only its first entries)."""
-        stream = np.repeat(self._permutation(), self.num_repeats)
+        stream = np.repeat(self.epoch_order(), self.num_repeats)
         total = -(-len(stream) // self.nranks) * self.nranks
         return np.resize(stream, total)
 
@@ -117,7 +125,7 @@ class ResumableBatchSampler(DistributedBatchSampler):
         if self.num_repeats > 1:
             share = self.repeated_stream()[self.local_rank::self.nranks]
             return share[:self.num_samples].tolist()
-        order = np.resize(self._permutation(), self.total_size)  # wraps around: pads with the head of the order
+        order = np.resize(self.epoch_order(), self.total_size)  # wraps around: pads with the head of the order
         return order[self.local_rank::self.nranks].tolist()
 
     def __iter__(self) -> Iterator[list[SampleKey]]:
@@ -132,21 +140,21 @@ class ResumableBatchSampler(DistributedBatchSampler):
         """Everything needed to continue this epoch's order where the consumer stopped."""
         return {"seed": self.seed, "epoch": self.epoch, "position": self.position,
                 "batch_size": self.batch_size, "num_replicas": self.nranks, "dataset_size": len(self.dataset),
-                "num_repeats": self.num_repeats}
+                "num_repeats": self.num_repeats, "sampling": self.sampling}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore seed, epoch and position; the next iteration continues at ``position``.
 
         Raises:
-            ValueError: resuming mid-epoch with a different batch size, world size, dataset length or number
-                of repeats, where the saved position would point into a different order.
+            ValueError: resuming mid-epoch with a different batch size, world size, dataset length, number
+                of repeats or sampling, where the saved position would point into a different order.
         """
         checked_mapping(state, "(sampler state)")
         position = checked_int(state.get("position", 0), "position")
         seed = checked_int(required(state, "seed", "seed"), "seed", maximum=2**63 - 1)
         epoch = checked_int(required(state, "epoch", "epoch"), "epoch")
         current = {"batch_size": self.batch_size, "num_replicas": self.nranks, "dataset_size": len(self.dataset),
-                   "num_repeats": self.num_repeats}
+                   "num_repeats": self.num_repeats, "sampling": self.sampling}
         changed = {k: (state[k], v) for k, v in current.items() if k in state and state[k] != v}
         if position and changed:
             detail = ", ".join(f"{k} was {show(old)}, now {new}" for k, (old, new) in changed.items())
@@ -157,3 +165,34 @@ class ResumableBatchSampler(DistributedBatchSampler):
         self.seed = seed
         self.epoch = epoch
         self.skip_batches(position)
+
+
+class WeightedBatchSampler(ResumableBatchSampler):
+    """:class:`ResumableBatchSampler` whose epoch is a draw with replacement, by per-sample ``weights``.
+
+    Each epoch draws ``len(dataset)`` indices from ``(seed, epoch)`` with probabilities proportional to
+    ``weights``, as PyTorch's ``WeightedRandomSampler(weights, num_samples=len(dataset), replacement=True)``
+    does; the draw is then repeated, padded, sharded (rank ``r`` takes every ``num_replicas``-th entry from ``r``:
+    the ranks' shares are disjoint positions of one draw), batched and resumed exactly like the permutation of
+    the parent class. With ``1 / count`` of each sample's class as its weight
+    (:func:`paddletrain.data.balance.class_balanced_weights`) every class is drawn equally often in expectation.
+    """
+
+    def __init__(self, dataset: Sized, batch_size: int, weights: np.ndarray, *, drop_last: bool = False,
+                 seed: int = 0, num_replicas: int = 1, rank: int = 0, num_repeats: int = 1) -> None:
+        weights = np.asarray(weights, dtype=np.float64).reshape(-1)
+        if len(weights) != len(dataset):
+            raise ValueError(f"{len(weights)} sample weights for a dataset of {len(dataset)} samples")
+        if not np.all(np.isfinite(weights)) or np.any(weights < 0) or not weights.sum() > 0:
+            raise ValueError("sample weights must be finite, >= 0 and not all 0")
+        super().__init__(dataset, batch_size, shuffle=True, drop_last=drop_last, seed=seed,
+                         num_replicas=num_replicas, rank=rank, num_repeats=num_repeats)
+        self.probabilities = weights / weights.sum()
+        # Other weights (another class count) would make a saved mid-epoch position point into another draw.
+        digest = hashlib.sha256(self.probabilities.astype("<f8").tobytes()).hexdigest()[:16]
+        self.sampling = f"weighted:{digest}"
+
+    def epoch_order(self) -> np.ndarray:
+        """The epoch's draw of ``len(dataset)`` indices with replacement, a pure function of (seed, epoch)."""
+        n = len(self.dataset)
+        return np.random.default_rng([self.seed, self.epoch]).choice(n, size=n, replace=True, p=self.probabilities)

@@ -242,7 +242,7 @@ def test_configuration_docs_list_every_fit_key_with_what_it_allows():
     for key, rule, hint in declared(FitConfig):
         args = typing.get_args(hint)
         each = "each: " if _is_list(hint) else ""
-        null = ", or `null`" if type(None) in args else ""
+        null = ", or `null`" if type(None) in args or hint is Any else ""  # Any (a word or a list) takes null
         expected.append(f"| `{key}` | {each}{rule.describe()}{null} |")
     doc = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
     table = doc.split("### Allowed values", 1)[1].split("\n\n## ", 1)[0]
@@ -258,3 +258,17 @@ def test_nan_and_inf_are_never_allowed(override, line, tiny_cfg):
     OmegaConf.update(cfg, key, float(value))
     with pytest.raises(ConfigError, match=f"^{line}$"):
         validate_config(cfg)
+
+
+@pytest.mark.parametrize("override, line", [
+    ("loss.class_weights=[1,0]", "loss.class_weights=[1, 0] is not allowed: every value must be > 0 (got 0)"),
+    ("loss.class_weights=[balanced]", "loss.class_weights=['balanced'] is not allowed: every value must be > 0"),
+    ("loss.class_weights=3", "loss.class_weights=3 is not allowed; choose balanced, or a list with each value > 0"),
+    ("data.sampler=weighted", "data.sampler='weighted' is not allowed; choose one of: random, class_balanced"),
+])
+def test_a_key_taking_a_word_or_a_list_refuses_anything_else(override, line, tiny_cfg):
+    with pytest.raises(ConfigError) as info:
+        validate_config(compose_fit([*TINY, override]))
+    assert str(info.value).startswith(line)
+    for fine in ("loss.class_weights=balanced", "loss.class_weights=[1,2.5]", "data.sampler=class_balanced"):
+        validate_config(compose_fit([*TINY, fine]))
