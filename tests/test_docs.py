@@ -114,7 +114,7 @@ RULES = [
     Rule("README.md", r"precision=bf16", SKIP, "needs a CPU with AVX512-BF16 or AMX for bf16 inference"),
     # long: run by the slow suite as written
     Rule("README.md", r"^python -m paddletrain\.fit$", BOTH,
-         "the default job, 2 minutes (tests/test_fit.py also runs it in the default suite)"),
+         "the default job, 2 minutes (the slow suite also checks its accuracy: tests/test_fit.py)"),
     Rule("README.md", r"^python -m paddletrain\.bench", SLOW, "a benchmark: minutes"),
     Rule("README.md", r"max_epochs=5, num_classes", BOTH, "5 epochs of the default job: 2 minutes"),
     Rule("docs/performance.md", r"\$B |^B=", SLOW, "a benchmark: minutes"),

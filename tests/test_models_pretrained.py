@@ -238,6 +238,7 @@ def _accuracy(model, xs, ys):
         return float((model(paddle.to_tensor(xs)).argmax(1).numpy() == ys).mean())
 
 
+@pytest.mark.slow  # two minutes of training on 2 cores
 def test_finetuning_from_pretrained_weights_beats_training_from_scratch(tmp_path):
     """Pretrain on four shapes, fine-tune on two unseen ones from 100 images: the features must transfer.
 
