@@ -212,10 +212,10 @@ class DataConfig:
     drop_last: bool = True
     # What to do with an unreadable sample: "fail" or "skip".
     bad_sample_policy: str = allowed("fail", choices=("fail", "skip"))
+    max_bad_fraction: float = allowed(0.01, ge=0, le=1)
     # How training batches are drawn: null or "random" (a shuffled permutation: every sample once per epoch);
     # "class_balanced" (with replacement, each sample weighted by 1 / its class's count: every class equally often
     # in expectation; an epoch keeps the split's length). See docs/data.md#imbalanced-classes.
-    max_bad_fraction: float = allowed(0.01, ge=0, le=1)
     sampler: str | None = allowed(None, choices=SAMPLERS)
     shapes: ShapesConfig = field(default_factory=ShapesConfig)
 
