@@ -18,7 +18,14 @@ import paddle
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from paddletrain.build import build_data, checkpoint_config, checkpoint_model, resolve_preprocessing
+from paddletrain.build import (
+    build_criterion,
+    build_data,
+    build_meters,
+    checkpoint_config,
+    checkpoint_model,
+    resolve_preprocessing,
+)
 from paddletrain.checkpoint import Checkpoint, load_checkpoint
 from paddletrain.checkpoint.locate import locate_checkpoint
 from paddletrain.config import register_configs
@@ -45,12 +52,19 @@ def evaluate(cfg: DictConfig, checkpoint: Checkpoint) -> dict[str, float]:
                              source=f"checkpoint={checkpoint.path}")
     if tta.get("flip") or tta.get("crops", 1) > 1:  # test-time augmentation (paddletrain.tta)
         model = TestTimeAugmentation(model, flip=tta.flip, crops=tta.crops, crop_size=eval_image_size(cfg.data))
+    # The training run's loss (val/loss as fit reports it) and the task's meters.
     trainer = Trainer(model, paddle.optimizer.SGD(parameters=model.parameters()), num_classes=len(data.classes),
-                      limit_val_batches=cfg.trainer.limit_val_batches)
+                      limit_val_batches=cfg.trainer.limit_val_batches, loss_fn=build_criterion(cfg),
+                      meters=build_meters(cfg, len(data.classes)))
     metrics = trainer.validate(data.val_loader)
     line = " ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items()))
     log.info("Evaluation of %s: %s", checkpoint.path, line)
-    print(json.dumps({"checkpoint": str(checkpoint.path), **metrics}))
+    extra = {}
+    report = getattr(trainer.val_meter, "report", None)
+    if report is not None:  # multi-label: one row per class
+        log.info("Per class (threshold %g):\n%s", report.threshold, "\n".join(report.table(data.classes)))
+        extra["per_class"] = report.rows(data.classes)
+    print(json.dumps({"checkpoint": str(checkpoint.path), **metrics, **extra}))
     return metrics
 
 

@@ -10,7 +10,15 @@ given, because whoever mixes them (timm's ``Mixup(label_smoothing=...)`` contrac
 and smoothing them again here would count it twice. :func:`one_hot` is the one definition both use.
 
 Registered names (``loss.name``): ``cross_entropy``, ``soft_target_cross_entropy`` (timm's name for the same
-loss) and ``binary_cross_entropy`` (timm's ``BinaryCrossEntropy``, as in "ResNet strikes back").
+loss) and ``binary_cross_entropy`` (timm's ``BinaryCrossEntropy``, as in "ResNet strikes back"). Left null,
+``loss.name`` is the task's loss (:func:`loss_name`): ``cross_entropy``, or ``binary_cross_entropy`` for
+multi-label data.
+
+Multi-label targets are multi-hot rows (or Mixup/CutMix mixtures of them). Each class is then a binary problem of
+its own, so label smoothing gives each one the two-class smoothing ``y * (1 - eps) + eps / 2`` (Keras's
+``BinaryCrossentropy(label_smoothing=eps)`` definition). The multi-label loss applies it to whatever targets it
+gets: smoothing is linear, so smoothing a mixture equals mixing smoothed targets, and Mixup leaves multi-hot
+targets unsmoothed (:func:`smooth_multi_hot` is the one definition).
 """
 from __future__ import annotations
 
@@ -50,6 +58,12 @@ def one_hot(labels: paddle.Tensor, num_classes: int, smoothing: float = 0.0) -> 
     return hot
 
 
+def smooth_multi_hot(targets: paddle.Tensor, smoothing: float) -> paddle.Tensor:
+    """Float32 multi-hot (or mixed) targets smoothed per class towards 1/2: ``y * (1 - smoothing) + smoothing / 2``."""
+    targets = targets.astype("float32")
+    return targets * (1.0 - smoothing) + smoothing / 2 if smoothing else targets
+
+
 def _check_fraction(key: str, value: float) -> None:
     if not 0.0 <= value < 1.0:
         raise ConfigError(f"{key} must be in [0, 1), got {value!r}")
@@ -82,17 +96,24 @@ def binary_cross_entropy(
     label_smoothing: float = 0.0,
     target_threshold: float | None = None,
     sum_classes: bool = False,
+    multilabel: bool = False,
 ) -> paddle.Tensor:
     """One-vs-all sigmoid cross-entropy per class (timm's ``BinaryCrossEntropy``, "ResNet strikes back").
 
     Hard labels become one-hot targets smoothed to ``label_smoothing / C`` off and ``1 - label_smoothing +
-    label_smoothing / C`` on; soft targets are used as given. With ``target_threshold`` every target above it
-    becomes 1 and the rest 0 (so both classes of a Mixup/CutMix pair count as present). The per-element loss
-    is averaged over batch and classes (timm's default), or summed over classes and averaged over the batch
-    with ``sum_classes``.
+    label_smoothing / C`` on; soft targets are used as given. ``multilabel``: targets are multi-hot rows or
+    mixtures of them, each smoothed by :func:`smooth_multi_hot`. With ``target_threshold`` every target (after
+    smoothing, as timm does) above it becomes 1 and the rest 0 (so both classes of a Mixup/CutMix pair count as
+    present). The per-element loss is averaged over batch and classes (timm's default), or summed over classes
+    and averaged over the batch with ``sum_classes``.
     """
     logits = logits.astype("float32")
-    if is_soft(logits, targets):
+    if multilabel:
+        if not is_soft(logits, targets):
+            raise ValueError(f"multi-label targets must be float [batch, classes] rows, got shape "
+                             f"{list(targets.shape)} ({targets.dtype})")
+        targets = smooth_multi_hot(targets, label_smoothing)
+    elif is_soft(logits, targets):
         targets = targets.astype("float32")
     else:
         targets = one_hot(targets, logits.shape[-1], label_smoothing)
@@ -121,8 +142,9 @@ def build_cross_entropy(cfg: LossConfig) -> LossFn:
 
 
 @LOSSES.register("binary_cross_entropy")
-def build_binary_cross_entropy(cfg: LossConfig) -> LossFn:
-    """timm's BCE: ``loss.label_smoothing``, ``loss.target_threshold``, ``loss.bce_sum``."""
+def build_binary_cross_entropy(cfg: LossConfig, multilabel: bool = False) -> LossFn:
+    """timm's BCE: ``loss.label_smoothing``, ``loss.target_threshold``, ``loss.bce_sum``; ``multilabel`` for
+    multi-hot targets (see :func:`binary_cross_entropy`)."""
     _check_fraction("loss.label_smoothing", cfg.label_smoothing)
     if cfg.target_threshold is not None:
         _check_fraction("loss.target_threshold", cfg.target_threshold)
@@ -131,9 +153,37 @@ def build_binary_cross_entropy(cfg: LossConfig) -> LossFn:
         label_smoothing=float(cfg.label_smoothing),
         target_threshold=None if cfg.target_threshold is None else float(cfg.target_threshold),
         sum_classes=bool(cfg.bce_sum),
+        multilabel=bool(multilabel),
     )
 
 
-def build_loss(cfg: LossConfig) -> LossFn:
-    """The loss registered as ``cfg.name`` (case-insensitive), built from ``cfg``."""
-    return LOSSES.get(str(cfg.name).lower())(cfg)
+# Losses of one class per sample (softmax): multi-label data cannot train with them.
+SINGLE_LABEL_LOSSES = ("cross_entropy", "soft_target_cross_entropy")
+
+
+def loss_name(name: str | None, multilabel: bool = False) -> str:
+    """The registered name ``loss.name`` selects: itself, or when null the task's loss (``binary_cross_entropy``
+    for multi-label data, else ``cross_entropy``).
+
+    Raises:
+        ConfigError: a single-label (softmax) loss chosen for multi-label data.
+    """
+    if name is None:
+        return "binary_cross_entropy" if multilabel else "cross_entropy"
+    name = str(name).lower()
+    if multilabel and name in SINGLE_LABEL_LOSSES:
+        raise ConfigError(f"loss.name={name} is a single-label (softmax) loss but data.multilabel=true: use "
+                          "loss.name=binary_cross_entropy, or leave loss.name unset for the task's loss")
+    return name
+
+
+def build_loss(cfg: LossConfig, multilabel: bool = False) -> LossFn:
+    """The loss :func:`loss_name` selects (registered names are case-insensitive), built from ``cfg``.
+
+    ``multilabel``: the targets are multi-hot rows; the built-in BCE then smooths them per class, a plugin's loss
+    gets them as they are.
+    """
+    name = loss_name(cfg.name, multilabel)
+    if multilabel and name == "binary_cross_entropy":
+        return build_binary_cross_entropy(cfg, multilabel=True)
+    return LOSSES.get(name)(cfg)

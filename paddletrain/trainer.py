@@ -73,6 +73,9 @@ class Trainer:
             go into checkpoints (one entry per rank), so a resumed run draws what an uninterrupted one would.
         distiller: a :class:`~paddletrain.distill.Distiller`; training losses become its loss of the student's
             logits (its teacher sees the same, transformed, images). Validation keeps ``loss_fn``.
+        meters: ``meters(stage)`` builds the meter of a training epoch (``"train"``) or of a validation
+            (``"val"``), with :class:`~paddletrain.metrics.ClassificationMeter`'s interface; default: that meter
+            (top-k). Multi-label runs pass :mod:`paddletrain.metrics_multilabel`'s.
     """
 
     def __init__(
@@ -102,6 +105,7 @@ class Trainer:
         handle_signals: bool = True,
         batch_transform: Callable[[paddle.Tensor, paddle.Tensor], tuple[paddle.Tensor, paddle.Tensor]] | None = None,
         distiller: Any | None = None,
+        meters: Callable[[str], Any] | None = None,
     ) -> None:
         if accumulate_grad_batches < 1:
             raise ValueError(f"accumulate_grad_batches must be >= 1, got {accumulate_grad_batches}")
@@ -133,6 +137,9 @@ class Trainer:
         self.find_unused_parameters = find_unused_parameters
         self.batch_transform = batch_transform
         self.distiller = distiller
+        self.meters = meters
+        # The meter of the last validation, for reports beyond its metrics (e.g. per-class tables).
+        self.val_meter: Any | None = None
         self._is_setup = False
         self.logger = log
 
@@ -202,6 +209,9 @@ class Trainer:
             logits = self.model(images)
         logits = logits.astype("float32")
         return self.loss_fn(logits, labels), logits, labels
+
+    def _meter(self, stage: str) -> Any:
+        return self.meters(stage) if self.meters is not None else ClassificationMeter(self.num_classes)
 
     # ------------------------------------------------------------------ fit
     def setup(self) -> None:
@@ -301,7 +311,7 @@ class Trainer:
 
     def _train_batches(self, loader: Iterable) -> tuple[dict[str, float], bool]:
         """Train over the epoch's remaining batches; returns the epoch's metrics and whether all batches ran."""
-        meter = self._train_meter = ClassificationMeter(self.num_classes)
+        meter = self._train_meter = self._meter("train")
         if self._restored_meter is not None:
             meter.load_state_dict(self._restored_meter)
             self._restored_meter = None
@@ -402,7 +412,7 @@ class Trainer:
         self.module.eval()
         if self.world_size > 1:
             distributed.broadcast_buffers(self.module)
-        meter = ClassificationMeter(self.num_classes)
+        meter = self.val_meter = self._meter("val")
         # A distributed sampler pads each rank's shard at its end; those repeated samples are not counted.
         real = getattr(loader, "num_real_samples", None)
         seen = 0
@@ -516,7 +526,7 @@ class Trainer:
         self._restored_meter = state.get("train_meter") if self.batch_in_epoch else None
         if self._restored_meter is not None:
             with _restoring("train_meter"):  # loaded when the epoch continues: check it now
-                ClassificationMeter(self.num_classes).load_state_dict(self._restored_meter)
+                self._meter("train").load_state_dict(self._restored_meter)
         self._load_loop_state(state, saved_rngs)
 
     def _load_loop_state(self, state: dict[str, Any], saved_rngs: list) -> None:
