@@ -114,6 +114,10 @@ def _check_multilabel(cfg: Any) -> None:
     if (cfg.trainer.get("distill") or {}).get("teacher"):
         raise ConfigError("trainer.distill.teacher is set but data.multilabel=true: distillation compares softmax "
                           "distributions over one class per image; set trainer.distill.teacher=null")
+    tta = cfg.get("tta") or {}
+    if tta.get("flip") or tta.get("crops", 1) > 1:
+        raise ConfigError("tta.flip/tta.crops average softmax outputs over the views, and data.multilabel=true scores "
+                          "each class with a sigmoid: set tta.flip=false tta.crops=1")
     for key, value in _monitors(cfg):
         if _TOPK_METRIC.fullmatch(str(value)):
             raise ConfigError(f"{key}={value} does not exist with data.multilabel=true (top-k accuracy needs one "

@@ -208,6 +208,45 @@ def test_config_rules_of_a_multilabel_run(overrides, message):
         validate_config(_config(*overrides), use="export")
 
 
+def test_test_time_augmentation_is_refused_for_multilabel():
+    from paddletrain.validation import validate_config
+
+    cfg = _config()
+    cfg = OmegaConf.merge(cfg, {"tta": {"flip": True}})
+    with pytest.raises(ConfigError, match="tta.flip/tta.crops average softmax outputs"):
+        validate_config(cfg, use="export")
+
+
+def test_validation_scores_are_gathered_from_ranks_of_unequal_size(monkeypatch):
+    """Two ranks simulated: this one holds 3 rows, the other 1; all_gather needs equal shapes, so both pad."""
+    from paddletrain import metrics_multilabel
+
+    other = paddle.to_tensor([[9.0, 8.0]])
+
+    def all_gather(out: list, tensor: paddle.Tensor) -> None:
+        if tensor.shape == [1]:  # the row counts
+            out.extend([tensor, paddle.to_tensor([other.shape[0]], dtype="int64")])
+            return
+        assert tensor.shape[0] >= other.shape[0]  # padded to the largest rank's rows
+        theirs = other.astype(tensor.dtype)
+        if tensor.shape[0] > other.shape[0]:
+            theirs = paddle.concat([theirs, paddle.zeros([tensor.shape[0] - other.shape[0], 2], tensor.dtype)])
+        out.extend([tensor, theirs])
+
+    monkeypatch.setattr(paddle.distributed, "all_gather", all_gather)
+    mine = paddle.to_tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    gathered = metrics_multilabel._all_gather_rows(mine)
+    assert gathered.numpy().tolist() == [[1, 2], [3, 4], [5, 6], [9, 8]]
+    other = paddle.to_tensor([[7.0, 7.0], [6.0, 6.0], [5.0, 5.0]])  # now this rank is the smaller: it pads itself
+    gathered = metrics_multilabel._all_gather_rows(paddle.to_tensor([[1.0, 2.0]]))
+    assert gathered.numpy().tolist() == [[1, 2], [7, 7], [6, 6], [5, 5]]
+    meter = MultiLabelMeter(2, world_size=2)
+    meter.update(paddle.to_tensor(0.5), paddle.to_tensor([[0.0, 0.0]]), paddle.to_tensor([[1.0, 0.0]]), 1)
+    other = paddle.to_tensor([[0.0, 1.0]])  # the other rank's targets; its logits are the same shape
+    scores, targets = meter._gathered()
+    assert scores.shape == (2, 2) and targets.tolist() == [[1, 0], [0, 1]]
+
+
 def test_a_multilabel_run_monitors_map_unless_told_otherwise():
     from paddletrain.build import monitored_metric, resolve_task
     from paddletrain.validation import validate_config
