@@ -184,14 +184,14 @@ def test_multilabel_parity_judges_decisions_at_the_threshold_and_the_uncentred_e
 
 
 # ---------------------------------------------------------------------------------------------- config rules
-def _config(*overrides: str):
+def _config(*overrides: str, command: str = "fit"):
     from hydra import compose, initialize_config_module
 
     from paddletrain.config import register_configs
 
     register_configs()
     with initialize_config_module("paddletrain.conf", version_base="1.3"):
-        return compose("fit", overrides=["data=labellist", "data.root=/tmp", "data.train_list=a.txt",
+        return compose(command, overrides=["data=labellist", "data.root=/tmp", "data.train_list=a.txt",
                                          "data.val_list=b.txt", "data.multilabel=true", *overrides])
 
 
@@ -211,8 +211,7 @@ def test_config_rules_of_a_multilabel_run(overrides, message):
 def test_test_time_augmentation_is_refused_for_multilabel():
     from paddletrain.validation import validate_config
 
-    cfg = _config()
-    cfg = OmegaConf.merge(cfg, {"tta": {"flip": True}})
+    cfg = _config("checkpoint=x", "tta.flip=true", command="evaluate")
     with pytest.raises(ConfigError, match="tta.flip/tta.crops average softmax outputs"):
         validate_config(cfg, use="export")
 
