@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +35,8 @@ from paddletrain.data.mixup import Mixup
 from paddletrain.data.unlabeled import with_unlabeled
 from paddletrain.distill import Distiller
 from paddletrain.errors import ConfigError, TrainingInterrupted, UserError
-from paddletrain.losses import build_loss
+from paddletrain.losses import LossFn, build_loss
+from paddletrain.metrics_multilabel import LossMeter, MultiLabelMeter
 from paddletrain.models import create_model
 from paddletrain.models.weights import describe
 from paddletrain.optim import build_optimizer, scaled_lr
@@ -48,7 +49,7 @@ from paddletrain.schedules import build_scheduler, optimizer_steps_per_epoch, sc
 from paddletrain.state_checks import check_state_matches
 from paddletrain.summary import write_summary
 from paddletrain.trainer import Trainer, count_batches
-from paddletrain.validation import validate_config
+from paddletrain.validation import DEFAULT_MONITOR, validate_config
 
 log = logging.getLogger("paddletrain")
 
@@ -88,6 +89,9 @@ def build_data(cfg: DictConfig, seed: int, rank: int = 0, world_size: int = 1, e
     if num_classes is not None and num_classes < len(splits.classes):
         raise UserError(f"model.num_classes={num_classes} is smaller than the {len(splits.classes)} classes "
                         f"of data.name={cfg.data.name}")
+    if num_classes is not None and cfg.data.multilabel and num_classes != len(splits.classes):
+        raise UserError(f"model.num_classes={num_classes} differs from the {len(splits.classes)} classes of the "
+                        "multi-label lists (data.multilabel=true: one logit per multi-hot column); leave it null")
     per_rank = -(-len(splits.train) // world_size)
     if cfg.data.drop_last and per_rank < cfg.data.batch_size:
         raise UserError(f"data.batch_size={cfg.data.batch_size} is larger than the {per_rank} training samples each "
@@ -181,18 +185,56 @@ def build_optimization(cfg: DictConfig, model: paddle.nn.Layer, train_loader: An
 
 
 def build_mixup(cfg: DictConfig, num_classes: int, seed: int, rank: int = 0) -> Mixup | None:
-    """Mixup/CutMix from ``data.mixup`` (None when off); its targets are smoothed by ``loss.label_smoothing``."""
-    return Mixup.from_config(cfg.data.mixup, num_classes, label_smoothing=cfg.loss.label_smoothing, seed=seed,
-                             rank=rank)
+    """Mixup/CutMix from ``data.mixup`` (None when off); its targets are smoothed by ``loss.label_smoothing``,
+    except multi-hot ones, which the multi-label loss smooths (:mod:`paddletrain.losses`)."""
+    smoothing = 0.0 if cfg.data.multilabel else cfg.loss.label_smoothing
+    return Mixup.from_config(cfg.data.mixup, num_classes, label_smoothing=smoothing, seed=seed, rank=rank)
 
 
-def build_loss_fn(cfg: DictConfig, data: DataBundle) -> Any:
-    """The configured ``loss``, with ``loss.class_weights`` resolved against the data's classes and counts."""
-    if cfg.loss.get("class_weights") == "balanced" and data.class_counts is None:
+def build_criterion(cfg: DictConfig, data: DataBundle | None = None) -> LossFn:
+    """The loss of ``loss`` for this run's task (multi-hot targets with ``data.multilabel``), with
+    ``loss.class_weights`` resolved against ``data``'s classes and training counts."""
+    if cfg.loss.get("class_weights") == "balanced" and (data is None or data.class_counts is None):
         raise ConfigError(f"loss.class_weights=balanced needs the label of every training sample, but "
                           f"data.name={cfg.data.name} exposes no `targets`: give loss.class_weights as a list")
-    return build_loss(cfg.loss, num_classes=cfg.model.num_classes or len(data.classes),
-                      class_counts=data.class_counts, classes=data.classes)
+    classes = data.classes if data is not None else None
+    return build_loss(cfg.loss, num_classes=cfg.model.num_classes or (len(classes) if classes else None),
+                      class_counts=data.class_counts if data is not None else None, classes=classes,
+                      multilabel=bool(cfg.data.multilabel))
+
+
+def build_meters(cfg: DictConfig, num_classes: int, world_size: int = 1) -> Callable[[str], Any] | None:
+    """The Trainer's meters for the task: None (its top-k default) for single-label data; for multi-label data the
+    loss alone in training and mAP / F1 at ``data.multilabel_threshold`` in validation, gathered from every rank."""
+    if not cfg.data.multilabel:
+        return None
+    threshold = float(cfg.data.multilabel_threshold)
+
+    def meters(stage: str) -> LossMeter | MultiLabelMeter:
+        return LossMeter(num_classes) if stage == "train" else MultiLabelMeter(num_classes, threshold, world_size)
+
+    return meters
+
+
+# The headline metric of a multi-label run, monitored when the config keeps the single-label default.
+MULTILABEL_MONITOR = "val/mAP"
+
+
+def monitored_metric(cfg: DictConfig) -> str:
+    """The metric the run monitors: ``monitor``, except that a multi-label run left at the single-label default
+    (``val/top1``, which it does not have) monitors ``val/mAP``."""
+    return MULTILABEL_MONITOR if cfg.data.multilabel and cfg.monitor == DEFAULT_MONITOR else cfg.monitor
+
+
+def resolve_task(cfg: DictConfig) -> DictConfig:
+    """``cfg`` with ``monitor`` set to :func:`monitored_metric`; the callbacks that follow ``${monitor}`` follow it."""
+    monitor = monitored_metric(cfg)
+    if monitor == cfg.monitor:
+        return cfg
+    resolved = copy.deepcopy(cfg)
+    resolved.monitor = monitor
+    log.info("monitor=%s (data.multilabel=true has no %s)", monitor, cfg.monitor)
+    return resolved
 
 
 def build_distiller(cfg: DictConfig, num_classes: int, in_chans: int, precision: Precision,
@@ -212,7 +254,7 @@ def build_distiller(cfg: DictConfig, num_classes: int, in_chans: int, precision:
         teacher = paddle.amp.decorate(models=teacher, level="O2", dtype=precision.dtype)
     log.info("Distilling from the teacher %s (%s), kind=%s", d.teacher, d.pretrained, d.kind)
     return Distiller(teacher, kind=d.kind, alpha=d.alpha, temperature=d.temperature,
-                     hard_loss=hard_loss or build_loss(cfg.loss), precision=precision)
+                     hard_loss=hard_loss or build_criterion(cfg), precision=precision)
 
 
 def build_precision(cfg: DictConfig, device: str) -> Precision:
@@ -298,7 +340,7 @@ def build_run(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = ()
     ``callbacks`` are added after the configured ones; ``trainer_cls`` replaces the Trainer (e.g. a subclass
     with its own ``training_step``).
     """
-    cfg = resolve_preprocessing(cfg)
+    cfg = resolve_task(resolve_preprocessing(cfg))
     t = cfg.trainer
     rank, world_size = distributed.rank(), distributed.world_size()
     configured = build_callbacks(cfg)  # their options are checked before any data or model work
@@ -316,10 +358,10 @@ def build_run(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = ()
         resume_from = load_resume_checkpoint(t.resume, run_dir, facts, config=resolved)
     precision = build_precision(cfg, runtime.device)
     num_classes = cfg.model.num_classes or len(data.classes)
-    loss_fn = build_loss_fn(cfg, data)
+    loss_fn = build_criterion(cfg, data)
     trainer = (trainer_cls or Trainer)(
         model, optimizer, scheduler=scheduler, rank=rank, world_size=world_size,
-        loss_fn=loss_fn, precision=precision,
+        loss_fn=loss_fn, precision=precision, meters=build_meters(cfg, num_classes, world_size),
         batch_transform=build_mixup(cfg, num_classes, seed=t.seed, rank=rank),
         distiller=build_distiller(cfg, num_classes, data.in_chans, precision, hard_loss=loss_fn),
         callbacks=[*configured, *callbacks],

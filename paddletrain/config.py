@@ -174,8 +174,12 @@ class DataConfig:
     train_list: str | None = None
     val_list: str | None = None
     delimiter: str = " "
-    # labellist: PaddleClas's multi-label lines, '<path><TAB><0/1 per class, comma-separated>'.
+    # labellist: PaddleClas's multi-label lines, '<path><TAB><0/1 per class, comma-separated>': a sigmoid per class
+    # (loss binary_cross_entropy unless loss.name says otherwise), metrics val/mAP and F1, monitor val/mAP.
     multilabel: bool = False
+    # data.multilabel: a class is predicted when its sigmoid score is above this (F1/precision/recall, export,
+    # predict).
+    multilabel_threshold: float = allowed(0.5, gt=0, lt=1)
     # labellist: a bad line refuses the list ("error") or is skipped with a warning ("skip").
     bad_lines: str = allowed("error", choices=("error", "skip"))
     # image_size, interpolation, mean, std: null = from the pretrained weights (model.pretrained), else these
@@ -281,8 +285,9 @@ class AmpConfig:
 @dataclass
 class LossConfig:
     # A name registered in paddletrain.registries.LOSSES: cross_entropy, soft_target_cross_entropy,
-    # binary_cross_entropy, focal, or a plugin's.
-    name: str = "cross_entropy"
+    # binary_cross_entropy, focal, or a plugin's. None: the task's loss, cross_entropy (binary_cross_entropy with
+    # data.multilabel=true).
+    name: str | None = None
     # Label smoothing of hard labels (soft targets are smoothed where they are mixed).
     label_smoothing: float = allowed(0.0, ge=0, lt=1)
     # binary_cross_entropy only: targets above this become 1, the others 0 (timm's --bce-target-thresh).

@@ -22,12 +22,20 @@ import paddle
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from paddletrain.build import build_data, checkpoint_config, checkpoint_model, resolve_preprocessing
+from paddletrain.build import (
+    build_criterion,
+    build_data,
+    build_meters,
+    checkpoint_config,
+    checkpoint_model,
+    resolve_preprocessing,
+)
 from paddletrain.checkpoint import Checkpoint, load_checkpoint
 from paddletrain.checkpoint.locate import locate_checkpoint
 from paddletrain.config import register_configs
 from paddletrain.data.transforms import eval_image_size
 from paddletrain.errors import ExitCode, UserError
+from paddletrain.metrics_multilabel import MultiLabelReport
 from paddletrain.registry import prepare
 from paddletrain.runtime import seed_everything, setup_runtime
 from paddletrain.trainer import Trainer
@@ -49,19 +57,29 @@ def evaluate(cfg: DictConfig, checkpoint: Checkpoint) -> dict[str, float]:
                              source=f"checkpoint={checkpoint.path}")
     if tta.get("flip") or tta.get("crops", 1) > 1:  # test-time augmentation (paddletrain.tta)
         model = TestTimeAugmentation(model, flip=tta.flip, crops=tta.crops, crop_size=eval_image_size(cfg.data))
+    # The training run's loss (val/loss as fit reports it) and the task's meters.
     trainer = Trainer(model, paddle.optimizer.SGD(parameters=model.parameters()), num_classes=len(data.classes),
-                      limit_val_batches=cfg.trainer.limit_val_batches, class_names=data.classes)
+                      limit_val_batches=cfg.trainer.limit_val_batches, loss_fn=build_criterion(cfg, data),
+                      meters=build_meters(cfg, len(data.classes)), class_names=data.classes)
     metrics = trainer.validate(data.val_loader)
     line = " ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items()))
     log.info("Evaluation of %s: %s", checkpoint.path, line)
-    report = trainer.val_report
-    details = {}
-    if report is not None:
-        for row in report.table():
-            log.info("%s", row)
-        details = {f"val/{key}": value for key, value in report.to_dict().items()}
-    print(json.dumps({"checkpoint": str(checkpoint.path), **metrics, **details}))
+    print(json.dumps({"checkpoint": str(checkpoint.path), **metrics, **_per_class(trainer, data.classes)}))
     return metrics
+
+
+def _per_class(trainer: Trainer, classes: list[str]) -> dict:
+    """Log the last validation's per-class table; its entries for the JSON line (``val/per_class``, and for a
+    single-label run ``val/classes`` and ``val/confusion_matrix``, as in ``summary.json``)."""
+    multilabel = getattr(trainer.val_meter, "report", None)
+    if isinstance(multilabel, MultiLabelReport):
+        log.info("Per class (threshold %g):\n%s", multilabel.threshold, "\n".join(multilabel.table(classes)))
+        return {"val/per_class": multilabel.rows(classes)}
+    if trainer.val_report is None:
+        return {}
+    for row in trainer.val_report.table():
+        log.info("%s", row)
+    return {f"val/{key}": value for key, value in trainer.val_report.to_dict().items()}
 
 
 register_configs()

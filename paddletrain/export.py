@@ -75,7 +75,8 @@ EXIT_PARITY_FAILED = ExitCode.BAD_RESULT
 UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
 TOLERANCE = {"fp32": 1e-3, **{name: 32 * u for name, u in UNIT_ROUNDOFF.items()}}
 # A top-1 disagreement is a flip (a failure) only when the reference's top-2 margin exceeds this many tolerated
-# per-logit errors: each of the two logits may move by 3 of them before the order is in doubt.
+# per-logit errors: each of the two logits may move by 3 of them before the order is in doubt. A multi-label
+# decision (one logit against the fixed threshold) is a flip when that logit is more than half of it away.
 FLIP_MARGIN = 6.0
 
 
@@ -99,26 +100,39 @@ class ExportConfig(RuntimeConfig):
 
 @dataclass
 class ParityReport:
-    """How the exported model and the dygraph model compare on the same inputs."""
+    """How the exported model and the dygraph model compare on the same inputs.
+
+    A single-label (softmax) model is judged by its top-1 class; a multi-label (sigmoid) one by its per-class
+    decisions at ``threshold`` (top-1 means nothing there), and its logits are then compared uncentred, since
+    a sigmoid, unlike a softmax, sees a shift.
+    """
 
     num_images: int
-    # ||exported - reference|| / ||reference||, each image's logits centred first.
+    # ||exported - reference|| / ||reference||, each image's logits centred first (single-label).
     relative_error: float
     # The largest relative error allowed (see TOLERANCE).
     tolerance: float
     max_abs_diff: float
-    top1_agreement: float
+    top1_agreement: float | None = None
     # Top-1 disagreements where the reference's top-2 margin is clear (see FLIP_MARGIN): a real flip, not a tie.
-    top1_flips: int
+    top1_flips: int | None = None
     preprocess_max_diff: float | None = None
     passed: bool = False
+    # Multi-label: the sigmoid threshold, the share of (image, class) decisions that agree, and the clear flips.
+    threshold: float | None = None
+    decision_agreement: float | None = None
+    decision_flips: int | None = None
 
     def __str__(self) -> str:
         prep = "" if self.preprocess_max_diff is None else f", preprocess.json vs eval transform max diff " \
                                                           f"{self.preprocess_max_diff:.2e}"
+        if self.threshold is None:
+            agreement = f"top-1 agreement {self.top1_agreement:.1%}, {self.top1_flips} clear flip(s)"
+        else:
+            agreement = (f"decision agreement at threshold {self.threshold:g} {self.decision_agreement:.1%}, "
+                         f"{self.decision_flips} clear flip(s)")
         return (f"parity on {self.num_images} images: relative logit error {self.relative_error:.2e} "
-                f"(tolerance {self.tolerance:.2e}, max |diff| {self.max_abs_diff:.2e}), top-1 agreement "
-                f"{self.top1_agreement:.1%}, {self.top1_flips} clear flip(s){prep} -> "
+                f"(tolerance {self.tolerance:.2e}, max |diff| {self.max_abs_diff:.2e}), {agreement}{prep} -> "
                 f"{'PASS' if self.passed else 'FAIL'}")
 
 
@@ -168,7 +182,7 @@ def _require_runnable_precision(precision: str) -> None:
 
 def export_model(model: paddle.nn.Layer, out_dir: str | Path, input_size: tuple[int, int, int] = (3, 224, 224),
                  batch: int | None = None, precision: str = "fp32", preprocessing: dict | None = None,
-                 labels: list[str] | None = None) -> Path:
+                 labels: list[str] | None = None, multilabel_threshold: float | None = None) -> Path:
     """Trace ``model`` in eval mode and save it for Paddle Inference, plus ``preprocess.json``.
 
     Args:
@@ -183,6 +197,8 @@ def export_model(model: paddle.nn.Layer, out_dir: str | Path, input_size: tuple[
         preprocessing: eval preprocessing as from ``paddletrain.data.preprocessing_info``; without it the
             export holds the model only and ``paddletrain.predict`` cannot decode images for it.
         labels: class names in output order.
+        multilabel_threshold: a multi-label (sigmoid) model's decision threshold, recorded as ``"multilabel":
+            true`` and ``"threshold"`` so ``paddletrain.predict`` decodes its outputs without being told.
 
     Returns:
         ``out_dir`` as a Path.
@@ -217,16 +233,22 @@ def export_model(model: paddle.nn.Layer, out_dir: str | Path, input_size: tuple[
         "labels": list(labels) if labels is not None else None,
         "paddle_version": paddle.__version__,
     }
+    if multilabel_threshold is not None:  # single-label exports stay as they were: readers default to softmax
+        meta.update(multilabel=True, threshold=float(multilabel_threshold))
     (out / PREPROCESS_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return out
 
 
-def compare_logits(exported: np.ndarray, reference: np.ndarray, tolerance: float) -> ParityReport:
+def compare_logits(exported: np.ndarray, reference: np.ndarray, tolerance: float,
+                   threshold: float | None = None) -> ParityReport:
     """Judge ``exported`` logits against ``reference`` ones (both ``[images, classes]``).
 
     Passes when the relative RMS error of the centred logits is at most ``tolerance`` and no image whose
     reference top-1 is clear (top-2 margin above ``FLIP_MARGIN`` tolerated per-logit errors) changes its top-1.
+    A multi-label model (``threshold``: its sigmoid threshold) is judged by :func:`compare_multilabel_logits`.
     """
+    if threshold is not None:
+        return compare_multilabel_logits(exported, reference, tolerance, threshold)
     exported = np.asarray(exported, np.float64)
     reference = np.asarray(reference, np.float64)
     centred = reference - reference.mean(axis=1, keepdims=True)
@@ -247,6 +269,29 @@ def compare_logits(exported: np.ndarray, reference: np.ndarray, tolerance: float
                         top1_flips=flips, passed=bool(relative <= tolerance and flips == 0))
 
 
+def compare_multilabel_logits(exported: np.ndarray, reference: np.ndarray, tolerance: float,
+                              threshold: float) -> ParityReport:
+    """Judge a multi-label model's ``exported`` logits against ``reference`` ones (both ``[images, classes]``).
+
+    Passes when the relative RMS error of the logits (not centred: a sigmoid sees a shift) is at most
+    ``tolerance`` and no clear decision changes: an (image, class) whose reference logit is more than
+    ``FLIP_MARGIN / 2`` tolerated per-logit errors away from the threshold's logit must land on the same side.
+    """
+    exported = np.asarray(exported, np.float64)
+    reference = np.asarray(reference, np.float64)
+    error = exported - reference
+    relative = float(np.linalg.norm(error) / max(float(np.linalg.norm(reference)), 1e-6 * np.sqrt(error.size)))
+    boundary = np.log(threshold / (1.0 - threshold))  # sigmoid(logit) > threshold  <=>  logit > boundary
+    agree = (exported > boundary) == (reference > boundary)
+    allowed_per_logit = tolerance * np.sqrt((reference ** 2).mean(axis=1, keepdims=True))
+    clear = np.abs(reference - boundary) > FLIP_MARGIN / 2 * allowed_per_logit
+    flips = int(np.sum(~agree & clear))
+    return ParityReport(num_images=len(reference), relative_error=relative, tolerance=tolerance,
+                        max_abs_diff=float(np.abs(error).max()), threshold=float(threshold),
+                        decision_agreement=float(agree.mean()), decision_flips=flips,
+                        passed=bool(relative <= tolerance and flips == 0))
+
+
 def reference_logits(model: paddle.nn.Layer, inputs: np.ndarray) -> np.ndarray:
     """``model``'s logits in eval mode, without autograd."""
     model.eval()
@@ -254,9 +299,11 @@ def reference_logits(model: paddle.nn.Layer, inputs: np.ndarray) -> np.ndarray:
         return model(paddle.to_tensor(inputs)).numpy().astype(np.float32)
 
 
-def check_parity(predictor: Predictor, model: paddle.nn.Layer, inputs: np.ndarray, tolerance: float) -> ParityReport:
-    """Compare the exported model (``predictor``) with ``model`` in eval mode on ``inputs`` (NCHW float32)."""
-    return compare_logits(predictor.predict(inputs), reference_logits(model, inputs), tolerance)
+def check_parity(predictor: Predictor, model: paddle.nn.Layer, inputs: np.ndarray, tolerance: float,
+                 threshold: float | None = None) -> ParityReport:
+    """Compare the exported model (``predictor``) with ``model`` in eval mode on ``inputs`` (NCHW float32);
+    ``threshold`` for a multi-label model (see :func:`compare_logits`)."""
+    return compare_logits(predictor.predict(inputs), reference_logits(model, inputs), tolerance, threshold)
 
 
 def export_onnx(model_dir: str | Path, opset: int = ONNX_OPSET) -> Path:
@@ -324,7 +371,7 @@ def require_paddle2onnx() -> Any:
 
 
 def onnx_parity(onnx_file: Path, inputs: np.ndarray, reference: np.ndarray, tolerance: float,
-                cpu_threads: int | None = None) -> ParityReport:
+                cpu_threads: int | None = None, threshold: float | None = None) -> ParityReport:
     """Run ``onnx_file`` in onnxruntime (as ``paddletrain.predict`` does) and compare with the reference logits."""
     try:
         predictor = OnnxPredictor(onnx_file, device="cpu", cpu_threads=cpu_threads)
@@ -333,7 +380,7 @@ def onnx_parity(onnx_file: Path, inputs: np.ndarray, reference: np.ndarray, tole
             raise
         raise UserError("the ONNX parity check needs onnxruntime: pip install onnxruntime, or pass check=false "
                         "to skip it (the Paddle model is still verified)") from None
-    return compare_logits(predictor.predict(inputs), reference, tolerance)
+    return compare_logits(predictor.predict(inputs), reference, tolerance, threshold)
 
 
 def _check_images(splits: Any, eval_transform: Any, preprocessing: Preprocessing,
@@ -360,6 +407,8 @@ class _Rebuilt:
     splits: Any
     eval_transform: Any
     preprocessing: dict
+    # A multi-label model's decision threshold (data.multilabel_threshold); None for a single-label one.
+    multilabel_threshold: float | None = None
 
 
 def _rebuild(checkpoint_spec: str | Path, data_root: str | None, imports: Sequence[str] = ()) -> _Rebuilt:
@@ -384,7 +433,9 @@ def _rebuild(checkpoint_spec: str | Path, data_root: str | None, imports: Sequen
         log.info("model.data_format=%s: exporting the NCHW layout of the same weights", cfg.model.data_format)
         exportable = checkpoint_model(OmegaConf.merge(cfg, {"model": {"data_format": "NCHW"}}), checkpoint.state,
                                       len(splits.classes), splits.in_chans, source)
-    return _Rebuilt(model, exportable, splits, eval_tf, preprocessing_info(cfg.data, in_chans=splits.in_chans))
+    threshold = float(cfg.data.multilabel_threshold) if cfg.data.get("multilabel") else None
+    return _Rebuilt(model, exportable, splits, eval_tf, preprocessing_info(cfg.data, in_chans=splits.in_chans),
+                    threshold)
 
 
 def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path, format: str = "paddle",
@@ -412,7 +463,8 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path, format: s
     rebuilt = _rebuild(checkpoint_dir, data_root, imports)
     labels = list(rebuilt.splits.classes)
     out = export_model(rebuilt.exportable, out_dir, input_size=tuple(rebuilt.preprocessing["input_size"]),
-                       batch=fixed_batch, precision=precision, preprocessing=rebuilt.preprocessing, labels=labels)
+                       batch=fixed_batch, precision=precision, preprocessing=rebuilt.preprocessing, labels=labels,
+                       multilabel_threshold=rebuilt.multilabel_threshold)
     files = sorted(p for p in out.iterdir() if p.name.startswith(MODEL_PREFIX) or p.name == PREPROCESS_FILE)
     result = ExportResult(out_dir=out, format=format, files=files, labels=labels)
 
@@ -422,7 +474,8 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path, format: s
                               precision=precision)
         inputs, prep_diff = _check_images(rebuilt.splits, rebuilt.eval_transform, predictor.preprocessing,
                                           num_check_images)
-        result.parity = check_parity(predictor, rebuilt.model, inputs, TOLERANCE[precision])
+        result.parity = check_parity(predictor, rebuilt.model, inputs, TOLERANCE[precision],
+                                     rebuilt.multilabel_threshold)
         result.parity.preprocess_max_diff = prep_diff
         # The exported preprocessing must reproduce the eval transform exactly: same PIL ops, same order.
         result.parity.passed = result.parity.passed and prep_diff <= 1e-6
@@ -433,7 +486,7 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path, format: s
         result.files.append(onnx_file)
         if check and result.passed:
             result.onnx_parity = onnx_parity(onnx_file, inputs, reference_logits(rebuilt.model, inputs),
-                                             TOLERANCE["fp32"], cpu_threads)
+                                             TOLERANCE["fp32"], cpu_threads, rebuilt.multilabel_threshold)
             (log.info if result.onnx_parity.passed else log.error)("ONNX %s", result.onnx_parity)
             result.parity.passed = result.onnx_parity.passed
     return result

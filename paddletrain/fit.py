@@ -35,7 +35,7 @@ from omegaconf import DictConfig  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 from paddletrain import distributed  # noqa: E402
-from paddletrain.build import saves_checkpoints, train  # noqa: E402
+from paddletrain.build import monitored_metric, saves_checkpoints, train  # noqa: E402
 from paddletrain.cli import continue_command, hydra_error_line  # noqa: E402
 from paddletrain.config import register_configs  # noqa: E402
 from paddletrain.errors import ExitCode, NonFiniteLossError, TrainingInterrupted, UserError  # noqa: E402
@@ -99,7 +99,7 @@ def main(cfg: DictConfig) -> float | None:
     except (Exception, KeyboardInterrupt) as exc:  # KeyboardInterrupt: SIGINT while someone else's handler ruled
         end_with(exc, cfg, run_dir)
     distributed.report_outcome(ExitCode.OK, "finished")
-    return metrics.get(cfg.monitor)
+    return metrics.get(monitored_metric(cfg))
 
 
 def end_with(exc: BaseException, cfg: DictConfig, run_dir: Path) -> NoReturn:

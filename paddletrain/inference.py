@@ -153,6 +153,31 @@ def _resolve_device(device: str) -> str:
     return ("gpu" if has_gpu else "cpu") if device == "auto" else device
 
 
+def read_task(meta: dict[str, Any], path: Path) -> tuple[bool, float | None]:
+    """``(multilabel, threshold)`` from ``preprocess.json``: a multi-label (sigmoid) export records both; an export
+    without them is single-label (softmax)."""
+    multilabel = meta.get("multilabel", False)
+    if not isinstance(multilabel, bool):
+        raise UserError(f"{path}: multilabel must be true or false, got {multilabel!r}")
+    if not multilabel:
+        return False, None
+    threshold = meta.get("threshold")
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold < 1:
+        raise UserError(f"{path}: a multi-label export needs a threshold between 0 and 1, got {threshold!r}")
+    return True, float(threshold)
+
+
+def sigmoid(logits: np.ndarray) -> np.ndarray:
+    """Element-wise logistic function, stable for large logits of either sign."""
+    logits = np.asarray(logits, np.float64)
+    out = np.empty_like(logits)
+    positive = logits >= 0
+    out[positive] = 1.0 / (1.0 + np.exp(-logits[positive]))
+    exp = np.exp(logits[~positive])
+    out[~positive] = exp / (1.0 + exp)
+    return out
+
+
 @dataclass
 class _Runtime:
     device: str
@@ -182,6 +207,7 @@ class ExportedModel:
         if saved is not None and not (isinstance(saved, list) and all(isinstance(name, str) for name in saved)):
             raise UserError(f"{self.model_dir / PREPROCESS_FILE}: labels must be a list of class names")
         self.labels: list[str] | None = read_labels(labels) if labels is not None else (saved or None)
+        self.multilabel, self.threshold = read_task(self.metadata, self.model_dir / PREPROCESS_FILE)
         self._labels_source = str(labels) if labels is not None else str(self.model_dir / PREPROCESS_FILE)
         has_preprocessing = "resize_mode" in self.metadata
         self.preprocessing: Preprocessing | None = Preprocessing(self.metadata) if has_preprocessing else None
@@ -203,7 +229,8 @@ class ExportedModel:
         return self.num_outputs
 
     def predict(self, batch: np.ndarray, probs: bool = False) -> np.ndarray:
-        """Logits (or softmax probabilities with ``probs=True``) for an ``(N, C, H, W)`` float32 batch.
+        """Logits (or probabilities with ``probs=True``: softmax, or each class's sigmoid for a multi-label
+        export) for an ``(N, C, H, W)`` float32 batch.
 
         Any N works: an export with a fixed batch size gets the batch split and zero-padded to that size.
         """
@@ -218,7 +245,9 @@ class ExportedModel:
                                      for i in range(0, len(batch), self.fixed_batch)])
         else:
             logits = self._run(batch)
-        return softmax(logits) if probs else logits
+        if not probs:
+            return logits
+        return sigmoid(logits).astype(np.float32) if self.multilabel else softmax(logits)
 
     def _run_padded(self, chunk: np.ndarray) -> np.ndarray:
         missing = self.fixed_batch - len(chunk)

@@ -27,6 +27,15 @@ the ratios of the weights matter and weights of 1 give the unweighted loss:
 
 Focal loss: ``-sum_c q_c (1 - p_c)^gamma log p_c`` per sample, which for a hard label ``y`` is the paper's
 ``-(1 - p_y)^gamma log p_y``; its ``alpha_t`` are the class weights; ``gamma = 0`` is cross-entropy.
+
+Left null, ``loss.name`` is the task's loss (:func:`loss_name`): ``cross_entropy``, or ``binary_cross_entropy``
+for multi-label data.
+
+Multi-label targets are multi-hot rows (or Mixup/CutMix mixtures of them). Each class is then a binary problem of
+its own, so label smoothing gives each one the two-class smoothing ``y * (1 - eps) + eps / 2`` (Keras's
+``BinaryCrossentropy(label_smoothing=eps)`` definition). The multi-label loss applies it to whatever targets it
+gets: smoothing is linear, so smoothing a mixture equals mixing smoothed targets, and Mixup leaves multi-hot
+targets unsmoothed (:func:`smooth_multi_hot` is the one definition).
 """
 from __future__ import annotations
 
@@ -70,6 +79,12 @@ def one_hot(labels: paddle.Tensor, num_classes: int, smoothing: float = 0.0) -> 
     if smoothing:
         hot = hot * (1.0 - smoothing) + smoothing / num_classes
     return hot
+
+
+def smooth_multi_hot(targets: paddle.Tensor, smoothing: float) -> paddle.Tensor:
+    """Float32 multi-hot (or mixed) targets smoothed per class towards 1/2: ``y * (1 - smoothing) + smoothing / 2``."""
+    targets = targets.astype("float32")
+    return targets * (1.0 - smoothing) + smoothing / 2 if smoothing else targets
 
 
 def _check_fraction(key: str, value: float) -> None:
@@ -143,17 +158,25 @@ def binary_cross_entropy(
     target_threshold: float | None = None,
     sum_classes: bool = False,
     class_weights: paddle.Tensor | None = None,
+    multilabel: bool = False,
 ) -> paddle.Tensor:
     """One-vs-all sigmoid cross-entropy per class (timm's ``BinaryCrossEntropy``, "ResNet strikes back").
 
     Hard labels become one-hot targets smoothed to ``label_smoothing / C`` off and ``1 - label_smoothing +
-    label_smoothing / C`` on; soft targets are used as given. With ``target_threshold`` every target above it
-    becomes 1 and the rest 0 (so both classes of a Mixup/CutMix pair count as present). The per-element loss
-    is averaged over batch and classes (timm's default), or summed over classes and averaged over the batch
-    with ``sum_classes``. ``class_weights`` (``[classes]``) multiply each class's term by ``w_c / mean(w)``.
+    label_smoothing / C`` on; soft targets are used as given. ``multilabel``: targets are multi-hot rows or
+    mixtures of them, each smoothed by :func:`smooth_multi_hot`. With ``target_threshold`` every target (after
+    smoothing, as timm does) above it becomes 1 and the rest 0 (so both classes of a Mixup/CutMix pair count as
+    present). The per-element loss is averaged over batch and classes (timm's default), or summed over classes
+    and averaged over the batch with ``sum_classes``. ``class_weights`` (``[classes]``) multiply each class's term
+    by ``w_c / mean(w)``.
     """
     logits = logits.astype("float32")
-    if is_soft(logits, targets):
+    if multilabel:
+        if not is_soft(logits, targets):
+            raise ValueError(f"multi-label targets must be float [batch, classes] rows, got shape "
+                             f"{list(targets.shape)} ({targets.dtype})")
+        targets = smooth_multi_hot(targets, label_smoothing)
+    elif is_soft(logits, targets):
         targets = targets.astype("float32")
     else:
         targets = one_hot(targets, logits.shape[-1], label_smoothing)
@@ -252,8 +275,10 @@ def build_cross_entropy(cfg: LossConfig, class_weights: np.ndarray | None = None
 
 
 @LOSSES.register("binary_cross_entropy")
-def build_binary_cross_entropy(cfg: LossConfig, class_weights: np.ndarray | None = None) -> LossFn:
-    """timm's BCE: ``loss.label_smoothing``, ``loss.target_threshold``, ``loss.bce_sum``."""
+def build_binary_cross_entropy(cfg: LossConfig, class_weights: np.ndarray | None = None,
+                               multilabel: bool = False) -> LossFn:
+    """timm's BCE: ``loss.label_smoothing``, ``loss.target_threshold``, ``loss.bce_sum``; ``multilabel`` for
+    multi-hot targets (see :func:`binary_cross_entropy`)."""
     _check_fraction("loss.label_smoothing", cfg.label_smoothing)
     if cfg.target_threshold is not None:
         _check_fraction("loss.target_threshold", cfg.target_threshold)
@@ -263,6 +288,7 @@ def build_binary_cross_entropy(cfg: LossConfig, class_weights: np.ndarray | None
         target_threshold=None if cfg.target_threshold is None else float(cfg.target_threshold),
         sum_classes=bool(cfg.bce_sum),
         class_weights=_weights_tensor(class_weights),
+        multilabel=bool(multilabel),
     )
 
 
@@ -278,23 +304,46 @@ def build_focal(cfg: LossConfig, class_weights: np.ndarray | None = None) -> Los
                              class_weights=_weights_tensor(class_weights))
 
 
+# Losses of one class per sample (softmax): multi-label data cannot train with them.
+SINGLE_LABEL_LOSSES = ("cross_entropy", "soft_target_cross_entropy", "focal")
+
+
+def loss_name(name: str | None, multilabel: bool = False) -> str:
+    """The registered name ``loss.name`` selects: itself, or when null the task's loss (``binary_cross_entropy``
+    for multi-label data, else ``cross_entropy``).
+
+    Raises:
+        ConfigError: a single-label (softmax) loss chosen for multi-label data.
+    """
+    if name is None:
+        return "binary_cross_entropy" if multilabel else "cross_entropy"
+    name = str(name).lower()
+    if multilabel and name in SINGLE_LABEL_LOSSES:
+        raise ConfigError(f"loss.name={name} is a single-label (softmax) loss but data.multilabel=true: use "
+                          "loss.name=binary_cross_entropy, or leave loss.name unset for the task's loss")
+    return name
+
+
 def build_loss(cfg: LossConfig, num_classes: int | None = None,
                class_counts: Sequence[int] | np.ndarray | None = None,
-               classes: Sequence[str] | None = None) -> LossFn:
-    """The loss registered as ``cfg.name`` (case-insensitive), built from ``cfg``.
+               classes: Sequence[str] | None = None, multilabel: bool = False) -> LossFn:
+    """The loss :func:`loss_name` selects (registered names are case-insensitive), built from ``cfg``.
 
     With ``loss.class_weights`` set, the factory also gets ``class_weights`` (:func:`resolve_class_weights`:
     ``balanced`` needs ``class_counts``, the training split's samples per class, named by ``classes``).
+    ``multilabel``: the targets are multi-hot rows; the built-in BCE then smooths them per class, a plugin's loss
+    gets them as they are.
     """
-    name = str(cfg.name).lower()
+    name = loss_name(cfg.name, multilabel)
     factory = LOSSES.get(name)
+    options = {"multilabel": True} if multilabel and name == "binary_cross_entropy" else {}
     setting = getattr(cfg, "class_weights", None)
     if setting is None:
-        return factory(cfg)
+        return factory(cfg, **options)
     if not takes_class_weights(factory):
         raise ConfigError(f"{CLASS_WEIGHTS_KEY} is not supported by loss.name={name} (its factory takes no "
                           "class_weights)")
     weights = resolve_class_weights(setting, num_classes, class_counts, classes)
     shown = ", ".join(f"{w:.4g}" for w in weights[:10]) + (", ..." if len(weights) > 10 else "")
     log.info("%s=%s: %s", CLASS_WEIGHTS_KEY, setting if isinstance(setting, str) else "list", shown)
-    return factory(cfg, class_weights=weights)
+    return factory(cfg, class_weights=weights, **options)

@@ -16,7 +16,10 @@ with the parity check into this run's directory and predicts with that.
 
 Worker processes decode and preprocess (with the export's own ``preprocess.json``) while the main process
 runs the predictor, with a bounded number of batches in flight. Each image gives one line
-``{"path", "labels", "scores", "class_ids"}`` (top-k, softmax scores) on ``output`` or stdout. An unreadable
+``{"path", "labels", "scores", "class_ids"}`` (top-k, softmax scores) on ``output`` or stdout. A multi-label export
+(``"multilabel": true`` in its ``preprocess.json``) gives instead the classes whose sigmoid score is above the
+export's threshold (``threshold=`` overrides it) as ``labels``/``scores``/``class_ids``, best first, plus the top-k
+sigmoid scores as ``topk_labels``/``topk_scores``/``topk_class_ids``. An unreadable
 image is logged with its reason and skipped. Exit status: 0 when every image was predicted, 3 when some
 failed (the summary says how many), 2 for a usage error (bad model_dir, no input files, bad option).
 """
@@ -28,7 +31,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +46,18 @@ from tqdm import tqdm
 from paddletrain.config import RuntimeConfig, allowed, check_field, check_values, cli_schema
 from paddletrain.decoding import decoded_batches
 from paddletrain.errors import ExitCode, UserError
-from paddletrain.inference import BACKENDS, PRECISIONS, ExportedModel, label_names, load_predictor, softmax
+from paddletrain.inference import (
+    BACKENDS,
+    PRECISIONS,
+    PREPROCESS_FILE,
+    ExportedModel,
+    label_names,
+    load_predictor,
+    read_metadata,
+    read_task,
+    sigmoid,
+    softmax,
+)
 from paddletrain.registry import prepare
 
 log = logging.getLogger("paddletrain")
@@ -70,7 +84,8 @@ class PredictConfig(RuntimeConfig):
     input: str = MISSING
     # With a label list as input (training's data.train_list/val_list format: '<path><delimiter><class index>'
     # lines, or a .csv with a path,label header): the folder its paths are relative to (training's data.root).
-    # The list is checked as training checks it, and each output line gets the list's class index as "target".
+    # The list is checked as training checks it, and each output line gets the list's class index as "target"
+    # (a multi-label export reads multi-label lists, '<path><TAB>0,1,0,...', and "target" lists the class indices).
     data_root: str | None = None
     delimiter: str = " "
     batch_size: int = allowed(32, ge=1)
@@ -80,6 +95,9 @@ class PredictConfig(RuntimeConfig):
     # JSON-lines file; None = stdout. Never one of the inputs, nor an image file inside the input folder.
     output: str | None = None
     topk: int = allowed(5, ge=1)
+    # Multi-label exports: a class is predicted when its sigmoid score is above this; None = the export's
+    # threshold (training's data.multilabel_threshold).
+    threshold: float | None = allowed(None, gt=0, lt=1)
     use_mkldnn: bool = True
     # None = what the export recorded.
     precision: str | None = allowed(None, choices=PRECISIONS)
@@ -220,18 +238,52 @@ def topk_lines(paths: Sequence[str], logits: np.ndarray, labels: list[str] | Non
         yield json.dumps(line)
 
 
-def read_labelled_inputs(spec: str, data_root: str, delimiter: str = " ") -> dict[str, int]:
-    """The images of the label list ``spec`` (paths relative to ``data_root``) and their class indices, checked
-    as training checks its lists (:func:`paddletrain.data.labellist.read_label_list`)."""
+def multilabel_lines(paths: Sequence[str], logits: np.ndarray, labels: list[str] | None, k: int, threshold: float,
+                     targets: dict[str, list[int]] | None = None) -> Iterator[str]:
+    """One JSON line per image of a multi-label model: the classes whose sigmoid score is above ``threshold``
+    (``labels``, ``scores``, ``class_ids``, best first), the top-``k`` sigmoid scores (``topk_labels``,
+    ``topk_scores``, ``topk_class_ids``), and its ``target`` class indices when ``targets`` has its path."""
+    probs = sigmoid(logits)
+    k = min(k, probs.shape[1])
+    ranked = np.argsort(-probs, axis=1, kind="stable")
+    for path, order, row in zip(paths, ranked, probs, strict=True):
+        chosen = [int(i) for i in order if row[i] > threshold]
+        top = order[:k].tolist()
+        line = {"path": path, "labels": label_names(labels, chosen),
+                "scores": [round(float(row[i]), 6) for i in chosen], "class_ids": chosen,
+                "topk_labels": label_names(labels, top),
+                "topk_scores": [round(float(row[i]), 6) for i in top], "topk_class_ids": top}
+        if targets is not None:
+            line["target"] = targets[path]
+        yield json.dumps(line)
+
+
+def read_labelled_inputs(spec: str, data_root: str, delimiter: str = " ",
+                         multilabel: bool = False) -> dict[str, int] | dict[str, list[int]]:
+    """The images of the label list ``spec`` (paths relative to ``data_root``) and their class indices (a list of
+    them per image for a ``multilabel`` list), checked as training checks its lists
+    (:func:`paddletrain.data.labellist.read_label_list`)."""
     from paddletrain.data.labellist import read_label_list  # on use: importing predict must not load Paddle
 
-    index = read_label_list(spec, data_root, key="input", delimiter=delimiter).index
+    index = read_label_list(spec, data_root, key="input", delimiter=delimiter, multilabel=multilabel).index
+    if multilabel:
+        return {index.path(i): np.flatnonzero(row).tolist() for i, row in enumerate(index.labels)}
     return {index.path(i): int(label) for i, label in enumerate(index.labels)}
+
+
+def exported_multilabel(model: str | Path) -> bool:
+    """Whether the export ``model`` (a directory or its ``.onnx`` file) records a multi-label model; False when it
+    has no ``preprocess.json`` (loading it reports that)."""
+    folder = Path(model) if Path(model).is_dir() else Path(model).parent
+    if not (folder / PREPROCESS_FILE).is_file():
+        return False
+    return read_task(read_metadata(folder), folder / PREPROCESS_FILE)[0]
 
 
 def predict_files(predictor: ExportedModel, paths: Sequence[str], batch_size: int = 32,
                   num_workers: int | None = None, topk: int = 5, output: None | str | Path | IO[str] = None,
-                  progress: bool = True, targets: dict[str, int] | None = None) -> PredictSummary:
+                  progress: bool = True, targets: dict[str, int] | dict[str, list[int]] | None = None,
+                  threshold: float | None = None) -> PredictSummary:
     """Predict every image of ``paths`` with ``predictor`` and write one JSON line per image.
 
     Args:
@@ -243,13 +295,17 @@ def predict_files(predictor: ExportedModel, paths: Sequence[str], batch_size: in
         topk: labels per image.
         output: a file path or an open text stream; None = stdout.
         progress: show a tqdm progress bar (on stderr).
-        targets: each path's true class index (from a label list), written as ``target``.
+        targets: each path's true class index (from a label list; class indices for a multi-label one), written
+            as ``target``.
+        threshold: a multi-label export's decision threshold instead of the one it recorded.
     """
     if predictor.preprocessing is None:
         raise UserError(f"{predictor.model_dir} has no preprocessing in preprocess.json, so images cannot be "
                         "decoded for it; export it with paddletrain.export (or export_model(preprocessing=...))")
-    for key, value in (("batch_size", batch_size), ("topk", topk), ("num_workers", num_workers)):
+    for key, value in (("batch_size", batch_size), ("topk", topk), ("num_workers", num_workers),
+                       ("threshold", threshold)):
         check_field(PredictConfig, key, value)
+    lines = _line_writer(predictor, topk, targets, threshold)
     workers = default_num_workers() if num_workers is None else num_workers
     paths = [str(p) for p in paths]
     if isinstance(output, (str, Path)):
@@ -278,12 +334,24 @@ def predict_files(predictor: ExportedModel, paths: Sequence[str], batch_size: in
                 t0 = time.perf_counter()
                 logits = predictor.predict(inputs)
                 predict_seconds += time.perf_counter() - t0
-                sink.write("".join(line + "\n" for line in topk_lines(ok, logits, predictor.labels, topk, targets)))
+                sink.write("".join(line + "\n" for line in lines(ok, logits)))
                 n_ok += len(ok)
             bar.update(len(ok) + len(failed))
         sink.flush()
     return PredictSummary(n_total=len(paths), n_ok=n_ok, n_failed=len(failures),
                           seconds=time.perf_counter() - start, predict_seconds=predict_seconds, failures=failures)
+
+
+def _line_writer(predictor: ExportedModel, topk: int, targets: dict | None,
+                 threshold: float | None) -> Callable[[list[str], np.ndarray], Iterator[str]]:
+    """The JSON lines of a batch: :func:`multilabel_lines` for a multi-label export, else :func:`topk_lines`."""
+    if threshold is not None and not predictor.multilabel:
+        raise UserError(f"threshold={threshold} applies to multi-label exports only; {predictor.model_dir} is a "
+                        "single-label (softmax) model")
+    if predictor.multilabel:
+        cut = predictor.threshold if threshold is None else threshold
+        return lambda ok, logits: multilabel_lines(ok, logits, predictor.labels, topk, cut, targets)
+    return lambda ok, logits: topk_lines(ok, logits, predictor.labels, topk, targets)
 
 
 def _model_source(cfg: DictConfig) -> str:
@@ -337,13 +405,16 @@ def run(cfg: DictConfig, default_out_dir: str | None = None) -> int:
         prepare(cfg)
         if cfg.output is not None:
             check_output_location(cfg.output, cfg.input)
-        targets = read_labelled_inputs(cfg.input, cfg.data_root, cfg.delimiter) if cfg.data_root else None
-        paths = list(targets) if targets is not None else resolve_inputs(cfg.input)
+        paths = None if cfg.data_root else resolve_inputs(cfg.input)
         if cfg.checkpoint is not None:
             exported = _export_for_prediction(cfg, Path(default_out_dir or "outputs/predict") / "export")
             if exported is None:
                 return EXIT_SOME_FAILED
             model = str(exported)
+        targets = None
+        if cfg.data_root:  # the export says whether its lists are multi-label, so it is read first
+            targets = read_labelled_inputs(cfg.input, cfg.data_root, cfg.delimiter, exported_multilabel(model))
+            paths = list(targets)
         if cfg.output is not None:  # before loading the model; predict_files checks again for API callers
             check_output_file(cfg.output, paths, protected=[Path(model) if Path(model).is_dir()
                                                             else Path(model).parent])
@@ -354,7 +425,8 @@ def run(cfg: DictConfig, default_out_dir: str | None = None) -> int:
                                    tensorrt=cfg.tensorrt)
         log.info("%d input files; %r", len(paths), predictor)
         summary = predict_files(predictor, paths, batch_size=cfg.batch_size, num_workers=workers,
-                                topk=cfg.topk, output=cfg.output, progress=cfg.progress_bar, targets=targets)
+                                topk=cfg.topk, output=cfg.output, progress=cfg.progress_bar, targets=targets,
+                                threshold=cfg.threshold)
     except UserError as exc:
         log.error("%s", exc)
         return EXIT_USER_ERROR

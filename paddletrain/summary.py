@@ -21,8 +21,8 @@ from paddletrain.console import format_duration
 log = logging.getLogger("paddletrain")
 
 SUMMARY_FILE = "summary.json"
-# Metrics on the "last" line of the table, in this order, when the run has them.
-LAST_METRICS = ("train/loss", "val/loss", "val/top1", "val/top5", "val/balanced_accuracy")
+# Metrics on the "last" line of the table, in this order, when the run has them (val/mAP, val/f1: multi-label).
+LAST_METRICS = ("train/loss", "val/loss", "val/top1", "val/top5", "val/balanced_accuracy", "val/mAP", "val/f1")
 
 
 def run_summary(run_dir: Path, metrics: dict[str, float], trainer: Any) -> dict[str, Any]:

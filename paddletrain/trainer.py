@@ -75,6 +75,9 @@ class Trainer:
             go into checkpoints (one entry per rank), so a resumed run draws what an uninterrupted one would.
         distiller: a :class:`~paddletrain.distill.Distiller`; training losses become its loss of the student's
             logits (its teacher sees the same, transformed, images). Validation keeps ``loss_fn``.
+        meters: ``meters(stage)`` builds the meter of a training epoch (``"train"``) or of a validation
+            (``"val"``), with :class:`~paddletrain.metrics.ClassificationMeter`'s interface; default: that meter
+            (top-k). Multi-label runs pass :mod:`paddletrain.metrics_multilabel`'s.
     """
 
     def __init__(
@@ -105,6 +108,7 @@ class Trainer:
         batch_transform: Callable[[paddle.Tensor, paddle.Tensor], tuple[paddle.Tensor, paddle.Tensor]] | None = None,
         distiller: Any | None = None,
         class_names: Sequence[str] | None = None,
+        meters: Callable[[str], Any] | None = None,
     ) -> None:
         if accumulate_grad_batches < 1:
             raise ValueError(f"accumulate_grad_batches must be >= 1, got {accumulate_grad_batches}")
@@ -137,6 +141,9 @@ class Trainer:
         self.find_unused_parameters = find_unused_parameters
         self.batch_transform = batch_transform
         self.distiller = distiller
+        self.meters = meters
+        # The meter of the last validation, for reports beyond its metrics (e.g. per-class tables).
+        self.val_meter: Any | None = None
         self._is_setup = False
         self.logger = log
 
@@ -208,6 +215,11 @@ class Trainer:
             logits = self.model(images)
         logits = logits.astype("float32")
         return self.loss_fn(logits, labels), logits, labels
+
+    def _meter(self, stage: str) -> Any:
+        if self.meters is not None:
+            return self.meters(stage)
+        return ClassificationMeter(self.num_classes, per_class=stage == "val")  # per class: validation only
 
     # ------------------------------------------------------------------ fit
     def setup(self) -> None:
@@ -307,7 +319,7 @@ class Trainer:
 
     def _train_batches(self, loader: Iterable) -> tuple[dict[str, float], bool]:
         """Train over the epoch's remaining batches; returns the epoch's metrics and whether all batches ran."""
-        meter = self._train_meter = ClassificationMeter(self.num_classes)
+        meter = self._train_meter = self._meter("train")
         if self._restored_meter is not None:
             meter.load_state_dict(self._restored_meter)
             self._restored_meter = None
@@ -409,7 +421,7 @@ class Trainer:
         self.module.eval()
         if self.world_size > 1:
             distributed.broadcast_buffers(self.module)
-        meter = ClassificationMeter(self.num_classes, per_class=True)
+        meter = self.val_meter = self._meter("val")
         # A distributed sampler pads each rank's shard at its end; those repeated samples are not counted.
         real = getattr(loader, "num_real_samples", None)
         seen = 0
@@ -430,7 +442,8 @@ class Trainer:
         if self.world_size > 1:
             paddle.distributed.all_reduce(sums)  # the per-class counts and the confusion matrix ride along
         metrics = meter.compute("val", sums)
-        self.val_report = meter.report(sums, self.class_names)
+        # Single-label runs: per-class counts and the confusion matrix (a multi-label meter keeps its own report).
+        self.val_report = meter.report(sums, self.class_names) if isinstance(meter, ClassificationMeter) else None
         if was_training:
             self.module.train()
         self._call("on_validation_end", metrics)
@@ -524,7 +537,7 @@ class Trainer:
         self._restored_meter = state.get("train_meter") if self.batch_in_epoch else None
         if self._restored_meter is not None:
             with _restoring("train_meter"):  # loaded when the epoch continues: check it now
-                ClassificationMeter(self.num_classes).load_state_dict(self._restored_meter)
+                self._meter("train").load_state_dict(self._restored_meter)
         self._load_loop_state(state, saved_rngs)
 
     def _load_loop_state(self, state: dict[str, Any], saved_rngs: list) -> None:

@@ -5,6 +5,7 @@ the callback entries, and what this machine can run. One home for every config r
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from typing import Any
 
@@ -17,13 +18,18 @@ from paddletrain.data.mixup import Mixup
 from paddletrain.data.transforms import DEFAULT_CROP_PCT, build_augmentations, eval_image_size
 from paddletrain.distill import resolve_alpha
 from paddletrain.errors import ConfigError
-from paddletrain.losses import CLASS_WEIGHTS_KEY, resolve_class_weights, takes_class_weights
+from paddletrain.losses import CLASS_WEIGHTS_KEY, loss_name, resolve_class_weights, takes_class_weights
 from paddletrain.registries import DATASETS, LOSSES, MODELS, OPTIMIZERS, SCHEDULERS
 from paddletrain.registry import prepare
 from paddletrain.runtime import select_device
 
 # Built-in datasets that cannot run without data.root (the others have a default location or need no files).
 DATASETS_NEEDING_ROOT = ("imagefolder", "labellist")
+# Built-in datasets of one class per image: data.multilabel=true cannot apply to them.
+SINGLE_LABEL_DATASETS = ("shapes", "imagefolder", "cifar10", "cifar100", "mnist", "fashion_mnist")
+# The monitor that build.py replaces by val/mAP in a multi-label run (a schema default, not a user's choice).
+DEFAULT_MONITOR = "val/top1"
+_TOPK_METRIC = re.compile(r"(train|val)/top[0-9]+")
 
 def _check_nodes(trainer: Any) -> None:
     """The multi-node keys agree with each other (each one's own range is declared on the field)."""
@@ -80,6 +86,8 @@ def validate_config(cfg: Any, use: str = "fit") -> None:
                           f"there (e.g. data.root=/data/my_images)")
     if cfg.data.name == "labellist":
         _check_label_lists(cfg.data)
+    if cfg.data.multilabel:
+        _check_multilabel(cfg)
     _check_nodes(cfg.trainer)
     check_names(cfg)
     _check_data(cfg.data)
@@ -96,9 +104,40 @@ def _check_label_lists(data: Any) -> None:
     if missing:
         raise ConfigError(f"missing required value for data.{missing[0]}: data.name=labellist reads its samples from "
                           f"list files (data.train_list=<file> data.val_list=<file>, '<path> <label>' a line)")
-    if data.multilabel:
-        raise ConfigError("data.multilabel=true: training on multi-label lists is not supported yet (issue 18, "
-                          "part 2); the lists are read, but no multi-label loss and metrics are wired")
+
+
+def _check_multilabel(cfg: Any) -> None:
+    """data.multilabel=true: data that has multi-hot labels, and no key that needs one class per image."""
+    if cfg.data.name in SINGLE_LABEL_DATASETS:
+        raise ConfigError(f"data.multilabel=true but data.name={cfg.data.name} has one class per image; multi-label "
+                          "data comes from data=labellist (PaddleClas's '<path><TAB>0,1,0,...' lists)")
+    if (cfg.trainer.get("distill") or {}).get("teacher"):
+        raise ConfigError("trainer.distill.teacher is set but data.multilabel=true: distillation compares softmax "
+                          "distributions over one class per image; set trainer.distill.teacher=null")
+    tta = cfg.get("tta") or {}
+    if tta.get("flip") or tta.get("crops", 1) > 1:
+        raise ConfigError("tta.flip/tta.crops average softmax outputs over the views, and data.multilabel=true scores "
+                          "each class with a sigmoid: set tta.flip=false tta.crops=1")
+    if cfg.data.get("sampler") == "class_balanced":
+        raise ConfigError("data.sampler=class_balanced weighs each image by its one class, but data.multilabel=true "
+                          "images have several: set data.sampler=random, or give loss.class_weights as a list")
+    if cfg.loss.get("class_weights") == "balanced":
+        raise ConfigError("loss.class_weights=balanced counts each image's one class, but data.multilabel=true images "
+                          "have several: give one weight per class as a list")
+    for key, value in _monitors(cfg):
+        if _TOPK_METRIC.fullmatch(str(value)):
+            raise ConfigError(f"{key}={value} does not exist with data.multilabel=true (top-k accuracy needs one "
+                              "class per image): monitor val/mAP, val/f1 or val/loss")
+
+
+def _monitors(cfg: Any) -> list[tuple[str, Any]]:
+    """The monitor keys a user set: ``monitor`` unless it is the default, and every callback's own ``monitor``
+    that does not follow ``${monitor}``."""
+    found = [("monitor", cfg.monitor)] if cfg.get("monitor") not in (None, DEFAULT_MONITOR) else []
+    for name, entry in (cfg.get("callbacks") or {}).items():
+        if OmegaConf.is_config(entry) and "monitor" in entry and not OmegaConf.is_interpolation(entry, "monitor"):
+            found.append((f"callbacks.{name}.monitor", entry.monitor))
+    return found
 
 
 def _check_data(data: Any) -> None:
@@ -117,8 +156,9 @@ def check_names(cfg: Any) -> None:
     are imported by :func:`paddletrain.registry.prepare` first), and every callback entry names a callback and
     only options it takes."""
     prepare(cfg)  # the config's `imports` register their names first
+    loss = loss_name(cfg.loss.get("name"), bool(cfg.data.get("multilabel")))
     for registry, name in ((DATASETS, cfg.data.name), (MODELS, cfg.model.name), (OPTIMIZERS, cfg.optim.name),
-                           (SCHEDULERS, cfg.sched.name), (LOSSES, cfg.loss.name)):
+                           (SCHEDULERS, cfg.sched.name), (LOSSES, loss)):
         registry.get(name)
     check_callback_entries(cfg.get("callbacks") or {})
 
@@ -175,8 +215,9 @@ def _check_imbalance_keys(cfg: Any) -> None:
     open), and the class-balanced sampler has a label for every training image."""
     weights = cfg.loss.get("class_weights")
     if weights is not None:
-        if not takes_class_weights(LOSSES.get(cfg.loss.name)):
-            raise ConfigError(f"{CLASS_WEIGHTS_KEY} is not supported by loss.name={cfg.loss.name} (its factory takes "
+        name = loss_name(cfg.loss.get("name"), bool(cfg.data.get("multilabel")))
+        if not takes_class_weights(LOSSES.get(name)):
+            raise ConfigError(f"{CLASS_WEIGHTS_KEY} is not supported by loss.name={name} (its factory takes "
                               "no class_weights)")
         if not isinstance(weights, str):
             resolve_class_weights(weights)  # numbers > 0; the count per class is known once the data is open

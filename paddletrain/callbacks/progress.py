@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from paddletrain.trainer import Trainer
 
 # Keys shown in the epoch line, in this order, when the metrics hold them.
-_SUMMARY_KEYS = ("train/loss", "val/loss", "val/top1", "val/top5", "val/balanced_accuracy")
+_SUMMARY_KEYS = ("train/loss", "val/loss", "val/top1", "val/top5", "val/balanced_accuracy", "val/mAP", "val/f1")
 
 
 class _EpochStats:

@@ -69,7 +69,8 @@ _RENAMED_TAGS = {"train/lr": "lr/lr", "train/throughput": "system/throughput",
                  "train/data_time_share": "system/data_time_share"}
 # The order tags are written in (VisualDL keeps it inside a group): groups, then names within a group.
 _GROUP_ORDER = ("train", "val", "lr", "system")
-_NAME_ORDER = ("loss", "top1", "top5", "balanced_accuracy", "lr", "throughput", "data_time_share", "loss_scale",
+_NAME_ORDER = ("loss", "top1", "top5", "balanced_accuracy", "mAP", "f1", "lr", "throughput", "data_time_share",
+               "loss_scale",
                "nonfinite_steps")
 
 # A run of up to this many optimizer steps logs every step; a longer one about this many points per curve.

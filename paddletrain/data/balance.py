@@ -15,11 +15,14 @@ from paddletrain.data.unlabeled import UNLABELED
 
 
 def dataset_targets(dataset: Any) -> np.ndarray | None:
-    """The dataset's labels (its ``targets``) as int64, or None when it does not expose them."""
+    """The dataset's class indices (its ``targets``) as int64, or None when it exposes none (or multi-hot rows)."""
     targets = getattr(dataset, "targets", None)
     if targets is None:
         return None
-    targets = np.asarray(targets, dtype=np.int64).reshape(-1)
+    targets = np.asarray(targets, dtype=np.int64)
+    if targets.ndim == 2:  # multi-hot rows (multi-label): no one class per sample to count or balance
+        return None
+    targets = targets.reshape(-1)
     if len(targets) != len(dataset):
         raise DatasetError(f"{type(dataset).__name__} has {len(targets)} targets for {len(dataset)} samples")
     return targets

@@ -334,6 +334,11 @@ class LabelListDataset(ImageDataset):
     def describe(self, index: int) -> str:
         return self.index.path(index)
 
+    @property
+    def multilabel(self) -> bool:
+        """Whether labels are multi-hot rows (the loaders stack them instead of reading class indices)."""
+        return self.index.multilabel
+
     def __getitem__(self, index: int):
         if not self.index.multilabel:
             return super().__getitem__(index)

@@ -108,6 +108,8 @@ class SeededDataset(paddle.io.Dataset):
         self.seed = int(seed)
         classes = getattr(dataset, "classes", None)
         self.num_classes = num_classes if num_classes is not None else (len(classes) if classes else None)
+        # Multi-hot float32 rows instead of class indices (checked when the multi-label list was read).
+        self.multilabel = bool(getattr(dataset, "multilabel", False))
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -135,7 +137,8 @@ class SeededDataset(paddle.io.Dataset):
             image, label = self.dataset[key.index]
             if self.transform is not None:
                 image = self.transform(image)
-            label = int(label)
+            if not self.multilabel:
+                label = int(label)
         except Exception as exc:  # any failure becomes a marker: raising here would hang paddle's loader
             # A dataset's own BadSampleError already says what went wrong; other errors need their type.
             error = str(exc) if isinstance(exc, BadSampleError) else f"{type(exc).__name__}: {exc}"
@@ -145,7 +148,8 @@ class SeededDataset(paddle.io.Dataset):
                 random.setstate(saved[0])
                 np.random.set_state(saved[1])
         # UNLABELED marks an extra image for label-free distillation (paddletrain.data.unlabeled).
-        if self.num_classes is not None and not 0 <= label < self.num_classes and label != UNLABELED:
+        if self.num_classes is not None and not self.multilabel and not 0 <= label < self.num_classes \
+                and label != UNLABELED:
             return BadSample(key.index, key.batch, self.describe(key.index),
                              f"label {label} is outside [0, {self.num_classes}) for a dataset of "
                              f"{self.num_classes} classes", kind="label")
@@ -166,7 +170,7 @@ def collate_checked(items: Iterable[tuple | BadSample], size: int | None = None)
     size = len(items) if size is None else size  # type: ignore[arg-type]
     problems: list[list] = []
     indices: list[int] = []
-    labels: list[int] = []
+    labels: list = []
     images: np.ndarray | None = None
     shapes: set = set()
     batch = 0
@@ -193,7 +197,9 @@ def collate_checked(items: Iterable[tuple | BadSample], size: int | None = None)
         return [None, None, index_array, batch, problems]
     if images is None:
         return [None, None, index_array, batch, problems]
-    return [images[:len(labels)], np.array(labels, np.int64), index_array, batch, problems]
+    # Class indices, or multi-hot rows (a multi-label dataset's float32 arrays).
+    stacked = np.stack(labels) if isinstance(labels[0], np.ndarray) else np.array(labels, np.int64)
+    return [images[:len(labels)], stacked, index_array, batch, problems]
 
 
 class CheckedDataLoader(paddle.io.DataLoader):

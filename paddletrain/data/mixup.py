@@ -21,6 +21,11 @@ Use in a training step (images are paddle tensors on the device, labels class in
     images, targets = mixup(images, labels)        # targets: float32 [B, num_classes], rows sum to 1
     loss = (-targets * F.log_softmax(model(images), axis=-1)).sum(-1).mean()   # soft-target cross-entropy
 
+Multi-label batches: ``labels`` may be multi-hot rows (float ``[B, num_classes]``); the targets are then
+``lam * y_a + (1 - lam) * y_b`` of the rows themselves, so a class present in either image keeps a weight. Their
+label smoothing belongs to the multi-label loss (:func:`paddletrain.losses.smooth_multi_hot`, linear, so it may
+come after the mixing), and a Mixup with ``label_smoothing`` refuses multi-hot rows.
+
 Every draw comes from the object's own numpy ``Generator`` (seeded from ``(seed, rank)``), never from the
 global generators the loader reseeds, and :meth:`Mixup.state_dict` / :meth:`Mixup.load_state_dict` save and
 restore it, so a resumed run draws the same lam and boxes as an uninterrupted one. Each rank has its own
@@ -187,7 +192,7 @@ class Mixup:
             raise ValueError(f"Mixup expects NCHW images, got shape {list(images.shape)}")
         batch, _, height, width = images.shape
         if not self.enabled:
-            return images, self.smooth_one_hot(labels)
+            return images, self.targets(labels)
         return self.apply(images, labels, self.draw(batch, height, width))
 
     def apply(self, images: paddle.Tensor, labels: paddle.Tensor,
@@ -196,7 +201,8 @@ class Mixup:
         batch, _, height, width = images.shape
         if not isinstance(labels, paddle.Tensor):
             labels = paddle.to_tensor(np.asarray(labels))
-        labels = labels.reshape([-1])
+        if labels.ndim != 2:
+            labels = labels.reshape([-1])
         if labels.shape[0] != batch:
             raise ValueError(f"Mixup got {batch} images but {labels.shape[0]} labels")
         partner = paddle.flip(images, axis=[0])
@@ -210,9 +216,24 @@ class Mixup:
         if np.any(params.boxes[:, 0] < params.boxes[:, 1]):
             mask = paddle.to_tensor(_box_mask(params.boxes[rows], height, width))
             mixed = paddle.where(mask, partner, mixed)
-        targets = self.smooth_one_hot(labels)
+        targets = self.targets(labels)
         lam = paddle.to_tensor(params.lam.reshape(-1, 1), dtype=targets.dtype)
         return mixed, targets * lam + paddle.flip(targets, axis=[0]) * (1.0 - lam)
+
+    def targets(self, labels: paddle.Tensor) -> paddle.Tensor:
+        """The unmixed float32 ``[B, num_classes]`` targets: :meth:`smooth_one_hot` of class indices, or multi-hot
+        rows ``[B, num_classes]`` as they are (see the module notes on their smoothing)."""
+        if not isinstance(labels, paddle.Tensor):
+            labels = paddle.to_tensor(np.asarray(labels))
+        if labels.ndim != 2 or not paddle.is_floating_point(labels):  # class indices, [B] or [B, 1]
+            return self.smooth_one_hot(labels)
+        if labels.shape[1] != self.num_classes:
+            raise ValueError(f"Mixup got multi-hot rows of {labels.shape[1]} classes, not {self.num_classes}")
+        if self.label_smoothing:
+            raise ValueError(f"Mixup(label_smoothing={self.label_smoothing}) got multi-hot rows: their smoothing "
+                             "belongs to the multi-label loss (paddletrain.losses.smooth_multi_hot); use "
+                             "label_smoothing=0 here")
+        return labels.astype("float32")
 
     def smooth_one_hot(self, labels: paddle.Tensor) -> paddle.Tensor:
         """float32 ``[B, num_classes]``: 1 - eps + eps / C on the label, eps / C elsewhere."""
