@@ -169,6 +169,9 @@ class DataConfig:
     # Optional text file with one class name per line (imagefolder: in sorted directory order; labellist: line i
     # names class i).
     class_names: str | None = None
+    # imagefolder: reuse the cached scan of an unchanged folder (a .npz in $PADDLETRAIN_CACHE_DIR/scans, default
+    # ~/.cache/paddletrain/scans); false scans the folder at every start. See docs/data.md.
+    scan_cache: bool = True
     # labellist: files of '<path relative to root><delimiter><class index>' lines (PaddleClas), or a .csv with a
     # 'path,label' header; relative list paths are looked up from the working directory, then from root.
     train_list: str | None = None

@@ -255,3 +255,23 @@ def test_precision_judges_each_predictor_and_the_mistakes_with_the_parity_measur
     assert len(mistakes) == 3 and not any(row["passes"] for row in mistakes)
     assert all(row["tolerance"] == max(TOLERANCE.values()) for row in mistakes)
     assert "6 images" in result["notes"][0]
+
+
+def test_index_reports_parse_memory_workers_and_the_scan_cache():
+    from paddletrain.bench.index import IndexBenchConfig, run_index
+
+    result = run_index(IndexBenchConfig(lines=3000, classes=10, repeats=1, workers=2, batch_size=256,
+                                        folder_files=300, folder_classes=3))
+    measures = [row["measure"] for row in result["rows"]]
+    assert measures == ["parse 3000 lines, check_files=False", "existence checks of 300 files, per million lines",
+                        "scan, data.scan_cache=false", "first start: scan + write the cache",
+                        "second start: from the cache"]
+    assert all(row["min_s"] <= row["median_s"] for row in result["rows"])
+    assert result["rows"][-1]["same_index"] is True and result["rows"][-1]["vs_scan"] > 0
+    memory = result["summary"]
+    assert memory["tuple_list_mb"] > memory["index_mb"] > 0  # 3000 tuples cost more than the arrays
+    arms = [row["samples held as"] for row in result["pipeline"]]
+    assert arms == ["SampleIndex"] * 2 + ["list of (path, label)"] * 2  # one row per worker
+    assert all(row["uss_start_mb"] > 0 for row in result["pipeline"])
+    assert [g["goal"] for g in result["goals"]] == ["each worker's USS grows < 10% of the index over an epoch"]
+    json.dumps(result)

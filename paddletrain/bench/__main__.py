@@ -1,6 +1,6 @@
 """``python -m paddletrain.bench <benchmark> [key=value ...] [out=results.json]``.
 
-Benchmarks: train, threads, overhead, data, decode, inference, precision, recipes, augment (keys: the fields
+Benchmarks: train, threads, overhead, data, decode, inference, precision, recipes, augment, index (keys: the fields
 of each ``*BenchConfig``).
 Prints the markdown tables; ``out=`` also writes the JSON and a ``.md`` beside it.
 
@@ -32,6 +32,7 @@ def _benchmarks() -> dict[str, tuple[type, Callable[[Any], dict[str, Any]]]]:
     from paddletrain.bench.augment import AugmentBenchConfig, run_augment
     from paddletrain.bench.data import DataBenchConfig, run_data
     from paddletrain.bench.decode import DecodeBenchConfig, run_decode
+    from paddletrain.bench.index import IndexBenchConfig, run_index
     from paddletrain.bench.inference import InferenceBenchConfig, run_inference
     from paddletrain.bench.overhead import OverheadBenchConfig, run_overhead
     from paddletrain.bench.precision import PrecisionBenchConfig, run_precision
@@ -48,6 +49,7 @@ def _benchmarks() -> dict[str, tuple[type, Callable[[Any], dict[str, Any]]]]:
         "precision": (PrecisionBenchConfig, run_precision),
         "recipes": (RecipesBenchConfig, run_recipes),
         "augment": (AugmentBenchConfig, run_augment),
+        "index": (IndexBenchConfig, run_index),
     }
 
 
@@ -69,6 +71,8 @@ ABOUT = {
                 "python -m paddletrain.bench recipes datasets=[fashion_mnist] seeds=[0,1,2] out=bench/recipes.json"),
     "augment": ("the Trainer's data-wait share of the default job with every augmentation on",
                 "python -m paddletrain.bench augment num_workers=2 image_size=32"),
+    "index": ("a million files: list parse time, index vs list memory, worker memory per epoch, scan cache",
+              "python -m paddletrain.bench index lines=1281167 folder_files=100000"),
 }
 HELP_FLAGS = ("-h", "--help", "help")
 

@@ -43,6 +43,7 @@ from paddletrain.data.datasets import (
 )
 from paddletrain.data.images import IMG_EXTENSIONS, ImageReadError, file_kind, is_image_file, open_image
 from paddletrain.data.index import SampleIndex
+from paddletrain.data.scancache import load_scan, save_scan
 
 __all__ = ["IMG_EXTENSIONS", "ImageFolderDataset", "ScanReport", "build_imagefolder", "is_image_file",
            "read_class_names"]
@@ -127,6 +128,31 @@ class ScanReport:
                 f"{', '.join(self.examples[reason])}{' ...' if self.skipped[reason] > _EXAMPLES else ''} "
                 f"- {advice}" for reason, advice in _WARN.items() if self.skipped[reason]]
 
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data (for the scan cache); :meth:`from_dict` reads it back."""
+        return {"split": self.split, "images": self.images, "classes": self.classes, "skipped": dict(self.skipped),
+                "extensions": dict(self.extensions), "examples": self.examples}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ScanReport:
+        """The report :meth:`to_dict` wrote; ValueError if ``data`` does not have its shape (a damaged cache)."""
+        def counts(value: Any) -> Counter:
+            if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(n, int) and n >= 0
+                                                      for k, n in value.items()):
+                raise ValueError("a count table is not names and counts")
+            return Counter(value)
+
+        if not isinstance(data, dict) or not isinstance(data.get("split"), str) or not all(
+                isinstance(data.get(k), int) for k in ("images", "classes")):
+            raise ValueError("not a scan report")
+        examples = data.get("examples")
+        if not isinstance(examples, dict) or not all(
+                isinstance(v, list) and len(v) <= _EXAMPLES and all(isinstance(x, str) for x in v)
+                for v in examples.values()):
+            raise ValueError("its examples are not lists of paths")
+        return cls(data["split"], data["images"], data["classes"], counts(data.get("skipped")),
+                   counts(data.get("extensions")), examples)
+
 
 def _inside(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
@@ -170,6 +196,10 @@ class _SplitScan:
         self.files: dict[int, list[str]] = {}
         self.class_skips: dict[int, ScanReport] = {}
         self._links: list[tuple[str, int]] = []
+        # For the scan cache: every directory walked with its stat (taken before it was listed), and whether a
+        # symlink was met (then the result depends on directories the walk did not list).
+        self.listed: list[tuple[str, os.stat_result]] = []
+        self.met_links = False
 
     def run(self, class_dirs: list[tuple[Path, int]]) -> list[tuple[str, int]]:
         """(path, label) of every image, by label then path; class directories are ``(path, label)``."""
@@ -177,7 +207,9 @@ class _SplitScan:
         for path, label in class_dirs:
             self.files[label] = []
             self.class_skips[label] = ScanReport(self.report.split)
-            key = self._enter_linked_class(str(path), label) if path.is_symlink() else \
+            linked = path.is_symlink()
+            self.met_links |= linked
+            key = self._enter_linked_class(str(path), label) if linked else \
                 self._enter(str(path), os.stat(path), label)
             if key:
                 roots.append((str(path), key, label))
@@ -206,6 +238,7 @@ class _SplitScan:
         else:
             self.visited.add(key)
             self.walked.add(key)
+            self.listed.append((path, st))
             return key
         return None
 
@@ -225,6 +258,7 @@ class _SplitScan:
                     self._skip(HIDDEN, entry.path, label)
                 elif entry.is_symlink():
                     self._links.append((entry.path, label))
+                    self.met_links = True
                 elif entry.is_dir(follow_symlinks=False):
                     key = self._enter(entry.path, entry.stat(follow_symlinks=False), label)
                     if key:
@@ -295,6 +329,12 @@ def _class_dirs(split_dir: Path) -> list[str]:
     return sorted(e.name for e in os.scandir(split_dir) if e.is_dir() and not e.name.startswith("."))
 
 
+def _has_links(directory: Path) -> bool:
+    """Whether ``directory`` holds a symlink (its class list then depends on where the link leads)."""
+    with os.scandir(directory) as it:
+        return any(entry.is_symlink() for entry in it)
+
+
 def _split_dir(root: Path, split: str) -> Path:
     if not root.is_dir():
         raise DatasetError(f"imagefolder root {str(root)!r} (data.root) is not a directory")
@@ -344,6 +384,7 @@ class ImageFolderDataset(ImageDataset):
         transform: Transform = None,
         class_names: str | Path | None = None,
         in_chans: int = 3,
+        scan_cache: bool = True,
     ) -> None:
         super().__init__(transform)
         if in_chans not in _MODES:
@@ -352,12 +393,14 @@ class ImageFolderDataset(ImageDataset):
         self.split = split
         self.in_chans = in_chans
         train_dir = _split_dir(self.root, "train")
-        self.class_dirs = _class_dirs(train_dir)
-        if not self.class_dirs:
-            raise DatasetError(f"no class directories in {str(train_dir)!r}; expected {str(train_dir)}/<class>/<image>")
-        samples, self.scan_report = self._scan(_split_dir(self.root, split))
-        self.index = SampleIndex.build(self.root, _relative(str(self.root), [path for path, _ in samples]),
-                                       [label for _, label in samples])
+        cached = self._cached_scan() if scan_cache else None
+        if cached is None:
+            self.class_dirs, self.index, self.scan_report = self._scan(train_dir, scan_cache)
+        else:
+            self.class_dirs, self.index, self.scan_report = cached
+        log.info("%s", self.scan_report.summary())
+        for line in self.scan_report.warnings():
+            log.warning("%s: %s", self.split, line)
         self.targets = self.index.labels
         self.classes = (
             read_class_names(_resolve_class_names(class_names, self.root), len(self.class_dirs))
@@ -365,17 +408,42 @@ class ImageFolderDataset(ImageDataset):
             else list(self.class_dirs)
         )
 
-    def _scan(self, split_dir: Path) -> tuple[list[tuple[str, int]], ScanReport]:
+    def _cached_scan(self) -> tuple[list[str], SampleIndex, ScanReport] | None:
+        """The class list, index and report of this split from the scan cache, if the folder is unchanged."""
+        cached = load_scan(self.root, self.split)
+        if cached is None:
+            return None
+        index, meta = cached
+        try:
+            report = ScanReport.from_dict(meta.get("report"))
+        except ValueError as exc:
+            log.info("ignoring the cached scan of %s/%s: %s", self.root, self.split, exc)
+            return None
+        log.info("%s: the scan of %s is unchanged since it was cached; reusing it (data.scan_cache=false scans "
+                 "again)", self.split, self.root)
+        return list(meta["class_dirs"]), index, report
+
+    def _scan(self, train_dir: Path, cache: bool) -> tuple[list[str], SampleIndex, ScanReport]:
+        """Scan the split (and cache the result when ``cache`` and the scan allows it): class directories of
+        ``root/train``, the split's index, its report."""
+        # Stamps of the directories whose listings the class list and the split's layout come from, each taken
+        # before it is listed (see paddletrain.data.scancache).
+        top = {rel: os.lstat(self.root / rel) for rel in ("", "train")}
+        class_dirs = _class_dirs(train_dir)
+        if not class_dirs:
+            raise DatasetError(f"no class directories in {str(train_dir)!r}; expected {str(train_dir)}/<class>/<image>")
+        split_dir = _split_dir(self.root, self.split)
+        top.setdefault(self.split, os.lstat(split_dir))
         present = _class_dirs(split_dir)
         if not present:
             raise DatasetError(f"no class directories in {str(split_dir)!r}; expected {str(split_dir)}/<class>/<image>")
-        unknown = sorted(set(present) - set(self.class_dirs))
+        unknown = sorted(set(present) - set(class_dirs))
         if unknown:
             raise DatasetError(
                 f"class directories {unknown} in {str(split_dir)!r} do not exist in the train split "
                 f"{str(self.root / 'train')!r}"
             )
-        label_of = {name: i for i, name in enumerate(self.class_dirs)}
+        label_of = {name: i for i, name in enumerate(class_dirs)}
         scan = _SplitScan(self.root, self.split, split_dir)
         samples = scan.run([(split_dir / name, label_of[name]) for name in present])
         for name in present:
@@ -385,11 +453,22 @@ class ImageFolderDataset(ImageDataset):
                 why = skips.warnings() or ([f"skipped {skips.describe_skips(())}"] if skips.skipped else [])
                 raise DatasetError(f"class directory {str(split_dir / name)!r} has no images (extensions: "
                                    f"{', '.join(IMG_EXTENSIONS)}){''.join('; ' + line for line in why)}")
-        report = scan.report
-        log.info("%s", report.summary())
-        for line in report.warnings():
-            log.warning("%s: %s", self.split, line)
-        return samples, report
+        relpaths = _relative(str(self.root), [path for path, _ in samples])
+        index = SampleIndex.build(self.root, relpaths, [label for _, label in samples])
+        if cache:
+            self._save_scan(scan, index, relpaths, class_dirs, top, (train_dir, split_dir))
+        return class_dirs, index, scan.report
+
+    def _save_scan(self, scan: _SplitScan, index: SampleIndex, relpaths: list[str], class_dirs: list[str],
+                   top: dict[str, os.stat_result], listings: tuple[Path, ...]) -> None:
+        """Cache the scan, unless a symlink was met on the way (its target lies in directories not stamped)."""
+        if scan.met_links or any(stat.S_ISLNK(st.st_mode) for st in top.values()) or any(map(_has_links, listings)):
+            log.debug("scan of %s/%s not cached: it met a symlink", self.root, self.split)
+            return
+        listed = _relative(str(self.root), [path for path, _ in scan.listed])
+        dirs = [*top.items(), *((rel, st) for rel, (_, st) in zip(listed, scan.listed, strict=True))]
+        save_scan(self.root, self.split, index, relpaths, {"class_dirs": class_dirs, "report": scan.report.to_dict()},
+                  dirs)
 
     @property
     def samples(self) -> list[tuple[str, int]]:
@@ -411,6 +490,7 @@ class ImageFolderDataset(ImageDataset):
 def build_imagefolder(cfg: Any, train_transform: Transform, eval_transform: Transform) -> DatasetSplits:
     """``data.name=imagefolder``: ``data.root/{train,val}/<class>/<image>``, named by ``data.class_names``."""
     root = require_root(cfg)
+    cache = bool(getattr(cfg, "scan_cache", True))
     return DatasetSplits.of(
-        ImageFolderDataset(root, "train", transform=train_transform, class_names=cfg.class_names),
-        ImageFolderDataset(root, "val", transform=eval_transform, class_names=cfg.class_names))
+        ImageFolderDataset(root, "train", transform=train_transform, class_names=cfg.class_names, scan_cache=cache),
+        ImageFolderDataset(root, "val", transform=eval_transform, class_names=cfg.class_names, scan_cache=cache))

@@ -37,16 +37,23 @@ class SampleIndex:
     @classmethod
     def build(cls, root: str | Path, relpaths: Sequence[str], labels: Sequence[int] | np.ndarray) -> SampleIndex:
         """An index of ``relpaths`` (relative to ``root``) labelled by ``labels`` (class indices or multi-hot rows)."""
-        encoded = [os.fsencode(p) for p in relpaths]
-        offsets = np.zeros(len(encoded) + 1, np.int64)
-        np.cumsum([len(p) for p in encoded], out=offsets[1:])
+        joined = "".join(relpaths)
+        if joined.isascii():  # the usual case: one encode, and each path's length in bytes is its length
+            data = joined.encode("ascii")
+            lengths = np.fromiter(map(len, relpaths), np.int64, len(relpaths))
+        else:
+            encoded = [os.fsencode(p) for p in relpaths]
+            data = b"".join(encoded)
+            lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
+        offsets = np.zeros(len(lengths) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
         labels = np.asarray(labels)
         labels = labels.astype(np.uint8 if labels.ndim == 2 else np.int64, copy=False)
         if labels.ndim == 1 and not len(labels):
             labels = np.zeros(0, np.int64)
-        if len(labels) != len(encoded):
-            raise ValueError(f"{len(encoded)} paths but {len(labels)} labels")
-        return cls(str(root), np.frombuffer(b"".join(encoded), np.uint8), offsets, labels)
+        if len(labels) != len(lengths):
+            raise ValueError(f"{len(lengths)} paths but {len(labels)} labels")
+        return cls(str(root), np.frombuffer(data, np.uint8), offsets, labels)
 
     def __len__(self) -> int:
         return len(self.offsets) - 1

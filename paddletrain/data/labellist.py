@@ -23,7 +23,7 @@ import os
 import re
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,20 @@ _INTEGER = re.compile(r"[0-9]+")
 
 class _BadLine(ValueError):
     """One line's problem (the message says what is wrong with it)."""
+
+
+@dataclass
+class _Entries:
+    """The lines whose path and label passed, as columns: a million tuples would cost more than the parse."""
+
+    numbers: list[int] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)  # normalised, relative to data.root
+    labels: list = field(default_factory=list)
+
+    def without(self, lines: set[int]) -> _Entries:
+        keep = [i for i, number in enumerate(self.numbers) if number not in lines]
+        return _Entries([self.numbers[i] for i in keep], [self.paths[i] for i in keep],
+                        [self.labels[i] for i in keep])
 
 
 @dataclass(frozen=True)
@@ -102,27 +116,35 @@ def read_label_list(path: str | Path, root: str | Path, *, key: str, delimiter: 
         raise DatasetError(f"data.delimiter={delimiter!r} must be a character that separates path and label")
     where = f"{key}={str(path)!r}"
     data = _read_bounded(Path(path), where)
-    lines = _lines(data)
     parse = _MultiLabelParser(num_classes) if multilabel else _LabelParser(num_classes)
     if Path(path).suffix.lower() == ".csv" and not multilabel:
+        lines = _lines(data)
         rows, problems = _csv_rows(lines, where)
+        entries, more = _parse_rows(rows, parse)
+        problems += more
+        total = len(lines)
+    elif multilabel:
+        lines = _lines(data)
+        rows, problems = _split_rows(lines, "\t")
+        entries, more = _parse_rows(rows, parse)
+        problems += more
+        total = len(lines)
     else:
-        rows, problems = _split_rows(lines, "\t" if multilabel else delimiter)
-    entries, more = _parse_rows(rows, parse)
-    problems += more
-    if check_files and entries:
+        entries, problems, total = _single_label_entries(data, delimiter, parse)
+    if check_files and entries.numbers:
         problems += _file_problems(entries, Path(root))
-    bad = {line for line, _ in problems}
-    _report(sorted(problems), where, bad_lines, len(lines))
-    kept = [entry for entry in entries if entry[0] not in bad]
-    if not kept:
-        raise DatasetError(f"{where} has no usable line (read {len(lines)} lines; each one a path and its label "
+    _report(sorted(problems), where, bad_lines, total)
+    if problems:
+        entries = entries.without({line for line, _ in problems})
+    if not entries.numbers:
+        raise DatasetError(f"{where} has no usable line (read {total} lines; each one a path and its label "
                            f"relative to data.root={str(root)!r})")
-    labels = np.array([label for _, _, label in kept], np.uint8 if multilabel else np.int64)
-    index = SampleIndex.build(root, [relpath for _, relpath, _ in kept], labels)
+    labels = np.array(entries.labels, np.uint8 if multilabel else np.int64)
+    index = SampleIndex.build(root, entries.paths, labels)
     count = parse.num_classes if multilabel else int(labels.max()) + 1
-    found = LabelList(index, num_classes if num_classes is not None else count, len(lines), len(lines) - len(kept))
-    log.info("%s: %d of %d lines used%s", where, len(kept), len(lines),
+    kept = len(entries.numbers)
+    found = LabelList(index, num_classes if num_classes is not None else count, total, total - kept)
+    log.info("%s: %d of %d lines used%s", where, kept, total,
              f", {found.skipped} bad lines skipped (data.bad_lines=skip)" if found.skipped else "")
     return found
 
@@ -147,9 +169,10 @@ def _lines(data: bytes) -> list[bytes]:
     return lines
 
 
-def _decoded(lines: list[bytes]) -> Iterator[tuple[int, str | _BadLine]]:
-    """(line number, its text or its problem) for every line: the problems every format shares."""
-    for number, raw in enumerate(lines, 1):
+def _decoded(lines: list[bytes], first: int = 1) -> Iterator[tuple[int, str | _BadLine]]:
+    """(line number, its text or its problem) for every line, the first numbered ``first``: the problems every
+    format shares."""
+    for number, raw in enumerate(lines, first):
         if number == 1 and raw.startswith(_BOM):
             yield number, _BadLine("starts with a UTF-8 byte-order mark (save the list without BOM)")
         elif raw.endswith(b"\r"):
@@ -163,9 +186,10 @@ def _decoded(lines: list[bytes]) -> Iterator[tuple[int, str | _BadLine]]:
                 yield number, _BadLine(f"is not UTF-8 (byte {raw[exc.start]:#04x} at column {exc.start + 1})")
 
 
-def _split_rows(lines: list[bytes], delimiter: str) -> tuple[list[tuple[int, str, str]], list[tuple[int, str]]]:
+def _split_rows(lines: list[bytes], delimiter: str, first: int = 1,
+                ) -> tuple[list[tuple[int, str, str]], list[tuple[int, str]]]:
     rows, problems = [], []
-    for number, text in _decoded(lines):
+    for number, text in _decoded(lines, first):
         if isinstance(text, _BadLine):
             problems.append((number, str(text)))
             continue
@@ -231,19 +255,114 @@ class _MultiLabelParser:
 
 
 def _parse_rows(rows: list[tuple[int, str, str]], parse: _LabelParser | _MultiLabelParser,
-                ) -> tuple[list[tuple[int, str, object]], list[tuple[int, str]]]:
+                ) -> tuple[_Entries, list[tuple[int, str]]]:
     """Check each row's path (as text) and label; a path listed twice is a problem on its second line."""
-    entries, problems, first_line = [], [], {}
+    entries, problems, first_line = _Entries(), [], {}
     for number, relpath, label_text in rows:
         try:
             clean = _clean_relpath(relpath)
             if clean in first_line:
                 raise _BadLine(f"lists {relpath!r} again (first on line {first_line[clean]})")
             first_line[clean] = number
-            entries.append((number, clean, parse(label_text)))
+            label = parse(label_text)
         except _BadLine as exc:
             problems.append((number, str(exc)))
+            continue
+        entries.numbers.append(number)
+        entries.paths.append(clean)
+        entries.labels.append(label)
     return entries, problems
+
+
+# The longest label the fast path converts itself: any 9-digit integer fits int64, and MAX_CLASSES has 7 digits.
+_FAST_LABEL_DIGITS = 9
+
+
+def _single_label_entries(data: bytes, delimiter: str, parse: _LabelParser,
+                          ) -> tuple[_Entries, list[tuple[int, str]], int]:
+    """PaddleClas's ``<path><delimiter><label>`` lines: (entries, problems, line count), as the general path
+    (:func:`_split_rows` then :func:`_parse_rows`) finds them, in a third of its time on a clean list.
+
+    A line whose label is a short run of ASCII digits and whose path is plain (see below) is taken as it is;
+    every other line (the first, which may carry a BOM, and any blank, CR-ended, odd or bad one) goes through
+    the general checks, which write the messages. Label ranges and duplicates are checked for all lines at once.
+    A list that is not UTF-8 as a whole takes the general path line by line.
+    """
+    try:
+        texts = data.decode("utf-8").split("\n")
+    except UnicodeDecodeError:
+        lines = _lines(data)
+        rows, problems = _split_rows(lines, delimiter)
+        entries, more = _parse_rows(rows, parse)
+        return entries, problems + more, len(lines)
+    if texts and texts[-1] == "":
+        texts.pop()
+    entries, problems = _Entries(), []
+    numbers, paths, labels = entries.numbers, entries.paths, entries.labels
+    raw_paths: dict[int, str] = {}  # a general line's path as written, for the duplicate message
+    label_problems: dict[int, str] = {}
+    for number, line in enumerate(texts, 1):
+        path, found, label = line.rstrip(" ").rpartition(delimiter)
+        # A plain path is one _clean_relpath would return unchanged, told by cheap tests: not empty, no leading
+        # space, '/' or '.' (absolute, '..', './', hidden), no drive ('C:'), no empty or dot component ('//',
+        # '/.') and no trailing '/', so normpath has nothing to change. A path that is not plain is not
+        # necessarily bad: it goes through _clean_relpath, which decides.
+        if (found and number > 1 and label.isascii() and label.isdigit() and len(label) <= _FAST_LABEL_DIGITS
+                and path and not path[0].isspace() and path[0] not in "/." and path[1:2] != ":"
+                and "/." not in path and "//" not in path and path[-1] != "/"):
+            numbers.append(number)
+            paths.append(path)
+            labels.append(int(label))
+            continue
+        # Re-encoding gives the line's exact bytes back: the whole list decoded as strict UTF-8.
+        rows, line_problems = _split_rows([line.encode("utf-8")], delimiter, first=number)
+        if line_problems:
+            problems.append((number, line_problems[0][1]))
+            continue
+        _, relpath, label_text = rows[0]
+        try:
+            clean = _clean_relpath(relpath)
+        except _BadLine as exc:
+            problems.append((number, str(exc)))
+            continue
+        numbers.append(number)
+        paths.append(clean)
+        raw_paths[number] = relpath
+        try:
+            labels.append(parse(label_text))
+        except _BadLine as exc:
+            labels.append(-1)
+            label_problems[number] = str(exc)
+    values = np.array(labels, np.int64)
+    for i in np.flatnonzero(values >= parse.limit).tolist():
+        try:
+            parse(str(labels[i]))
+        except _BadLine as exc:
+            label_problems[numbers[i]] = str(exc)
+    duplicates = _duplicates(numbers, paths, raw_paths)
+    # As in _parse_rows: a duplicate is reported as such whatever its label; the first line of a path counts
+    # even when its own label is bad.
+    problems += duplicates
+    duplicated = {n for n, _ in duplicates}
+    problems += [(n, message) for n, message in label_problems.items() if n not in duplicated]
+    if duplicated or label_problems:  # entries hold the good lines only, as _parse_rows's do
+        entries = entries.without(duplicated | set(label_problems))
+    return entries, problems, len(texts)
+
+
+def _duplicates(numbers: list[int], paths: list[str], raw_paths: dict[int, str]) -> list[tuple[int, str]]:
+    """A problem for each line whose path an earlier line listed (one set when there is none, the usual case)."""
+    if len(set(paths)) == len(paths):
+        return []
+    first_line: dict[str, int] = {}
+    problems = []
+    for number, clean in zip(numbers, paths, strict=True):
+        if clean in first_line:
+            problems.append((number, f"lists {raw_paths.get(number, clean)!r} again (first on line "
+                                     f"{first_line[clean]})"))
+        else:
+            first_line[clean] = number
+    return problems
 
 
 def _clean_relpath(relpath: str) -> str:
@@ -257,21 +376,45 @@ def _clean_relpath(relpath: str) -> str:
     return clean
 
 
-def _file_problems(entries: list[tuple[int, str, object]], root: Path) -> list[tuple[int, str]]:
-    """Missing, non-regular and out-of-root files: one lstat per file, one realpath per directory and symlink."""
+# A folder naming at least this many files of the list is listed once (scandir) instead of lstat-ing each file.
+_LISTED_FOLDER = 32
+
+
+def _file_problems(entries: _Entries, root: Path) -> list[tuple[int, str]]:
+    """Missing, non-regular and out-of-root files: one realpath per folder and per symlink, and per folder either
+    one ``scandir`` (its plain files cost nothing more: their type comes with the listing) or an lstat per file.
+
+    A name the listing does not show as a plain file (missing, a symlink, anything else) gets the lstat check,
+    which writes the message, so both ways report the same problems.
+    """
     real_root = os.path.realpath(root)
     if not os.path.isdir(real_root):
         raise DatasetError(f"data.root={str(root)!r} is not a directory")
-    inside_dirs: dict[str, bool] = {}
+    folders: dict[str, list[int]] = {}
+    for i, relpath in enumerate(entries.paths):
+        folders.setdefault(relpath.rpartition("/")[0], []).append(i)
     problems = []
-    for number, relpath, _ in entries:
-        folder = os.path.dirname(relpath)
-        if folder not in inside_dirs:
-            inside_dirs[folder] = _inside(os.path.realpath(os.path.join(real_root, folder)), real_root)
-        problem = _file_problem(os.path.join(real_root, relpath), real_root, inside_dirs[folder])
-        if problem:
-            problems.append((number, f"names {relpath!r}, {problem}"))
+    for folder, members in folders.items():
+        directory = os.path.join(real_root, folder)
+        inside = _inside(os.path.realpath(directory), real_root)
+        plain = _plain_files(directory) if inside and len(members) >= _LISTED_FOLDER else frozenset()
+        for i in members:
+            relpath = entries.paths[i]
+            if relpath.rpartition("/")[2] in plain:
+                continue
+            problem = _file_problem(os.path.join(real_root, relpath), real_root, inside)
+            if problem:
+                problems.append((entries.numbers[i], f"names {relpath!r}, {problem}"))
     return problems
+
+
+def _plain_files(directory: str) -> frozenset[str]:
+    """The names of the regular files (not symlinks) in ``directory``; empty when it cannot be listed."""
+    try:
+        with os.scandir(directory) as it:
+            return frozenset(entry.name for entry in it if entry.is_file(follow_symlinks=False))
+    except OSError:
+        return frozenset()
 
 
 def _file_problem(path: str, real_root: str, folder_inside: bool) -> str | None:
