@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import time
 from pathlib import Path
 
@@ -234,3 +236,30 @@ def test_the_hymenoptera_photos_have_one_skipped_placeholder():
     assert report.ok and report.classes == ["ants", "bees"]
     assert [s.counts for s in report.splits] == [[123, 121], [70, 83]]
     assert report.weights == pytest.approx([244 / 246, 244 / 242]) and report.imbalance == pytest.approx(123 / 121)
+
+
+def _docs_section() -> str:
+    text = (Path(__file__).resolve().parents[1] / "docs" / "data.md").read_text()
+    return text[text.index("## Checking and splitting a dataset"):]
+
+
+def test_the_kinds_table_of_the_docs_is_this_table():
+    rows = re.findall(r"^\| `([\w-]+)` \| (error|warning) \|", _docs_section(), re.MULTILINE)
+    assert rows == [(kind, k.severity) for kind, k in KINDS.items()]
+
+
+def test_the_sample_output_of_the_docs_is_what_the_check_prints(untidy, monkeypatch, capsys):
+    root, _ = untidy
+    _list_dataset(root.parent)
+    monkeypatch.chdir(root.parent)
+    section = _docs_section()
+    sample = section[section.index("```text\n$ python -m paddletrain.data check") + 8:]
+    sample = sample[:sample.index("```")]
+    printed = []
+    for command in re.findall(r"^\$ (.*)$", sample, re.MULTILINE):
+        words = shlex.split(command)[3:]
+        assert main([*words, "--workers", "0"]) == ExitCode.BAD_RESULT
+        printed += [f"$ {command}", *capsys.readouterr().out.splitlines()]
+    unprocessed = re.compile(r"\(\d+ bytes not processed\)")  # the JPEG encoder's, not the check's, number
+    assert [unprocessed.sub("(N)", line) for line in printed if line] == [
+        unprocessed.sub("(N)", line) for line in sample.splitlines() if line]

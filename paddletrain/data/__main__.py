@@ -100,7 +100,7 @@ def _table(report: CheckReport) -> list[str]:
     for c, name in enumerate(report.classes):
         counts = "  ".join(f"{s.counts[c]:>{w}}" for s, w in zip(report.splits, widths, strict=True))
         weight = report.weights[c]
-        lines.append(f"{name:<{width}}  {counts}  {'-' if weight is None else f'{weight:6.3f}'}")
+        lines.append(f"{name:<{width}}  {counts}  {'-' if weight is None else f'{weight:.3f}':>6}")
     return lines
 
 
