@@ -20,7 +20,7 @@ class ExitCode(enum.IntEnum):
     # Bad input (config value, data, weights, checkpoint, run directory): one line names the key, file or value.
     USER_ERROR = 2
     # It ran, but the result is not good: training diverged (non-finite loss), an export failed its parity
-    # check, some prediction inputs could not be read.
+    # check, some prediction inputs could not be read, a dataset check found errors.
     BAD_RESULT = 3
     # A process of a distributed job was lost (killed, crashed, its machine gone): the line names the rank.
     RANK_LOST = 4

@@ -13,7 +13,7 @@ from PIL import Image
 from paddletrain.config import DataConfig
 from paddletrain.data.datasets import DatasetError, build_datasets
 from paddletrain.data.index import SampleIndex
-from paddletrain.data.labellist import LabelListDataset, read_label_list
+from paddletrain.data.labellist import LabelListDataset, LineProblem, check_label_list, read_label_list
 from paddletrain.errors import ExitCode
 from tests.conftest import run_module
 
@@ -218,3 +218,18 @@ def test_a_list_of_the_ants_and_bees_photos_reads_and_decodes_them(tmp_path):
     for i in (0, len(dataset) - 1):
         image, label = dataset[i]
         assert image.size[0] > 100 and label == int(lines[i].rsplit(" ", 1)[1])
+
+
+def test_check_label_list_returns_every_bad_line_with_its_kind(root):
+    (root / "bad.txt").write_text("images/train 0.png 0\nimages/train 0.png 0\nimages/nope.png 1\n"
+                                  "images/train 1.png 9\nimages/train 2.png two\n../x.png 0\n\nimages/train 3.png 2\n")
+    checked = check_label_list(root / "bad.txt", root, key="data.train_list", num_classes=3)
+    assert [(p.line, p.kind) for p in checked.problems] == [
+        (2, "listed-twice"), (3, "missing-file"), (4, "label-out-of-range"), (5, "bad-line"), (6, "bad-path"),
+        (7, "bad-line")]
+    assert checked.problems[2] == LineProblem(4, "label-out-of-range", "has label 9, out of range for 3 classes (0..2)")
+    # the good lines are what bad_lines=skip trains on, each with its line
+    assert checked.found.index.relpaths() == ["images/train 0.png", "images/train 3.png"]
+    assert checked.sample_lines == [1, 8] and checked.lines == 8 and checked.found.skipped == 6
+    with pytest.raises(DatasetError, match="line 2 lists 'images/train 0.png' again"):
+        read_label_list(root / "bad.txt", root, key="data.train_list", num_classes=3)  # training still stops

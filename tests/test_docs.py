@@ -220,9 +220,9 @@ def make_workspace(path: Path) -> Path:
     for name in ("configs", "examples"):
         shutil.copytree(ROOT / name, path / name, ignore=shutil.ignore_patterns("outputs", "__pycache__"))
     for split, count in (("train", 12), ("val", 4)):
-        for cls in ("ants", "bees"):
+        for c, cls in enumerate(("ants", "bees")):  # by index: "ants" and "bees" have the same length
             for i in range(count):
-                _write_image(path / "images" / split / cls / f"{i}.png", len(split) * 1000 + len(cls) * 100 + i)
+                _write_image(path / "images" / split / cls / f"{i}.png", len(split) * 1000 + c * 100 + i)
     for i in range(3):
         _write_image(path / "photos" / f"{i}.jpg", 100 + i)
     _write_image(path / "cat.jpg", 200)

@@ -45,8 +45,8 @@ from paddletrain.data.images import IMG_EXTENSIONS, ImageReadError, file_kind, i
 from paddletrain.data.index import SampleIndex
 from paddletrain.data.scancache import load_scan, save_scan
 
-__all__ = ["IMG_EXTENSIONS", "ImageFolderDataset", "ScanReport", "build_imagefolder", "is_image_file",
-           "read_class_names"]
+__all__ = ["IMG_EXTENSIONS", "ImageFolderDataset", "ScanReport", "SplitContents", "build_imagefolder", "class_dirs",
+           "is_image_file", "read_class_names", "scan_split"]
 
 log = logging.getLogger("paddletrain")
 
@@ -96,9 +96,13 @@ class ScanReport:
     skipped: Counter = field(default_factory=Counter)
     extensions: Counter = field(default_factory=Counter)  # the extensions of the files skipped by extension
     examples: dict[str, list[str]] = field(default_factory=dict)
+    # (reason, path, detail) of every skip, when the caller asked for them all (a dataset check); else None
+    every_skip: list[tuple[str, str, str]] | None = None
 
     def skip(self, reason: str, path: str, detail: str = "") -> None:
         self.skipped[reason] += 1
+        if self.every_skip is not None:
+            self.every_skip.append((reason, path, detail))
         if reason == EXTENSION:
             self.extensions[os.path.splitext(path)[1].lower() or "(no extension)"] += 1
         shown = self.examples.setdefault(reason, [])
@@ -170,8 +174,9 @@ class _SplitScan:
     linked directory walked the same way.
     """
 
-    def __init__(self, root: Path, split: str, split_dir: Path) -> None:
-        self.report = ScanReport(split)
+    def __init__(self, root: Path, split: str, split_dir: Path, other_splits: tuple[str, ...] = SPLITS,
+                 record_skips: bool = False) -> None:
+        self.report = ScanReport(split, every_skip=[] if record_skips else None)
         self.real_root = os.path.realpath(root)
         real_split = os.path.realpath(split_dir)
         if not _inside(real_split, self.real_root):
@@ -183,7 +188,7 @@ class _SplitScan:
         self.linked: set[tuple[int, int, str]] = set()  # (parent directory key, name) of files taken via links
         self.forbidden: set[DirKey] = set()
         self.forbidden_paths: list[str] = []
-        for other in dict.fromkeys((*SPLITS, split)):
+        for other in dict.fromkeys((*other_splits, split)):
             other_dir = root / other
             if other == split or not other_dir.is_dir():
                 continue
@@ -325,7 +330,8 @@ def _relative(root: str, paths: list[str]) -> list[str]:
     return [p[len(prefix):] if p.startswith(prefix) else os.path.relpath(p, root) for p in paths]
 
 
-def _class_dirs(split_dir: Path) -> list[str]:
+def class_dirs(split_dir: Path) -> list[str]:
+    """The class directories of a split, sorted: its visible sub-directories (or links to directories)."""
     return sorted(e.name for e in os.scandir(split_dir) if e.is_dir() and not e.name.startswith("."))
 
 
@@ -333,6 +339,39 @@ def _has_links(directory: Path) -> bool:
     """Whether ``directory`` holds a symlink (its class list then depends on where the link leads)."""
     with os.scandir(directory) as it:
         return any(entry.is_symlink() for entry in it)
+@dataclass
+class SplitContents:
+    """What :func:`scan_split` found: ``(path, label)`` samples by label then path, the scan's report, the class
+    directories without any image (mapped to what was skipped in them) and those unknown to the class list (not
+    scanned)."""
+
+    samples: list[tuple[str, int]]
+    report: ScanReport
+    empty: dict[str, str]
+    unknown: list[str]
+    scan: _SplitScan  # what the walk met (symlinks, the directories it listed), for the scan cache
+
+
+def scan_split(root: Path, split: str, classes: list[str], split_dir: Path | None = None, *,
+               other_splits: tuple[str, ...] = SPLITS, record_skips: bool = False) -> SplitContents:
+    """Scan ``split_dir`` (default ``root/split``) confined to ``root``: each class directory named in ``classes``
+    gives the samples of its index; a split directory in ``other_splits`` is never entered.
+
+    ``record_skips`` keeps every skipped path in ``report.every_skip`` (not only a few examples).
+    """
+    split_dir = root / split if split_dir is None else split_dir
+    present = class_dirs(split_dir)
+    label_of = {name: i for i, name in enumerate(classes)}
+    scan = _SplitScan(root, split, split_dir, other_splits, record_skips)
+    samples = scan.run([(split_dir / name, label_of[name]) for name in present if name in label_of])
+    empty = {}
+    for name in present:
+        label = label_of.get(name)
+        if label is not None and not scan.files[label]:
+            skips = scan.class_skips[label]
+            why = skips.warnings() or ([f"skipped {skips.describe_skips(())}"] if skips.skipped else [])
+            empty[name] = "".join("; " + line for line in why)
+    return SplitContents(samples, scan.report, empty, [name for name in present if name not in label_of], scan)
 
 
 def _split_dir(root: Path, split: str) -> Path:
@@ -429,35 +468,29 @@ class ImageFolderDataset(ImageDataset):
         # Stamps of the directories whose listings the class list and the split's layout come from, each taken
         # before it is listed (see paddletrain.data.scancache).
         top = {rel: os.lstat(self.root / rel) for rel in ("", "train")}
-        class_dirs = _class_dirs(train_dir)
-        if not class_dirs:
+        names = class_dirs(train_dir)
+        if not names:
             raise DatasetError(f"no class directories in {str(train_dir)!r}; expected {str(train_dir)}/<class>/<image>")
         split_dir = _split_dir(self.root, self.split)
         top.setdefault(self.split, os.lstat(split_dir))
-        present = _class_dirs(split_dir)
+        present = class_dirs(split_dir)
         if not present:
             raise DatasetError(f"no class directories in {str(split_dir)!r}; expected {str(split_dir)}/<class>/<image>")
-        unknown = sorted(set(present) - set(class_dirs))
+        unknown = sorted(set(present) - set(names))
         if unknown:
             raise DatasetError(
                 f"class directories {unknown} in {str(split_dir)!r} do not exist in the train split "
                 f"{str(self.root / 'train')!r}"
             )
-        label_of = {name: i for i, name in enumerate(class_dirs)}
-        scan = _SplitScan(self.root, self.split, split_dir)
-        samples = scan.run([(split_dir / name, label_of[name]) for name in present])
-        for name in present:
-            label = label_of[name]
-            if not scan.files[label]:
-                skips = scan.class_skips[label]
-                why = skips.warnings() or ([f"skipped {skips.describe_skips(())}"] if skips.skipped else [])
-                raise DatasetError(f"class directory {str(split_dir / name)!r} has no images (extensions: "
-                                   f"{', '.join(IMG_EXTENSIONS)}){''.join('; ' + line for line in why)}")
-        relpaths = _relative(str(self.root), [path for path, _ in samples])
-        index = SampleIndex.build(self.root, relpaths, [label for _, label in samples])
+        found = scan_split(self.root, self.split, names, split_dir)
+        for name, why in found.empty.items():
+            raise DatasetError(f"class directory {str(split_dir / name)!r} has no images (extensions: "
+                               f"{', '.join(IMG_EXTENSIONS)}){why}")
+        relpaths = _relative(str(self.root), [path for path, _ in found.samples])
+        index = SampleIndex.build(self.root, relpaths, [label for _, label in found.samples])
         if cache:
-            self._save_scan(scan, index, relpaths, class_dirs, top, (train_dir, split_dir))
-        return class_dirs, index, scan.report
+            self._save_scan(found.scan, index, relpaths, names, top, (train_dir, split_dir))
+        return names, index, found.report
 
     def _save_scan(self, scan: _SplitScan, index: SampleIndex, relpaths: list[str], class_dirs: list[str],
                    top: dict[str, os.stat_result], listings: tuple[Path, ...]) -> None:

@@ -18,6 +18,7 @@ import os
 import stat
 import warnings
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -26,7 +27,7 @@ from PIL import Image, UnidentifiedImageError
 # torchvision: usually an animation or a placeholder ("imageNotFound.gif" in a scraped dataset).
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".pgm", ".bmp", ".tif", ".tiff", ".webp")
 
-_SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
+SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
 _MAX_16_BIT = 65535
 
 
@@ -55,10 +56,7 @@ def open_image(path: str | Path, mode: str | None = None) -> Image.Image:
             ``PIL.Image.MAX_IMAGE_PIXELS`` or has a pixel format without a known range (32-bit float).
     """
     try:
-        _require_regular(os.stat(path).st_mode)
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-        with os.fdopen(fd, "rb") as file:
-            _require_regular(os.fstat(file.fileno()).st_mode)  # in case it was swapped since the stat
+        with open_regular(path) as file:
             with warnings.catch_warnings():  # process-wide filters, changed only for this one open
                 # PIL only warns between MAX_IMAGE_PIXELS and twice that; here any excess is an error.
                 warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -75,6 +73,25 @@ def open_image(path: str | Path, mode: str | None = None) -> Image.Image:
         raise ImageReadError(f"{type(exc).__name__}: {exc}") from exc
 
 
+def open_regular(path: str | Path) -> BinaryIO:
+    """``path`` opened for binary reading, only if it is a regular file (symlinks followed).
+
+    Raises:
+        ImageReadError: it is a FIFO, socket, device or directory (checked before opening, so nothing blocks,
+            and again on the open file, in case it was swapped in between).
+        OSError: it does not exist or cannot be opened.
+    """
+    _require_regular(os.stat(path).st_mode)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    file = os.fdopen(fd, "rb")
+    try:
+        _require_regular(os.fstat(file.fileno()).st_mode)  # in case it was swapped since the stat
+    except ImageReadError:
+        file.close()
+        raise
+    return file
+
+
 def _require_regular(kind: int) -> None:
     if not stat.S_ISREG(kind):
         raise ImageReadError(f"{file_kind(kind)}, not a regular file: not read (it could block forever)")
@@ -88,7 +105,7 @@ def to_mode(image: Image.Image, mode: str) -> Image.Image:
     """
     if image.mode == mode:
         return image
-    if image.mode in _SIXTEEN_BIT_MODES or image.mode == "I":
+    if image.mode in SIXTEEN_BIT_MODES or image.mode == "I":
         image = _sixteen_to_eight_bits(image)
     elif image.mode == "F" or image.mode.startswith("I;"):
         raise ImageReadError(f"pixel format {image.mode!r} (32-bit or float) has no known range to scale to "

@@ -13,6 +13,7 @@ A list is what the user wrote, so each line is checked before any training: not 
 empty, absolute or leaves ``data.root`` (``..`` or a symlink out), a duplicate path, a missing or non-regular
 file. ``bad_lines="error"`` (the default) refuses the list at its first bad line, naming the list, the line and
 the count of others; ``"skip"`` drops each bad line with a warning. A summary line says how many lines were used.
+:func:`check_label_list` returns every bad line with its kind instead (for ``python -m paddletrain.data check``).
 The list may come from someone else: its size is bounded and no file outside ``data.root`` is read.
 """
 from __future__ import annotations
@@ -43,8 +44,8 @@ from paddletrain.data.datasets import (
 from paddletrain.data.images import ImageReadError, file_kind, open_image
 from paddletrain.data.index import SampleIndex
 
-__all__ = ["BAD_LINE_POLICIES", "LabelList", "LabelListDataset", "build_labellist", "read_label_list",
-           "resolve_list_path"]
+__all__ = ["BAD_LINE_POLICIES", "LINE_PROBLEM_KINDS", "LabelList", "LabelListDataset", "LineProblem", "ListCheck",
+           "build_labellist", "check_label_list", "read_label_list", "resolve_list_path"]
 
 log = logging.getLogger("paddletrain")
 
@@ -58,8 +59,31 @@ _BOM = b"\xef\xbb\xbf"
 _INTEGER = re.compile(r"[0-9]+")
 
 
+# The kinds of bad line, for a report that groups them (every one of them stops training under bad_lines=error).
+BAD_LINE = "bad-line"  # unreadable as a line of this format: encoding, BOM, CR, blank, no delimiter, label text
+OUT_OF_RANGE = "label-out-of-range"
+BAD_PATH = "bad-path"  # empty, absolute, leaving data.root, or not a regular file
+MISSING_FILE = "missing-file"
+LISTED_TWICE = "listed-twice"
+LINE_PROBLEM_KINDS = (BAD_LINE, OUT_OF_RANGE, BAD_PATH, MISSING_FILE, LISTED_TWICE)
+
+
 class _BadLine(ValueError):
-    """One line's problem (the message says what is wrong with it)."""
+    """One line's problem (the message says what is wrong with it, ``kind`` which kind of problem it is)."""
+
+    def __init__(self, message: str, kind: str = BAD_LINE) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass(frozen=True, order=True)
+class LineProblem:
+    """What is wrong with line ``line`` (1-based) of a list: one of :data:`LINE_PROBLEM_KINDS` and a message that
+    completes ``line N ...``, e.g. ``has label 7, out of range for 3 classes (0..2)``."""
+
+    line: int
+    kind: str
+    message: str
 
 
 @dataclass
@@ -84,6 +108,17 @@ class LabelList:
     num_classes: int
     lines: int
     skipped: int
+
+
+@dataclass(frozen=True)
+class ListCheck:
+    """Every bad line of a list (by line number), and the list of its good lines (None when none is good);
+    ``sample_lines[i]`` is the line of ``found.index``'s sample ``i``."""
+
+    found: LabelList | None
+    problems: list[LineProblem]
+    lines: int
+    sample_lines: list[int]
 
 
 def resolve_list_path(path: str | Path, root: str | Path) -> Path:
@@ -112,20 +147,38 @@ def read_label_list(path: str | Path, root: str | Path, *, key: str, delimiter: 
     """
     if bad_lines not in BAD_LINE_POLICIES:
         raise DatasetError(f"data.bad_lines={bad_lines!r} is not one of {', '.join(BAD_LINE_POLICIES)}")
+    where = f"{key}={str(path)!r}"
+    checked = check_label_list(path, root, key=key, delimiter=delimiter, multilabel=multilabel,
+                               num_classes=num_classes, check_files=check_files)
+    _report(checked.problems, where, bad_lines)
+    found = checked.found
+    if found is None:
+        raise DatasetError(f"{where} has no usable line (read {checked.lines} lines; each one a path and its label "
+                           f"relative to data.root={str(root)!r})")
+    log.info("%s: %d of %d lines used%s", where, len(found.index), found.lines,
+             f", {found.skipped} bad lines skipped (data.bad_lines=skip)" if found.skipped else "")
+    return found
+
+
+def check_label_list(path: str | Path, root: str | Path, *, key: str, delimiter: str = " ",
+                     multilabel: bool = False, num_classes: int | None = None, check_files: bool = True) -> ListCheck:
+    """Check every line of the label list at ``path`` and return the problems rather than raising at the first.
+
+    The same checks as :func:`read_label_list` (which calls it), with the same arguments; ``found`` holds the
+    good lines (what ``bad_lines="skip"`` trains on), or None when no line is good.
+
+    Raises:
+        DatasetError: the list as a whole cannot be read (not a file, too large, a CSV list without its header)
+            or ``delimiter`` cannot separate anything.
+    """
     if not delimiter or delimiter in "\r\n":
         raise DatasetError(f"data.delimiter={delimiter!r} must be a character that separates path and label")
     where = f"{key}={str(path)!r}"
     data = _read_bounded(Path(path), where)
     parse = _MultiLabelParser(num_classes) if multilabel else _LabelParser(num_classes)
-    if Path(path).suffix.lower() == ".csv" and not multilabel:
+    if multilabel or Path(path).suffix.lower() == ".csv":
         lines = _lines(data)
-        rows, problems = _csv_rows(lines, where)
-        entries, more = _parse_rows(rows, parse)
-        problems += more
-        total = len(lines)
-    elif multilabel:
-        lines = _lines(data)
-        rows, problems = _split_rows(lines, "\t")
+        rows, problems = _split_rows(lines, "\t") if multilabel else _csv_rows(lines, where)
         entries, more = _parse_rows(rows, parse)
         problems += more
         total = len(lines)
@@ -133,20 +186,16 @@ def read_label_list(path: str | Path, root: str | Path, *, key: str, delimiter: 
         entries, problems, total = _single_label_entries(data, delimiter, parse)
     if check_files and entries.numbers:
         problems += _file_problems(entries, Path(root))
-    _report(sorted(problems), where, bad_lines, total)
+    problems.sort()
     if problems:
-        entries = entries.without({line for line, _ in problems})
+        entries = entries.without({problem.line for problem in problems})
     if not entries.numbers:
-        raise DatasetError(f"{where} has no usable line (read {total} lines; each one a path and its label "
-                           f"relative to data.root={str(root)!r})")
+        return ListCheck(None, problems, total, [])
     labels = np.array(entries.labels, np.uint8 if multilabel else np.int64)
     index = SampleIndex.build(root, entries.paths, labels)
     count = parse.num_classes if multilabel else int(labels.max()) + 1
-    kept = len(entries.numbers)
-    found = LabelList(index, num_classes if num_classes is not None else count, total, total - kept)
-    log.info("%s: %d of %d lines used%s", where, kept, total,
-             f", {found.skipped} bad lines skipped (data.bad_lines=skip)" if found.skipped else "")
-    return found
+    found = LabelList(index, num_classes if num_classes is not None else count, total, total - len(entries.numbers))
+    return ListCheck(found, problems, total, list(entries.numbers))
 
 
 def _read_bounded(path: Path, where: str) -> bytes:
@@ -187,26 +236,26 @@ def _decoded(lines: list[bytes], first: int = 1) -> Iterator[tuple[int, str | _B
 
 
 def _split_rows(lines: list[bytes], delimiter: str, first: int = 1,
-                ) -> tuple[list[tuple[int, str, str]], list[tuple[int, str]]]:
+                ) -> tuple[list[tuple[int, str, str]], list[LineProblem]]:
     rows, problems = [], []
     for number, text in _decoded(lines, first):
         if isinstance(text, _BadLine):
-            problems.append((number, str(text)))
+            problems.append(LineProblem(number, text.kind, str(text)))
             continue
         relpath, found, label = text.rpartition(delimiter)
         if not found:
-            problems.append((number, f"has no {delimiter!r} between the path and its label"))
+            problems.append(LineProblem(number, BAD_LINE, f"has no {delimiter!r} between the path and its label"))
         else:
             rows.append((number, relpath, label))
     return rows, problems
 
 
-def _csv_rows(lines: list[bytes], where: str) -> tuple[list[tuple[int, str, str]], list[tuple[int, str]]]:
+def _csv_rows(lines: list[bytes], where: str) -> tuple[list[tuple[int, str, str]], list[LineProblem]]:
     """The ``path`` and ``label`` columns of a CSV list; its first line is the header."""
     rows, problems, columns = [], [], None
     for number, text in _decoded(lines):
         if isinstance(text, _BadLine):
-            problems.append((number, str(text)))
+            problems.append(LineProblem(number, text.kind, str(text)))
             continue
         fields = next(csv.reader([text]))
         if columns is None:
@@ -216,7 +265,8 @@ def _csv_rows(lines: list[bytes], where: str) -> tuple[list[tuple[int, str, str]
                                    f"{text[:200]!r} on line {number}")
             columns = names.index("path"), names.index("label")
         elif len(fields) <= max(columns):
-            problems.append((number, f"has {len(fields)} CSV fields, the header {max(columns) + 1} or more"))
+            problems.append(LineProblem(number, BAD_LINE,
+                                        f"has {len(fields)} CSV fields, the header {max(columns) + 1} or more"))
         else:
             rows.append((number, fields[columns[0]], fields[columns[1]].strip()))
     return rows, problems
@@ -233,7 +283,8 @@ class _LabelParser:
             raise _BadLine(f"has label {text[:40]!r}, not a class index (a non-negative integer)")
         label = int(text)
         if label >= self.limit:
-            raise _BadLine(f"has label {label}, out of range for {self.limit} classes (0..{self.limit - 1})")
+            raise _BadLine(f"has label {label}, out of range for {self.limit} classes (0..{self.limit - 1})",
+                           OUT_OF_RANGE)
         return label
 
 
@@ -250,23 +301,23 @@ class _MultiLabelParser:
         if self.num_classes is None:
             self.num_classes = len(values)
         elif len(values) != self.num_classes:
-            raise _BadLine(f"has {len(values)} label values, not one per class ({self.num_classes})")
+            raise _BadLine(f"has {len(values)} label values, not one per class ({self.num_classes})", OUT_OF_RANGE)
         return [int(v) for v in values]
 
 
 def _parse_rows(rows: list[tuple[int, str, str]], parse: _LabelParser | _MultiLabelParser,
-                ) -> tuple[_Entries, list[tuple[int, str]]]:
+                ) -> tuple[_Entries, list[LineProblem]]:
     """Check each row's path (as text) and label; a path listed twice is a problem on its second line."""
     entries, problems, first_line = _Entries(), [], {}
     for number, relpath, label_text in rows:
         try:
             clean = _clean_relpath(relpath)
             if clean in first_line:
-                raise _BadLine(f"lists {relpath!r} again (first on line {first_line[clean]})")
+                raise _BadLine(f"lists {relpath!r} again (first on line {first_line[clean]})", LISTED_TWICE)
             first_line[clean] = number
             label = parse(label_text)
         except _BadLine as exc:
-            problems.append((number, str(exc)))
+            problems.append(LineProblem(number, exc.kind, str(exc)))
             continue
         entries.numbers.append(number)
         entries.paths.append(clean)
@@ -279,7 +330,7 @@ _FAST_LABEL_DIGITS = 9
 
 
 def _single_label_entries(data: bytes, delimiter: str, parse: _LabelParser,
-                          ) -> tuple[_Entries, list[tuple[int, str]], int]:
+                          ) -> tuple[_Entries, list[LineProblem], int]:
     """PaddleClas's ``<path><delimiter><label>`` lines: (entries, problems, line count), as the general path
     (:func:`_split_rows` then :func:`_parse_rows`) finds them, in a third of its time on a clean list.
 
@@ -300,7 +351,7 @@ def _single_label_entries(data: bytes, delimiter: str, parse: _LabelParser,
     entries, problems = _Entries(), []
     numbers, paths, labels = entries.numbers, entries.paths, entries.labels
     raw_paths: dict[int, str] = {}  # a general line's path as written, for the duplicate message
-    label_problems: dict[int, str] = {}
+    label_problems: dict[int, _BadLine] = {}
     for number, line in enumerate(texts, 1):
         path, found, label = line.rstrip(" ").rpartition(delimiter)
         # A plain path is one _clean_relpath would return unchanged, told by cheap tests: not empty, no leading
@@ -317,13 +368,13 @@ def _single_label_entries(data: bytes, delimiter: str, parse: _LabelParser,
         # Re-encoding gives the line's exact bytes back: the whole list decoded as strict UTF-8.
         rows, line_problems = _split_rows([line.encode("utf-8")], delimiter, first=number)
         if line_problems:
-            problems.append((number, line_problems[0][1]))
+            problems.append(line_problems[0])
             continue
         _, relpath, label_text = rows[0]
         try:
             clean = _clean_relpath(relpath)
         except _BadLine as exc:
-            problems.append((number, str(exc)))
+            problems.append(LineProblem(number, exc.kind, str(exc)))
             continue
         numbers.append(number)
         paths.append(clean)
@@ -332,25 +383,25 @@ def _single_label_entries(data: bytes, delimiter: str, parse: _LabelParser,
             labels.append(parse(label_text))
         except _BadLine as exc:
             labels.append(-1)
-            label_problems[number] = str(exc)
+            label_problems[number] = exc
     values = np.array(labels, np.int64)
     for i in np.flatnonzero(values >= parse.limit).tolist():
         try:
             parse(str(labels[i]))
         except _BadLine as exc:
-            label_problems[numbers[i]] = str(exc)
+            label_problems[numbers[i]] = exc
     duplicates = _duplicates(numbers, paths, raw_paths)
     # As in _parse_rows: a duplicate is reported as such whatever its label; the first line of a path counts
     # even when its own label is bad.
     problems += duplicates
-    duplicated = {n for n, _ in duplicates}
-    problems += [(n, message) for n, message in label_problems.items() if n not in duplicated]
+    duplicated = {problem.line for problem in duplicates}
+    problems += [LineProblem(n, exc.kind, str(exc)) for n, exc in label_problems.items() if n not in duplicated]
     if duplicated or label_problems:  # entries hold the good lines only, as _parse_rows's do
         entries = entries.without(duplicated | set(label_problems))
     return entries, problems, len(texts)
 
 
-def _duplicates(numbers: list[int], paths: list[str], raw_paths: dict[int, str]) -> list[tuple[int, str]]:
+def _duplicates(numbers: list[int], paths: list[str], raw_paths: dict[int, str]) -> list[LineProblem]:
     """A problem for each line whose path an earlier line listed (one set when there is none, the usual case)."""
     if len(set(paths)) == len(paths):
         return []
@@ -358,8 +409,8 @@ def _duplicates(numbers: list[int], paths: list[str], raw_paths: dict[int, str])
     problems = []
     for number, clean in zip(numbers, paths, strict=True):
         if clean in first_line:
-            problems.append((number, f"lists {raw_paths.get(number, clean)!r} again (first on line "
-                                     f"{first_line[clean]})"))
+            problems.append(LineProblem(number, LISTED_TWICE, f"lists {raw_paths.get(number, clean)!r} again "
+                                                              f"(first on line {first_line[clean]})"))
         else:
             first_line[clean] = number
     return problems
@@ -367,12 +418,12 @@ def _duplicates(numbers: list[int], paths: list[str], raw_paths: dict[int, str])
 
 def _clean_relpath(relpath: str) -> str:
     if not relpath.strip():
-        raise _BadLine("has an empty path")
+        raise _BadLine("has an empty path", BAD_PATH)
     if os.path.isabs(relpath) or re.match(r"[A-Za-z]:[\\/]", relpath):
-        raise _BadLine(f"has an absolute path {relpath!r}; paths are relative to data.root")
+        raise _BadLine(f"has an absolute path {relpath!r}; paths are relative to data.root", BAD_PATH)
     clean = os.path.normpath(relpath)
     if clean == ".." or clean.startswith("../"):
-        raise _BadLine(f"has path {relpath!r}, which leaves data.root")
+        raise _BadLine(f"has path {relpath!r}, which leaves data.root", BAD_PATH)
     return clean
 
 
@@ -380,7 +431,7 @@ def _clean_relpath(relpath: str) -> str:
 _LISTED_FOLDER = 32
 
 
-def _file_problems(entries: _Entries, root: Path) -> list[tuple[int, str]]:
+def _file_problems(entries: _Entries, root: Path) -> list[LineProblem]:
     """Missing, non-regular and out-of-root files: one realpath per folder and per symlink, and per folder either
     one ``scandir`` (its plain files cost nothing more: their type comes with the listing) or an lstat per file.
 
@@ -404,7 +455,7 @@ def _file_problems(entries: _Entries, root: Path) -> list[tuple[int, str]]:
                 continue
             problem = _file_problem(os.path.join(real_root, relpath), real_root, inside)
             if problem:
-                problems.append((entries.numbers[i], f"names {relpath!r}, {problem}"))
+                problems.append(LineProblem(entries.numbers[i], problem[0], f"names {relpath!r}, {problem[1]}"))
     return problems
 
 
@@ -417,37 +468,38 @@ def _plain_files(directory: str) -> frozenset[str]:
         return frozenset()
 
 
-def _file_problem(path: str, real_root: str, folder_inside: bool) -> str | None:
+def _file_problem(path: str, real_root: str, folder_inside: bool) -> tuple[str, str] | None:
+    """(kind, what is wrong) for a listed file that cannot be a sample, else None."""
     if not folder_inside:
-        return "whose folder is a symlink out of data.root"
+        return BAD_PATH, "whose folder is a symlink out of data.root"
     try:
         mode = os.lstat(path).st_mode
         if stat.S_ISLNK(mode):
             target = os.path.realpath(path)
             if not _inside(target, real_root):
-                return "a symlink out of data.root"
+                return BAD_PATH, "a symlink out of data.root"
             mode = os.stat(target).st_mode
     except FileNotFoundError:
-        return "which does not exist"
+        return MISSING_FILE, "which does not exist"
     except OSError as exc:
-        return f"which cannot be read ({exc.strerror})"
-    return None if stat.S_ISREG(mode) else f"which is {file_kind(mode)}, not an image file"
+        return MISSING_FILE, f"which cannot be read ({exc.strerror})"
+    return None if stat.S_ISREG(mode) else (BAD_PATH, f"which is {file_kind(mode)}, not an image file")
 
 
 def _inside(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
 
 
-def _report(problems: list[tuple[int, str]], where: str, bad_lines: str, total: int) -> None:
+def _report(problems: list[LineProblem], where: str, bad_lines: str) -> None:
     if not problems:
         return
     if bad_lines == "error":
-        line, message = problems[0]
+        line, message = problems[0].line, problems[0].message
         more = f" ({len(problems) - 1} more bad lines)" if len(problems) > 1 else ""
         raise DatasetError(f"{where} line {line} {message}{more}; fix the list, or set data.bad_lines=skip to "
                            "skip bad lines with a warning each")
-    for line, message in problems[:_WARNED_LINES]:
-        log.warning("%s line %d %s: skipped", where, line, message)
+    for problem in problems[:_WARNED_LINES]:
+        log.warning("%s line %d %s: skipped", where, problem.line, problem.message)
     if len(problems) > _WARNED_LINES:
         log.warning("%s: %d more bad lines skipped", where, len(problems) - _WARNED_LINES)
 
