@@ -5,6 +5,7 @@ import itertools
 import json
 import logging
 import math
+from pathlib import Path
 
 import numpy as np
 import paddle
@@ -170,6 +171,34 @@ def test_an_imbalanced_folder_trains_with_balanced_weights_sampler_and_focal_los
     assert summary["val/classes"] == ["common", "rare"]
     assert [row["support"] for row in summary["val/per_class"].values()] == [4, 2]
     assert "loss.class_weights=balanced: 0.625, 2.5" in caplog.text
+
+
+
+HYMENOPTERA = Path("/work/shared/data/hymenoptera_data")
+
+
+@pytest.mark.skipif(not HYMENOPTERA.is_dir(), reason=f"the ants/bees images are not at {HYMENOPTERA}")
+def test_the_class_balanced_sampler_evens_out_a_12_to_1_split_of_the_ants_and_bees_photos(tmp_path):
+    # Every ant photo against 10 bee photos, as a label list: the draw of an epoch is about half bees.
+    ants = sorted((HYMENOPTERA / "train" / "ants").glob("*.jpg"))
+    bees = sorted((HYMENOPTERA / "train" / "bees").glob("*.jpg"))[:10]
+    (tmp_path / "train.txt").write_text("".join(f"train/ants/{p.name} 0\n" for p in ants)
+                                         + "".join(f"train/bees/{p.name} 1\n" for p in bees))
+    cfg = compose_fit([*TINY, "data=labellist", f"data.root={HYMENOPTERA}", f"data.train_list={tmp_path}/train.txt",
+                       f"data.val_list={tmp_path}/train.txt", "data.image_size=32", "data.num_workers=0",
+                       "data.sampler=class_balanced", "loss=focal", "loss.class_weights=balanced",
+                       "callbacks.visualdl=null"])
+    validate_config(cfg)
+    run = build_run(cfg, tmp_path / "run")
+    sampler = run.train_loader.batch_sampler
+    sampler.set_epoch(0)
+    # the list's order is the index's: the first len(ants) samples are ants (label 0), the rest bees
+    drawn = np.array([key.index for batch in sampler for key in batch]) >= len(ants)
+    # 131 draws of p = 1/2: 3.5 standard deviations either side is [0.35, 0.65]
+    assert len(ants) / len(bees) > 10 and 0.35 < drawn.mean() < 0.65, drawn.mean()
+    weights = run.trainer.loss_fn.keywords["class_weights"].numpy()
+    total = len(ants) + len(bees)
+    np.testing.assert_allclose(weights, [total / (2 * len(ants)), total / (2 * len(bees))], rtol=1e-6)
 
 
 def test_class_weights_of_the_wrong_length_end_in_one_line_naming_the_key(tmp_path):

@@ -339,3 +339,27 @@ def test_a_softmax_loss_with_multilabel_stops_fit_with_one_line(squares, tmp_pat
     output = result.stdout + result.stderr
     assert result.returncode == ExitCode.USER_ERROR and "Traceback" not in output
     assert "loss.name=cross_entropy is a single-label (softmax) loss but data.multilabel=true" in output
+
+
+HYMENOPTERA = Path("/work/shared/data/hymenoptera_data")
+
+
+@pytest.mark.skipif(not HYMENOPTERA.is_dir(), reason=f"the ants/bees images are not at {HYMENOPTERA}")
+def test_a_multilabel_list_of_the_ants_and_bees_photos_trains_and_reports_map(tmp_path):
+    # Two columns (ants, bees), one of them on: real JPEGs of every size through the multi-label path.
+    for split in ("train", "val"):
+        lines = [f"{split}/{name}/{image.name}\t{'1,0' if name == 'ants' else '0,1'}"
+                 for name in ("ants", "bees") for image in sorted((HYMENOPTERA / split / name).glob("*.jpg"))]
+        (tmp_path / f"{split}.txt").write_text("\n".join(lines) + "\n")
+    (tmp_path / "names.txt").write_text("ants\nbees\n")
+    run_dir = tmp_path / "run"
+    result = run_module("paddletrain.fit", [
+        "data=labellist", "data.multilabel=true", f"data.root={HYMENOPTERA}", f"data.train_list={tmp_path}/train.txt",
+        f"data.val_list={tmp_path}/val.txt", f"data.class_names={tmp_path}/names.txt", "model=resnet20",
+        "data.image_size=32", "data.batch_size=16", "data.num_workers=0", "trainer.max_epochs=1",
+        "trainer.limit_train_batches=3", "trainer.limit_val_batches=2", "trainer.cpu_threads=1",
+        "callbacks.progress_bar.enabled=false", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert 0.0 <= summary["val/mAP"] <= 1.0 and "val/top1" not in summary
+    assert summary["best"]["monitor"] == "val/mAP"
