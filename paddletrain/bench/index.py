@@ -134,12 +134,14 @@ def worker_memory(dataset: Any, workers: int, batch_size: int) -> list[dict[str,
     cfg = OmegaConf.structured(DataConfig(batch_size=batch_size, num_workers=workers, drop_last=False))
     loader = build_loader(dataset, cfg, train=True, seed=0)
     me = psutil.Process()
+    others = {c.pid for c in me.children()}  # processes this one started before (a test runner's, say)
     last = len(loader) - 1
     before: dict[int, Any] = {}
     after: dict[int, Any] = {}
     for i, _ in enumerate(loader):  # the workers are alive until the loop ends
         if i in (0, last):
-            (before if i == 0 else after).update({c.pid: c.memory_full_info() for c in me.children()})
+            (before if i == 0 else after).update({c.pid: c.memory_full_info() for c in me.children()
+                                                  if c.pid not in others})
     rows = []
     for pid in sorted(before.keys() & after.keys()):
         row = {"pid": pid}
