@@ -251,7 +251,7 @@ class CheckedDataLoader(paddle.io.DataLoader):
         return iterator
 
     def _load_in_this_thread(self) -> Iterator[list]:
-        # On the CPU a tensor can share the freshly stacked array's memory instead of copying it again.
+        # On the CPU a tensor can share the batch array's memory instead of copying it again (see _BatchArrays).
         on_cpu = paddle.get_device() == "cpu"
         arrays = _BatchArrays()
         for keys in self.batch_sampler:
