@@ -18,6 +18,7 @@ from paddletrain.data.datasets import BadSampleError, DatasetError
 from paddletrain.data.loaders import (
     BadSample,
     SeededDataset,
+    _BatchArrays,
     _global_rngs_restored,
     batch_seeds,
     build_loader,
@@ -346,6 +347,37 @@ def test_batches_from_the_main_thread_do_not_share_memory():
     for x, expected in zip(kept, first, strict=True):
         np.testing.assert_array_equal(x.numpy(), expected)
     assert [int(x[0, 0, 0, 0]) for x in kept] == [0, 4, 8]
+
+
+def test_a_batch_array_is_reused_only_once_the_tensor_lent_from_it_is_gone():
+    arrays = _BatchArrays()
+    first = arrays.empty((4, 3, 8, 8), np.float32)
+    view = first[:3]
+    arrays.lend(view)
+    tensor = paddle.from_dlpack(view)  # as the loader does on the CPU: the capsule holds the view
+    del view
+    sliced = tensor[1:]
+    del tensor
+    gc.collect()
+    assert arrays.empty((4, 3, 8, 8), np.float32) is not first  # a slice still shares its memory
+    del sliced
+    gc.collect()
+    assert arrays.empty((4, 3, 9, 9), np.float32) is not first  # another shape gets its own array
+    assert arrays.empty((4, 3, 8, 8), np.float32) is first
+
+
+def test_a_consumer_that_drops_its_batches_gets_them_in_reused_arrays_with_the_same_values(monkeypatch):
+    cfg = _cfg(train_transform="small")
+    loader = build_loader(_augmented(cfg, n=24), cfg, train=True, seed=3)
+    expected = _batches(loader, epoch=1)
+    handed = []
+    empty = _BatchArrays.empty
+    monkeypatch.setattr(_BatchArrays, "empty", lambda self, *args: handed.append(empty(self, *args)) or handed[-1])
+    loader.batch_sampler.set_epoch(1)
+    for (x, y), (ex, ey) in zip(loader, expected, strict=True):
+        np.testing.assert_array_equal(x.numpy(), ex)
+        np.testing.assert_array_equal(y.numpy(), ey)
+    assert len({id(a) for a in handed}) < len(handed) == len(expected)  # 6 batches from fewer arrays
 
 
 def test_augment_list_batches_are_identical_with_0_and_2_workers_and_repeats_reach_the_sampler():
