@@ -39,6 +39,14 @@ from paddletrain.state_checks import (
 log = logging.getLogger("paddletrain")
 
 
+# Trainer.predict's outputs from float32 logits.
+_ACTIVATIONS: dict[str, Callable[[paddle.Tensor], paddle.Tensor]] = {
+    "softmax": lambda logits: paddle.nn.functional.softmax(logits, axis=-1),
+    "sigmoid": paddle.nn.functional.sigmoid,
+    "none": lambda logits: logits,
+}
+
+
 class Trainer:
     """Train and evaluate a classification model.
 
@@ -449,8 +457,15 @@ class Trainer:
         self._call("on_validation_end", metrics)
         return metrics
 
-    def predict(self, loader: Iterable) -> np.ndarray:
-        """Softmax probabilities for every sample of ``loader`` (batches of images, or (images, ...) tuples)."""
+    def predict(self, loader: Iterable, activation: str = "softmax") -> np.ndarray:
+        """Probabilities for every sample of ``loader`` (batches of images, or (images, ...) tuples).
+
+        ``activation``: ``softmax`` (one class per image), ``sigmoid`` (each class on its own: a multi-label
+        model), or ``none`` for the logits.
+        """
+        outputs_of = _ACTIVATIONS.get(activation)
+        if outputs_of is None:
+            raise ValueError(f"activation={activation!r} is not one of {', '.join(_ACTIVATIONS)}")
         self.setup()
         self.module.eval()
         outputs = []
@@ -459,7 +474,7 @@ class Trainer:
                 images = batch[0] if isinstance(batch, (list, tuple)) else batch
                 with self.precision.autocast(training=False):
                     logits = self.model(images)
-                outputs.append(paddle.nn.functional.softmax(logits.astype("float32"), axis=-1).numpy())
+                outputs.append(outputs_of(logits.astype("float32")).numpy())
         return np.concatenate(outputs) if outputs else np.zeros((0, 0), dtype="float32")
 
     # ------------------------------------------------------------------ state

@@ -225,9 +225,17 @@ def test_max_steps_and_should_stop():
 
 def test_predict_returns_probabilities():
     model = linear_model()
-    probs = Trainer(model, sgd(model)).predict(make_batches(2, 5))
+    trainer = Trainer(model, sgd(model))
+    probs = trainer.predict(make_batches(2, 5))
     assert probs.shape == (10, 3)
     np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-5)
+    logits = trainer.predict(make_batches(2, 5), activation="none")
+    # a multi-label model scores each class on its own
+    np.testing.assert_allclose(trainer.predict(make_batches(2, 5), activation="sigmoid"), 1 / (1 + np.exp(-logits)),
+                               rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(probs, np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True), rtol=1e-5)
+    with pytest.raises(ValueError, match="activation='tanh' is not one of softmax, sigmoid, none"):
+        trainer.predict(make_batches(2, 5), activation="tanh")
 
 
 def test_custom_training_step_subclass():
