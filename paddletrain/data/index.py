@@ -74,12 +74,6 @@ class SampleIndex:
     def multilabel(self) -> bool:
         return self.labels.ndim == 2
 
-    def class_counts(self, num_classes: int) -> np.ndarray:
-        """Samples per class (a multi-hot row counts for each of its classes)."""
-        if self.multilabel:
-            return self.labels.sum(axis=0, dtype=np.int64)
-        return np.bincount(self.labels, minlength=num_classes).astype(np.int64)
-
     @property
     def nbytes(self) -> int:
         """The memory the index's arrays hold."""
