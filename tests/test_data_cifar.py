@@ -99,11 +99,11 @@ class _Exploit:
 
 def test_restricted_unpickler_refuses_arbitrary_globals(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
-    with pytest.raises(DatasetError, match="(posix|os).system is not allowed"):
+    with pytest.raises(DatasetError, match="CIFAR batch 'evil'.*references (posix|os).system"):
         safe_load(_pickle({b"data": _Exploit(marker)}), "evil")
     members = {"test_batch": {b"data": _Exploit(marker), b"labels": [0]}, "batches.meta": {b"label_names": [b"a"]}}
     make_archive(tmp_path / "root", "cifar10", members={k: _pickle(v) for k, v in members.items()})
-    with pytest.raises(DatasetError, match="test_batch.*not allowed"):
+    with pytest.raises(DatasetError, match="test_batch.*references (posix|os).system"):
         CifarDataset(tmp_path / "root", "val")
     assert not marker.exists()
 
@@ -113,7 +113,7 @@ def test_restricted_unpickler_refuses_other_codecs() -> None:
         def __reduce__(self):
             return (codecs.encode, ("x", "rot13"))
 
-    with pytest.raises(DatasetError, match="'rot13' is not allowed"):
+    with pytest.raises(DatasetError, match="_codecs.encode is called with other arguments"):
         safe_load(_pickle(_Codec()), "codec")
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from .errors import CheckpointError
 from .manifest import read_manifest, verify_files
 from .storage import STATE, TENSORS, interrupted_save_name
-from .untrusted import confined_path
+from .untrusted import confined_path, is_plain_int
 
 logger = logging.getLogger(__name__)
 
@@ -52,17 +52,14 @@ def _scan(run_dir: Path, interrupted: bool = False) -> tuple[list[CheckpointInfo
         step, epoch = meta.get("global_step"), meta.get("epoch")
         found.append(CheckpointInfo(
             path=entry,
-            global_step=step if _is_int(step) else -1,
-            epoch=epoch if _is_int(epoch) else None,
+            global_step=step if is_plain_int(step) else -1,
+            epoch=epoch if is_plain_int(epoch) else None,
             created=manifest["created"],
             metadata=meta,
         ))
     found.sort(key=lambda info: (info.global_step, info.created, info.path.name))
     return found, rejected
 
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def find_checkpoints(run_dir: str | os.PathLike) -> list[CheckpointInfo]:

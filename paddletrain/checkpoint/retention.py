@@ -29,6 +29,7 @@ from .untrusted import (
     checked_number,
     checked_optional_int,
     confined_path,
+    is_plain_int,
     show,
 )
 
@@ -86,9 +87,6 @@ def _as_metric(value: Any) -> float | None:
         return None
     return None if math.isnan(metric) else metric
 
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class CheckpointManager:
@@ -166,7 +164,7 @@ class CheckpointManager:
             return
         meta = manifest.get("metadata") or {}
         step, epoch = meta.get("global_step"), meta.get("epoch")
-        self._records[name] = _Record(name, step if _is_int(step) else -1, epoch if _is_int(epoch) else None,
+        self._records[name] = _Record(name, step if is_plain_int(step) else -1, epoch if is_plain_int(epoch) else None,
                                       _as_metric(meta.get("metric")), manifest["created"])
 
     # -- ranking --------------------------------------------------------------------------------------

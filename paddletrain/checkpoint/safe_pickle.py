@@ -101,7 +101,22 @@ def _scalar(dtype: Any, data: Any = None) -> np.generic:
     return np.frombuffer(data, dtype=dtype)[0]
 
 
+def _frombuffer(buffer: Any, dtype: Any, shape: Any, order: Any) -> np.ndarray:
+    # numpy pickles an array with protocol 5 as _frombuffer(<in-band bytes>, dtype, shape, order).
+    dtype = _plain_dtype(dtype)
+    if not isinstance(buffer, (bytes, bytearray)) or order not in ("C", "F") or not isinstance(shape, tuple) \
+            or len(shape) > _MAX_NDIM or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                                                 for n in shape):
+        raise _Refused("numpy's _frombuffer is called with other arguments than numpy itself uses")
+    if len(buffer) != math.prod(shape) * dtype.itemsize:
+        raise _Refused(f"a numpy array of shape {list(shape)} and dtype {dtype} needs "
+                       f"{math.prod(shape) * dtype.itemsize} bytes of data, the file holds {len(buffer)}")
+    return np.frombuffer(bytes(buffer), dtype=dtype).reshape(shape, order=order)
+
+
 def _dtype(spec: Any, align: Any = False, copy: Any = False) -> np.dtype:
+    if isinstance(spec, bytes) and spec.isascii():  # a Python 2 pickle read with encoding="bytes"
+        spec = spec.decode("ascii")
     if not isinstance(spec, str) or len(spec) > 8 or not isinstance(align, bool) or not isinstance(copy, bool):
         raise _Refused(f"numpy.dtype is called with {type(spec).__name__} {str(spec)[:20]!r}; only short type "
                        "codes such as 'f4' are allowed")
@@ -147,6 +162,7 @@ _MULTIARRAY = {"_reconstruct": _reconstruct, "scalar": _scalar}
 _ALLOWED: dict[tuple[str, str], Any] = {
     **{(module, name): f for module in ("numpy.core.multiarray", "numpy._core.multiarray")
        for name, f in _MULTIARRAY.items()},
+    **{(module, "_frombuffer"): _frombuffer for module in ("numpy.core.numeric", "numpy._core.numeric")},
     ("numpy", "ndarray"): np.ndarray,  # only as _reconstruct's first argument: calling it is refused
     ("numpy", "dtype"): _dtype,
     ("_codecs", "encode"): _encode,
@@ -184,8 +200,8 @@ class _Dispatch(dict):
 
 
 class _SafeUnpickler(pickle._Unpickler):  # type: ignore[name-defined]  # the pure-Python one: every opcode hookable
-    def __init__(self, data: bytes) -> None:
-        super().__init__(io.BytesIO(data))
+    def __init__(self, data: bytes, encoding: str) -> None:
+        super().__init__(io.BytesIO(data), encoding=encoding)
         self.opcodes = 0
 
     def find_class(self, module: str, name: str) -> Any:
@@ -350,8 +366,10 @@ def _check_tree(root: Any) -> None:
         stack.extend((child, depth + 1) for child in children)
 
 
-def loads(data: bytes, source: str) -> Any:
+def loads(data: bytes, source: str, encoding: str = "ASCII") -> Any:
     """Unpickle ``data`` (read from ``source``, named in errors) under the rules above.
+
+    ``encoding="bytes"`` reads a Python 2 pickle (CIFAR's batches) with its ``str`` values as ``bytes``.
 
     Raises:
         PickleRefused: naming ``source`` and the first rule the pickle breaks (``needs_trust`` tells whether
@@ -359,7 +377,7 @@ def loads(data: bytes, source: str) -> Any:
         CheckpointError: the data is truncated or not a pickle.
     """
     try:
-        result = _SafeUnpickler(data).load()
+        result = _SafeUnpickler(data, encoding).load()
         _check_tree(result)
         return result
     except _Refused as error:

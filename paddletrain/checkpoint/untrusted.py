@@ -102,6 +102,11 @@ def check_inside(path: str | os.PathLike, root: str | os.PathLike, key: str) -> 
     return path
 
 
+def is_plain_int(value: object) -> bool:
+    """An ``int`` that is not a ``bool`` (JSON and pickles give both; a count or step must be the first)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def checked_int(value: Any, key: str, *, minimum: int = 0, maximum: int = MAX_COUNT) -> int:
     """``value`` when it is an int (not a bool) in ``[minimum, maximum]``, else :class:`StateValueError`."""
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:

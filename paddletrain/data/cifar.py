@@ -1,16 +1,13 @@
 """CIFAR-10 / CIFAR-100 read from the python-pickle archives Paddle downloads (``cifar-10{,0}-python.tar.gz``).
 
-The batches inside are pickles, and unpickling runs whatever the file asks for. They are read with
-``SafeUnpickler``, which only lets through the few numpy globals needed to rebuild an array (the containers,
-bytes, str and int of the batches need no globals at all); anything else is refused, so a tampered archive
-fails with an error instead of running code. An already extracted ``cifar-10-batches-py`` /
+The batches inside are pickles, and unpickling runs whatever the file asks for. They are read with the
+checkpoint reader's restricted unpickler (:mod:`paddletrain.checkpoint.safe_pickle`), which only rebuilds
+numpy arrays and plain containers and refuses every other global, so a tampered archive fails with an error
+instead of running code. An already extracted ``cifar-10-batches-py`` /
 ``cifar-100-python`` directory next to the archive works too.
 """
 from __future__ import annotations
 
-import importlib
-import io
-import pickle
 import shutil
 import tarfile
 from collections.abc import Callable, Iterator
@@ -21,7 +18,16 @@ import numpy as np
 from paddle.dataset import common as paddle_dataset  # module, not names: tests replace its download()
 from paddle.vision.datasets import cifar as paddle_cifar
 
-from paddletrain.data.datasets import DatasetError, ImageDataset, Transform, register_dataset, split_builder
+from paddletrain.checkpoint import safe_pickle
+from paddletrain.checkpoint.errors import CheckpointError
+from paddletrain.data.datasets import (
+    DatasetError,
+    ImageDataset,
+    Transform,
+    paddle_cache_dir,
+    register_dataset,
+    split_builder,
+)
 
 
 class _Layout:
@@ -45,51 +51,13 @@ LAYOUTS: dict[str, _Layout] = {
 }  # fmt: skip
 
 
-def _numpy_global(module: str, name: str) -> Callable[[], Any]:
-    def resolve() -> Any:
-        try:
-            return getattr(importlib.import_module(module.replace("numpy.core", "numpy._core")), name)
-        except ImportError:  # pragma: no cover - numpy 1.x has only numpy.core
-            return getattr(importlib.import_module(module.replace("numpy._core", "numpy.core")), name)
-
-    return resolve
-
-
-def _latin1_encode(text: str, encoding: str) -> bytes:
-    """How a Python 3 protocol-2 pickle spells bytes; any other codec is refused."""
-    if encoding not in ("latin1", "latin-1"):
-        raise pickle.UnpicklingError(f"_codecs.encode with {encoding!r} is not allowed in a CIFAR batch")
-    return text.encode("latin1")
-
-
-# The only globals an array pickle needs (numpy 1.x and 2.x spell the modules differently); nothing that can
-# run code, open files or import further modules.
-_ALLOWED_GLOBALS: dict[tuple[str, str], Callable[[], Any]] = {
-    ("numpy", "ndarray"): lambda: np.ndarray,
-    ("numpy", "dtype"): lambda: np.dtype,
-    ("_codecs", "encode"): lambda: _latin1_encode,
-}
-for _core in ("numpy.core", "numpy._core"):
-    _ALLOWED_GLOBALS[(f"{_core}.multiarray", "_reconstruct")] = _numpy_global(f"{_core}.multiarray", "_reconstruct")
-    _ALLOWED_GLOBALS[(f"{_core}.numeric", "_frombuffer")] = _numpy_global(f"{_core}.numeric", "_frombuffer")
-
-
-class SafeUnpickler(pickle.Unpickler):
-    """Unpickles builtin containers, bytes, str, numbers and numpy arrays; refuses every other global."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        factory = _ALLOWED_GLOBALS.get((module, name))
-        if factory is None:
-            raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in a CIFAR batch")
-        return factory()
-
-
 def safe_load(data: bytes, source: str) -> Any:
-    """Unpickle ``data`` (Python 2 pickles: str read as bytes) with ``SafeUnpickler``; errors name ``source``."""
+    """Unpickle a batch (a Python 2 pickle: str read as bytes) with the checkpoint reader's rules; errors name
+    ``source``."""
     try:
-        return SafeUnpickler(io.BytesIO(data), encoding="bytes").load()
-    except Exception as e:  # any malformed pickle is a bad file, whatever the unpickler raised
-        raise DatasetError(f"cannot read CIFAR batch {source!r}: {e}") from e
+        return safe_pickle.loads(data, f"CIFAR batch {source!r}", encoding="bytes")
+    except CheckpointError as e:  # refused or malformed: either way a bad file
+        raise DatasetError(str(e)) from e
 
 
 def _members(root: Path, layout: _Layout) -> Iterator[tuple[str, str, bytes]]:
@@ -121,11 +89,6 @@ def _download(kind: str, target: Path) -> None:
         shutil.copyfile(fetched, target / layout.archive)
 
 
-def paddle_cache_dir() -> Path:
-    """Where Paddle's downloader stores the CIFAR archives (``~/.cache/paddle/dataset/cifar``)."""
-    return Path(paddle_dataset.DATA_HOME) / "cifar"
-
-
 class CifarDataset(ImageDataset):
     """CIFAR-10 (``kind="cifar10"``) or CIFAR-100 fine labels (``kind="cifar100"``): 32x32x3 uint8 images.
 
@@ -151,7 +114,7 @@ class CifarDataset(ImageDataset):
         if split not in layout.members:
             raise DatasetError(f"{kind} split must be one of {sorted(layout.members)}, got {split!r}")
         self.kind, self.split = kind, split
-        self.root = Path(root).expanduser() if root else paddle_cache_dir()
+        self.root = Path(root).expanduser() if root else paddle_cache_dir("cifar")
         if not self._present(layout):
             if not download:
                 raise DatasetError(

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import paddle
+from paddle.dataset import common as paddle_dataset
 
 from paddletrain.errors import UserError
 from paddletrain.registries import DATASETS
@@ -142,6 +144,12 @@ def split_builder(dataset_class: Callable[..., ImageDataset], kind: str, doc: st
     build.__name__ = build.__qualname__ = f"build_{kind}"
     build.__doc__ = doc
     return build
+
+
+def paddle_cache_dir(name: str) -> Path:
+    """Where Paddle's downloader stores a dataset (``~/.cache/paddle/dataset/<name>``), read when called so that
+    a changed ``DATA_HOME`` is honoured."""
+    return Path(paddle_dataset.DATA_HOME) / name
 
 
 def list_datasets() -> list[str]:

@@ -17,7 +17,14 @@ import numpy as np
 from paddle.dataset import common as paddle_dataset  # module, not names: tests replace its download()
 from paddle.vision.datasets import MNIST, FashionMNIST
 
-from paddletrain.data.datasets import DatasetError, ImageDataset, Transform, register_dataset, split_builder
+from paddletrain.data.datasets import (
+    DatasetError,
+    ImageDataset,
+    Transform,
+    paddle_cache_dir,
+    register_dataset,
+    split_builder,
+)
 
 FASHION_MNIST_CLASSES = [
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
@@ -38,14 +45,9 @@ def _paddle_dataset_class(kind: str):
     return FashionMNIST if kind == "fashion_mnist" else MNIST
 
 
-def paddle_cache_dir(kind: str) -> Path:
-    """Where Paddle's downloader stores this dataset (``~/.cache/paddle/dataset/<name>``)."""
-    return Path(paddle_dataset.DATA_HOME) / _paddle_dataset_class(kind).NAME
-
-
 def default_search_dirs(kind: str) -> list[Path]:
     """Directories tried when ``data.root`` is not set."""
-    dirs = [paddle_cache_dir(kind)]
+    dirs = [paddle_cache_dir(_paddle_dataset_class(kind).NAME)]
     if kind == "fashion_mnist":
         dirs.append(Path(DEBIAN_FASHION_MNIST_DIR))
     return dirs
