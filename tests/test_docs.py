@@ -512,6 +512,7 @@ def _report_left_out(doc: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.hours
 @pytest.mark.timeout(4 * 3600)  # performance.md's benchmarks, as written
 @pytest.mark.parametrize("doc", DOCS)
 def test_document_runs_as_written(doc, tmp_path):
