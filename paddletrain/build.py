@@ -40,8 +40,8 @@ from paddletrain.metrics_multilabel import LossMeter, MultiLabelMeter
 from paddletrain.models import create_model
 from paddletrain.models.weights import describe
 from paddletrain.optim import build_optimizer, scaled_lr
+from paddletrain.plugins import prepare
 from paddletrain.precision import Precision
-from paddletrain.registry import prepare
 from paddletrain.resume import is_legacy_checkpoint, load_resume_checkpoint, warm_start_from_legacy
 from paddletrain.rundir import holding_run_dir
 from paddletrain.runtime import seed_everything, setup_runtime

@@ -205,7 +205,7 @@ class DataConfig:
     # RandAugment rand-m9-n2-mstd0.5 (a shorthand for data.augment=[{name: rand_augment}]).
     auto_augment: bool = False
     # Training augmentations, in order, each run at the stage it declares (image or normalised array):
-    # entries {name: <registered in paddletrain.registries.AUGMENTATIONS>, <option>: <value>, ...}, e.g.
+    # entries {name: <registered in paddletrain.registry.AUGMENTATIONS>, <option>: <value>, ...}, e.g.
     # {name: rand_augment, num_ops: 2, magnitude: 9}, {name: random_erasing, probability: 0.25}.
     augment: list[dict[str, Any]] = field(default_factory=list)
     # Repeated augmentation: each image k times per epoch, differently augmented, shared across ranks.
@@ -229,7 +229,7 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    # A name registered in paddletrain.registries.OPTIMIZERS: sgd, adamw, adam, rmsprop, lamb, lars, or a plugin's.
+    # A name registered in paddletrain.registry.OPTIMIZERS: sgd, adamw, adam, rmsprop, lamb, lars, or a plugin's.
     name: str = "sgd"
     lr: float = allowed(0.1, gt=0)
     # sgd and lars: momentum; rmsprop: its momentum term.
@@ -256,7 +256,7 @@ class OptimConfig:
 
 @dataclass
 class SchedConfig:
-    # A name registered in paddletrain.registries.SCHEDULERS: cosine, step, multistep, onecycle, constant.
+    # A name registered in paddletrain.registry.SCHEDULERS: cosine, step, multistep, onecycle, constant.
     name: str = "cosine"
     warmup_epochs: float = allowed(0.0, ge=0)
     warmup_start_factor: float = allowed(0.01, ge=0, lt=1)
@@ -287,7 +287,7 @@ class AmpConfig:
 
 @dataclass
 class LossConfig:
-    # A name registered in paddletrain.registries.LOSSES: cross_entropy, soft_target_cross_entropy,
+    # A name registered in paddletrain.registry.LOSSES: cross_entropy, soft_target_cross_entropy,
     # binary_cross_entropy, focal, or a plugin's. None: the task's loss, cross_entropy (binary_cross_entropy with
     # data.multilabel=true).
     name: str | None = None
@@ -371,7 +371,7 @@ class FitConfig:
     sched: SchedConfig = MISSING
     loss: LossConfig = MISSING
     trainer: TrainerConfig = MISSING
-    # Callbacks by name: a callback registered in paddletrain.registries.CALLBACKS under that name, with its
+    # Callbacks by name: a callback registered in paddletrain.registry.CALLBACKS under that name, with its
     # options (`early_stopping: {patience: 5}`), or any class given by `_target_`. null switches one off.
     callbacks: dict[str, Any] = field(default_factory=dict)
     # The metric that ranks checkpoints and runs (the value a sweeper optimises), and whether higher is better.

@@ -36,7 +36,7 @@ from paddletrain.config import register_configs
 from paddletrain.data.transforms import eval_image_size
 from paddletrain.errors import ExitCode, UserError
 from paddletrain.metrics_multilabel import MultiLabelReport
-from paddletrain.registry import prepare
+from paddletrain.plugins import prepare
 from paddletrain.runtime import seed_everything, setup_runtime
 from paddletrain.trainer import Trainer
 from paddletrain.tta import TestTimeAugmentation

@@ -51,7 +51,7 @@ from paddletrain.inference import (
     check_precision_runs_on,
     find_graph_file,
 )
-from paddletrain.registry import prepare
+from paddletrain.plugins import prepare
 from paddletrain.runtime import set_cpu_threads
 from paddletrain.validation import validate_config
 

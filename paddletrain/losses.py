@@ -1,4 +1,4 @@
-"""Classification losses on hard labels or soft targets, registered in :data:`paddletrain.registries.LOSSES`.
+"""Classification losses on hard labels or soft targets, registered in :data:`paddletrain.registry.LOSSES`.
 
 Every loss takes ``(logits, targets)`` where ``targets`` are either class indices (``[batch]`` or
 ``[batch, 1]`` integers) or soft targets (``[batch, classes]`` floats, e.g. from Mixup/CutMix). Validation
@@ -51,7 +51,7 @@ import paddle.nn.functional as F
 
 from paddletrain.config import LossConfig
 from paddletrain.errors import ConfigError
-from paddletrain.registries import LOSSES
+from paddletrain.registry import LOSSES
 
 log = logging.getLogger("paddletrain")
 

@@ -5,7 +5,7 @@ Paddle parameter groups are dicts ``{"params": [...], "weight_decay": float, "le
 optimizer's: L2 added to the gradient for SGD/Momentum, Adam and RMSProp, decoupled decay for AdamW, and the
 decay inside LAMB's and LARS' own update (their factories move it to ``lamb_weight_decay``/``lars_weight_decay``).
 
-Optimizers are registered in :data:`paddletrain.registries.OPTIMIZERS` as
+Optimizers are registered in :data:`paddletrain.registry.OPTIMIZERS` as
 ``factory(param_groups, learning_rate, cfg) -> paddle.optimizer.Optimizer``; :func:`build_optimizer` picks one
 by ``optim.name``.
 
@@ -24,7 +24,7 @@ from paddle.incubate.optimizer import LarsMomentumOptimizer
 from paddle.optimizer.lr import LRScheduler
 
 from paddletrain.errors import ConfigError
-from paddletrain.registries import OPTIMIZERS
+from paddletrain.registry import OPTIMIZERS
 
 if TYPE_CHECKING:  # pragma: no cover
     from paddletrain.config import OptimConfig

@@ -58,7 +58,7 @@ from paddletrain.inference import (
     sigmoid,
     softmax,
 )
-from paddletrain.registry import prepare
+from paddletrain.plugins import prepare
 
 log = logging.getLogger("paddletrain")
 

@@ -16,7 +16,7 @@ from paddle.optimizer.lr import LambdaDecay, LinearWarmup, LRScheduler, MultiSte
 
 from paddletrain.config import SchedConfig, check_values
 from paddletrain.errors import ConfigError
-from paddletrain.registries import SCHEDULERS
+from paddletrain.registry import SCHEDULERS
 
 
 @dataclass(frozen=True)

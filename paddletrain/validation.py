@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-import paddletrain.builtins  # noqa: F401  (registers the built-in names the config may use)
+import paddletrain.builtin_components  # noqa: F401  (registers the built-in names the config may use)
 from paddletrain.callbacks.instantiate import check_callback_entries
 from paddletrain.config import EvaluateConfig, FitConfig, check_values
 from paddletrain.data.mixup import Mixup
@@ -19,8 +19,8 @@ from paddletrain.data.transforms import DEFAULT_CROP_PCT, build_augmentations, e
 from paddletrain.distill import resolve_alpha
 from paddletrain.errors import ConfigError
 from paddletrain.losses import CLASS_WEIGHTS_KEY, loss_name, resolve_class_weights, takes_class_weights
-from paddletrain.registries import DATASETS, LOSSES, MODELS, OPTIMIZERS, SCHEDULERS
-from paddletrain.registry import prepare
+from paddletrain.plugins import prepare
+from paddletrain.registry import DATASETS, LOSSES, MODELS, OPTIMIZERS, SCHEDULERS
 from paddletrain.runtime import select_device
 
 # Built-in datasets that cannot run without data.root (the others have a default location or need no files).

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-import paddletrain.builtins  # noqa: F401  (registers the built-in callbacks)
+import paddletrain.builtin_components  # noqa: F401  (registers the built-in callbacks)
 from paddletrain.callbacks import Callback, EarlyStopping, ProgressBar, VisualDLLogger
 from paddletrain.callbacks.instantiate import check_callback_entries, instantiate_callbacks
 from paddletrain.errors import ConfigError
-from paddletrain.registries import CALLBACKS
+from paddletrain.registry import CALLBACKS
 from tests.conftest import TINY, compose_fit, run_module
 
 

@@ -23,7 +23,7 @@ from paddletrain.data.augment import (
 from paddletrain.data.loaders import build_loader
 from paddletrain.data.transforms import ToNormalizedArray, ToPILImage, build_transform
 from paddletrain.errors import ConfigError
-from paddletrain.registries import AUGMENTATIONS
+from paddletrain.registry import AUGMENTATIONS
 
 # Operations that are not the identity at level 0, per magnitude space (as docs/data.md lists them).
 NOT_IDENTITY_AT_ZERO = {

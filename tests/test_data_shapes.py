@@ -139,6 +139,6 @@ def test_register_dataset_adds_a_user_dataset() -> None:
         with pytest.raises(ValueError, match="already registered"):
             register_dataset("test_tiny_shapes")(lambda *a: None)
     finally:
-        from paddletrain.registries import DATASETS
+        from paddletrain.registry import DATASETS
 
         DATASETS.unregister("test_tiny_shapes")

@@ -5,7 +5,7 @@ cycle until the function runs), relative or absolute; imports under ``if TYPE_CH
 count. Importing a submodule runs its parent packages' ``__init__`` first, so those are edges too, except a
 module's own parent packages (already being initialised when it runs). Optional third-party dependencies
 imported inside functions are outside the graph. In particular a registry module (``paddletrain.registry``,
-``paddletrain.registries``, ``paddletrain.models.registry``, ``paddletrain.data.datasets``) cannot import a
+``paddletrain.registry``, ``paddletrain.models.registry``, ``paddletrain.data.datasets``) cannot import a
 module that registers into it: that module imports the registry, which would close a cycle.
 """
 from __future__ import annotations
@@ -106,12 +106,12 @@ def test_the_registries_are_below_what_registers_into_them():
     graph = import_graph(ROOT, "paddletrain")
     assert "paddletrain.models.registry" in graph["paddletrain.models.resnet"]
     assert "paddletrain.data.datasets" in graph["paddletrain.data.shapes"]
-    for registry in ("paddletrain.registry", "paddletrain.registries", "paddletrain.models.registry",
+    for registry in ("paddletrain.registry", "paddletrain.registry", "paddletrain.models.registry",
                      "paddletrain.data.datasets"):
         assert not graph[registry] & {"paddletrain.models.resnet", "paddletrain.models.vision",
                                       "paddletrain.models.pretrained", "paddletrain.data.shapes",
                                       "paddletrain.data.imagefolder", "paddletrain.optim", "paddletrain.losses",
-                                      "paddletrain.data.augment", "paddletrain.builtins"}, registry
+                                      "paddletrain.data.augment", "paddletrain.builtin_components"}, registry
 
 
 def _write(root: Path, files: dict[str, str]) -> None:

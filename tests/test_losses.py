@@ -19,8 +19,7 @@ from paddletrain.losses import (
     resolve_class_weights,
     soft_target_cross_entropy,
 )
-from paddletrain.registries import LOSSES
-from paddletrain.registry import UnknownNameError
+from paddletrain.registry import LOSSES, UnknownNameError
 
 paddle.set_device("cpu")
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 import paddle
 import pytest
 
-from paddletrain import registry as registry_module
+from paddletrain import plugins as plugins_module
 from paddletrain.errors import ConfigError, UserError
 from paddletrain.models import ModelOptionError, UnknownModelError, create_model, is_model, list_models, registry
-from paddletrain.registries import MODELS
+from paddletrain.registry import MODELS
 
 
 @pytest.fixture
@@ -44,7 +44,7 @@ def test_duplicate_name_is_rejected_naming_both_builders(isolated_registry):
 
 
 def test_unknown_model_is_one_line_naming_the_key_and_close_names(monkeypatch):
-    monkeypatch.setattr(registry_module, "_plugins_loaded", True)  # the installed plugins were searched
+    monkeypatch.setattr(plugins_module, "_plugins_loaded", True)  # the installed plugins were searched
     with pytest.raises(UnknownModelError) as info:
         create_model("resnet_50")
     message = str(info.value)

@@ -14,7 +14,7 @@ from paddle import nn
 from paddletrain.config import OptimConfig
 from paddletrain.models import create_model
 from paddletrain.optim import DEFAULT_EPS, LarsMomentum, build_optimizer, param_groups, scaled_lr
-from paddletrain.registries import OPTIMIZERS
+from paddletrain.registry import OPTIMIZERS
 
 paddle.set_device("cpu")
 

@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 from paddletrain import registry as registry_module
 from paddletrain.checkpoint import Checkpoint
 from paddletrain.errors import ConfigError, ExitCode
-from paddletrain.registry import PLUGIN_GROUP, PluginError, prepare
+from paddletrain.plugins import PLUGIN_GROUP, PluginError, prepare
 from tests.conftest import TINY
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,8 +7,10 @@ from importlib.metadata import EntryPoint
 
 import pytest
 
+from paddletrain import plugins as plugins_module
 from paddletrain import registry as registry_module
-from paddletrain.registry import PluginError, Registry, UnknownNameError, import_modules, load_plugins
+from paddletrain.plugins import PluginError, import_modules, load_plugins
+from paddletrain.registry import Registry, UnknownNameError
 
 
 def test_register_get_and_list():
@@ -37,7 +39,7 @@ def test_a_taken_name_is_refused_naming_both_factories():
 
 
 def test_an_unknown_name_names_the_config_key_and_close_names(monkeypatch):
-    monkeypatch.setattr(registry_module, "_plugins_loaded", True)
+    monkeypatch.setattr(plugins_module, "_plugins_loaded", True)
     things: Registry = Registry("optimizer", "optim.name")
     things.register("adamw")(object)
     things.register("sgd")(object)
@@ -57,7 +59,7 @@ def plugin_module(tmp_path, monkeypatch):
     """))
     (tmp_path / "broken_plugin_mod.py").write_text("raise RuntimeError('half-written plugin')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(registry_module, "_plugins_loaded", False)
+    monkeypatch.setattr(plugins_module, "_plugins_loaded", False)
     yield things
     for name in ("my_plugin_mod", "broken_plugin_mod"):
         sys.modules.pop(name, None)
@@ -68,14 +70,14 @@ def _entry_points(*specs):
 
 
 def test_an_unknown_name_loads_the_installed_plugins_once(plugin_module, monkeypatch):
-    monkeypatch.setattr(registry_module, "entry_points", _entry_points(("mine", "my_plugin_mod")))
+    monkeypatch.setattr(plugins_module, "entry_points", _entry_points(("mine", "my_plugin_mod")))
     assert "plugged" not in plugin_module
     assert plugin_module.get("plugged") is len
     assert load_plugins() == []  # already loaded by the lookup
 
 
 def test_a_plugin_that_fails_to_import_is_named(plugin_module, monkeypatch):
-    monkeypatch.setattr(registry_module, "entry_points", _entry_points(("bad", "broken_plugin_mod")))
+    monkeypatch.setattr(plugins_module, "entry_points", _entry_points(("bad", "broken_plugin_mod")))
     with pytest.raises(PluginError, match=r"plugin 'bad' \(broken_plugin_mod.*RuntimeError: half-written plugin"):
         load_plugins()
 

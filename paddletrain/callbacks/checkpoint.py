@@ -15,7 +15,7 @@ from paddletrain.checkpoint import CheckpointManager, check_writable
 from paddletrain.checkpoint.untrusted import check_inside
 from paddletrain.config import check_option
 from paddletrain.errors import ConfigError, TrainingInterrupted
-from paddletrain.registries import CALLBACKS
+from paddletrain.registry import CALLBACKS
 
 if TYPE_CHECKING:  # pragma: no cover
     from paddletrain.trainer import Trainer

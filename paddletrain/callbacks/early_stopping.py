@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from paddletrain.callbacks.base import MODES, Callback, metric_improved
 from paddletrain.checkpoint.untrusted import checked_int, checked_number, checked_optional_int
 from paddletrain.config import check_option
-from paddletrain.registries import CALLBACKS
+from paddletrain.registry import CALLBACKS
 
 if TYPE_CHECKING:  # pragma: no cover
     from paddletrain.trainer import Trainer

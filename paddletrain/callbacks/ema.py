@@ -8,7 +8,7 @@ import paddle
 from paddletrain.callbacks.base import Callback, StepOutput
 from paddletrain.checkpoint.untrusted import StateValueError, checked_mapping, show
 from paddletrain.config import check_option
-from paddletrain.registries import CALLBACKS
+from paddletrain.registry import CALLBACKS
 
 if TYPE_CHECKING:  # pragma: no cover
     from paddletrain.trainer import Trainer

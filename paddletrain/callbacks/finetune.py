@@ -13,7 +13,7 @@ from paddle import nn
 
 from paddletrain.callbacks.base import Callback
 from paddletrain.config import check_option
-from paddletrain.registries import CALLBACKS
+from paddletrain.registry import CALLBACKS
 
 if TYPE_CHECKING:  # pragma: no cover
     from paddletrain.trainer import Trainer

@@ -1,7 +1,7 @@
 """Callbacks from the ``callbacks`` config node: a name -> entry mapping, Lightning-hydra-template style.
 
 An entry is either options for the callback registered under its name in
-:data:`paddletrain.registries.CALLBACKS`::
+:data:`paddletrain.registry.CALLBACKS`::
 
     callbacks:
       early_stopping: {patience: 5}
@@ -27,8 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from paddletrain.callbacks.base import Callback
 from paddletrain.errors import ConfigError
-from paddletrain.registries import CALLBACKS
-from paddletrain.registry import UnknownNameError, close_matches
+from paddletrain.registry import CALLBACKS, UnknownNameError, close_matches
 
 TARGET = "_target_"
 

@@ -14,7 +14,7 @@ import paddle
 from paddletrain.callbacks.base import Callback, StepOutput
 from paddletrain.config import check_option
 from paddletrain.errors import ConfigError
-from paddletrain.registries import CALLBACKS
+from paddletrain.registry import CALLBACKS
 
 if TYPE_CHECKING:  # pragma: no cover
     from paddletrain.trainer import Trainer

@@ -14,7 +14,7 @@ from tqdm import tqdm
 from paddletrain.callbacks.base import Callback, StepOutput
 from paddletrain.config import check_option
 from paddletrain.console import FILE_ONLY, above_bar, format_duration
-from paddletrain.registries import CALLBACKS
+from paddletrain.registry import CALLBACKS
 
 if TYPE_CHECKING:  # pragma: no cover
     from paddletrain.trainer import Trainer

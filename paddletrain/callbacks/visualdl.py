@@ -47,7 +47,7 @@ from paddletrain.checkpoint.untrusted import (
 )
 from paddletrain.config import check_option
 from paddletrain.metrics import Throughput
-from paddletrain.registries import CALLBACKS
+from paddletrain.registry import CALLBACKS
 from paddletrain.schedules import optimizer_steps_per_epoch
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -1,6 +1,6 @@
 """Per-image augmentation policies: RandAugment, AutoAugment, TrivialAugment and RandomErasing.
 
-Every class here is registered in :data:`paddletrain.registries.AUGMENTATIONS` and built with keyword options.
+Every class here is registered in :data:`paddletrain.registry.AUGMENTATIONS` and built with keyword options.
 Each one says where it runs in the transform pipeline through its ``stage`` attribute:
 
 - ``"image"``: a PIL image ("RGB" or "L") in, a PIL image of the same size and mode out; it runs after the
@@ -41,7 +41,7 @@ import numpy as np
 from PIL import Image, ImageChops, ImageEnhance, ImageOps
 
 from paddletrain.errors import ConfigError
-from paddletrain.registries import AUGMENTATIONS
+from paddletrain.registry import AUGMENTATIONS
 
 # Magnitude scale of RandAugment/AutoAugment: magnitude 10 is level 1 (the top of the paper's ranges).
 MAGNITUDE_SCALE = 10.0

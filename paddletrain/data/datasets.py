@@ -23,8 +23,7 @@ import paddle
 from paddle.dataset import common as paddle_dataset
 
 from paddletrain.errors import UserError
-from paddletrain.registries import DATASETS
-from paddletrain.registry import UnknownNameError
+from paddletrain.registry import DATASETS, UnknownNameError
 
 # image -> model input, or None to keep the image as loaded.
 Transform = Callable[[Any], Any] | None

@@ -22,7 +22,7 @@ from paddletrain.config import INTERPOLATIONS, TRANSFORMS
 from paddletrain.data.augment import RandAugment
 from paddletrain.data.images import to_mode
 from paddletrain.errors import ConfigError
-from paddletrain.registries import AUGMENTATIONS
+from paddletrain.registry import AUGMENTATIONS
 
 PRESETS = TRANSFORMS
 # The usual ImageNet evaluation ratio: resize to image_size / 0.875, then centre-crop image_size.
@@ -121,7 +121,7 @@ def _augmentations(cfg: Any) -> list:
 
 
 # Where an augmentation runs (its ``stage`` attribute): on the PIL image after crop and flip, or on the
-# normalised array (see paddletrain.registries.AUGMENTATIONS).
+# normalised array (see paddletrain.registry.AUGMENTATIONS).
 AUGMENT_STAGES = ("image", "array")
 
 

@@ -2,7 +2,7 @@
 
 A builder is a function that takes keyword options (at least ``num_classes`` and ``in_chans``) and returns a
 ``paddle.nn.Layer``; its ``__name__`` is the model's name, so ``create_model("resnet50")`` finds ``resnet50``.
-Builders live in :data:`paddletrain.registries.MODELS`. This module imports none of them (``paddletrain.models``
+Builders live in :data:`paddletrain.registry.MODELS`. This module imports none of them (``paddletrain.models``
 imports the built-in ones; a plugin package registers its own) and nothing about weights: building a model,
 with or without pretrained weights, is :func:`paddletrain.models.factory.create_model`.
 """
@@ -13,8 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from paddletrain.errors import ConfigError
-from paddletrain.registries import MODELS
-from paddletrain.registry import UnknownNameError, close_matches
+from paddletrain.registry import MODELS, UnknownNameError, close_matches
 
 __all__ = [
     "ModelOptionError",

@@ -1,8 +1,8 @@
 """Import every built-in module that registers a name, so that every built-in name is known.
 
-Registries (:mod:`paddletrain.registries`, and the model and dataset registries on top of them) import nothing
+Registries (:mod:`paddletrain.registry`, and the model and dataset registries on top of them) import nothing
 that registers into them; the packages below register their own entries when imported. A composition root
-imports this module once; a plugin's names come from :func:`paddletrain.registry.prepare` and entry points.
+imports this module once; a plugin's names come from :func:`paddletrain.plugins.prepare` and entry points.
 """
 from __future__ import annotations
 
