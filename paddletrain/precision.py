@@ -38,7 +38,7 @@ from paddletrain.state_checks import checked_scaler_state
 if TYPE_CHECKING:  # pragma: no cover
     from paddletrain.config import AmpConfig
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 LEVELS = ("O1", "O2")
 DTYPES = ("float16", "bfloat16")
@@ -153,7 +153,7 @@ class Precision:
         self._is_setup = False
         if self.enabled and on_cpu:
             injected = " (the injected loss scaler is still used)" if self.scaler is not None else ""
-            logger.info(
+            log.info(
                 "AMP (trainer.amp.enabled=true) is inert on CPU: training runs in float32%s.", injected
             )
 
@@ -301,10 +301,10 @@ class Precision:
         saved = state.get("scaler") if state else None
         if self.scaler is None:
             if saved:
-                logger.warning("The checkpoint holds loss-scaler state but this run uses no scaler: ignored.")
+                log.warning("The checkpoint holds loss-scaler state but this run uses no scaler: ignored.")
             return
         if not saved:
-            logger.info("The checkpoint holds no loss-scaler state: starting from the initial loss scale.")
+            log.info("The checkpoint holds no loss-scaler state: starting from the initial loss scale.")
             return
         saved = checked_scaler_state(saved)
         # paddle.amp.GradScaler reads the scale as state["scale"][0].

@@ -12,7 +12,7 @@ from .manifest import read_manifest, verify_files
 from .storage import STATE, TENSORS, interrupted_save_name
 from .untrusted import confined_path, is_plain_int
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def find_checkpoints(run_dir: str | os.PathLike) -> list[CheckpointInfo]:
     return _scan(Path(run_dir))[0]
 
 
-def find_latest(run_dir: str | os.PathLike, log: logging.Logger = logger) -> Path | None:
+def find_latest(run_dir: str | os.PathLike, log: logging.Logger = log) -> Path | None:
     """The newest checkpoint in ``run_dir`` that fully verifies (sizes and sha256), or None.
 
     Whatever state a crash left is searched: besides the finished checkpoints, a complete save that was not

@@ -33,7 +33,7 @@ from .untrusted import (
     show,
 )
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 LATEST_POINTER = "latest.json"
 BEST_POINTER = "best.json"
@@ -160,7 +160,7 @@ class CheckpointManager:
         try:
             manifest = read_manifest(path)
         except CheckpointError as error:
-            logger.warning("not tracking %s: %s", path, error)
+            log.warning("not tracking %s: %s", path, error)
             return
         meta = manifest.get("metadata") or {}
         step, epoch = meta.get("global_step"), meta.get("epoch")
@@ -206,7 +206,7 @@ class CheckpointManager:
         if self._protected is not None:
             keep.add(self._protected)
         for name in [n for n in self._records if n not in keep]:
-            logger.info("removing old checkpoint %s", self.root / name)
+            log.info("removing old checkpoint %s", self.root / name)
             del self._records[name]
             shutil.rmtree(self.root / name, ignore_errors=True)
 
@@ -228,7 +228,7 @@ class CheckpointManager:
             raise StateValueError("records", f"is {show(items)}: expected a list")
         records = [_record(item, self.root, f"records[{i}]") for i, item in enumerate(items)]
         if state.get("monitor") != self.monitor or state.get("mode") != self.mode:
-            logger.warning("checkpoint ranking changed from %s/%s to %s/%s: earlier metrics may not compare",
+            log.warning("checkpoint ranking changed from %s/%s to %s/%s: earlier metrics may not compare",
                            show(state.get("monitor")), show(state.get("mode")), self.monitor, self.mode)
         self._records = {r.name: r for r in records if (self.root / r.name).is_dir()}
         if self._protected is not None:

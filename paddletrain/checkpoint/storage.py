@@ -26,7 +26,7 @@ from .tensors import read_tensors, write_tensors
 from .tree import decode_state, encode_state
 from .untrusted import StateValueError, confined_path
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 TENSORS = "tensors.safetensors"
 STATE = "state.json"
@@ -148,7 +148,7 @@ def recover_interrupted_saves(parent: Path) -> None:
                   if (key := _version_key(path)) is not None]
         newest = max(ranked, key=lambda item: item[0])[1] if ranked else None
         if newest is not None and newest != visible:
-            logger.warning("restoring checkpoint %s from %s, left by a save that did not finish", visible, newest.name)
+            log.warning("restoring checkpoint %s from %s, left by a save that did not finish", visible, newest.name)
             if visible.exists():
                 parked = parent / f"{OLD_PREFIX}{name}-{secrets.token_hex(4)}"
                 os.replace(visible, parked)
@@ -156,7 +156,7 @@ def recover_interrupted_saves(parent: Path) -> None:
             os.replace(newest, visible)
         for path in hidden:
             if path != newest:
-                logger.info("removing %s left by an interrupted checkpoint save", path)
+                log.info("removing %s left by an interrupted checkpoint save", path)
                 shutil.rmtree(path, ignore_errors=True)
     if versions:
         fsync_dir(parent)

@@ -42,7 +42,7 @@ __all__ = [
     "save_pretrained",
 ]
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 PREPROCESSING_KEYS = ("input_size", "mean", "std", "interpolation", "crop_pct")
 
@@ -117,9 +117,9 @@ def load_state(
         model.set_state_dict(to_load)
     _record_weights_cfg(model, info, report)
     if problems:
-        logger.warning("%s", report)
+        log.warning("%s", report)
     else:
-        logger.info("%s", report)
+        log.info("%s", report)
     return report
 
 

@@ -60,7 +60,7 @@ __all__ = [
     "weights_cache_dir",
 ]
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 PREFIXES = ("vision:", "paddleclas:", "hub:")
 SAFE_SUFFIXES = (".safetensors",)
@@ -385,7 +385,7 @@ def _read_hub(info: WeightsInfo, trust_pickle: bool) -> dict[str, np.ndarray]:
             f"HUB_HOME to the PaddleHub home that holds modules/{name}."
         )
     if why_not.startswith("paddlehub cannot be imported"):
-        logger.warning("%s: %s; reading the module directory %s instead", info.source, why_not, directory)
+        log.warning("%s: %s; reading the module directory %s instead", info.source, why_not, directory)
     files = sorted(directory.glob("*.pdparams")) + sorted(directory.glob("*.safetensors"))
     if len(files) != 1:
         found = ", ".join(p.name for p in files) or "none"
