@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from paddletrain.build import (
     build_criterion,
     build_data,
+    build_limits,
     build_meters,
     checkpoint_config,
     checkpoint_model,
@@ -59,7 +60,7 @@ def evaluate(cfg: DictConfig, checkpoint: Checkpoint) -> dict[str, float]:
         model = TestTimeAugmentation(model, flip=tta.flip, crops=tta.crops, crop_size=eval_image_size(cfg.data))
     # The training run's loss (val/loss as fit reports it) and the task's meters.
     trainer = Trainer(model, paddle.optimizer.SGD(parameters=model.parameters()), num_classes=len(data.classes),
-                      limit_val_batches=cfg.trainer.limit_val_batches, loss_fn=build_criterion(cfg, data),
+                      limits=build_limits(cfg), loss_fn=build_criterion(cfg, data),
                       meters=build_meters(cfg, len(data.classes)), class_names=data.classes)
     metrics = trainer.validate(data.val_loader)
     line = " ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items()))

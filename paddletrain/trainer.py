@@ -23,6 +23,7 @@ from paddletrain.checkpoint.rng import check_rng_state
 from paddletrain.checkpoint.storage import STATE
 from paddletrain.checkpoint.untrusted import StateValueError, checked_mapping, required
 from paddletrain.errors import NonFiniteLossError, TrainingInterrupted, UserError
+from paddletrain.limits import Limits
 from paddletrain.losses import cross_entropy
 from paddletrain.metrics import ClassificationMeter, ClassReport, Throughput
 from paddletrain.precision import Precision
@@ -58,12 +59,8 @@ class Trainer:
             (class indices or soft targets).
         precision: fp32/AMP behaviour (``paddletrain.precision.Precision``); default fp32.
         callbacks: hooks run in the order given (checkpointing callbacks run last).
-        max_epochs / max_steps: stop at whichever comes first (``max_steps`` counts optimizer steps).
-        accumulate_grad_batches: micro-batches per optimizer step, counted by batch index.
-        grad_clip_norm: clip gradients by global norm (on unscaled gradients).
-        limit_train_batches / limit_val_batches: cap batches per epoch (smoke tests, debugging).
-        val_every_n_epochs: validation frequency; 0 disables validation during fit.
-        max_consecutive_nonfinite: stop with :class:`NonFiniteLossError` after this many skipped steps in a row.
+        limits: how long the loop runs and how it steps (:class:`~paddletrain.limits.Limits`: epochs, steps,
+            accumulation, clipping, batch caps, validation interval, non-finite tolerance); default one epoch.
         num_classes: for top-k metrics (top-5 only when there are at least 5 classes).
         class_names: the classes' names, for the per-class results of each validation (:attr:`val_report`:
             precision, recall, F1, confusion matrix); default: their indices.
@@ -96,14 +93,7 @@ class Trainer:
         loss_fn: Callable[[paddle.Tensor, paddle.Tensor], paddle.Tensor] | None = None,
         precision: Precision | None = None,
         callbacks: Sequence[Callback] = (),
-        max_epochs: int = 1,
-        max_steps: int | None = None,
-        accumulate_grad_batches: int = 1,
-        grad_clip_norm: float | None = None,
-        limit_train_batches: int | None = None,
-        limit_val_batches: int | None = None,
-        val_every_n_epochs: int = 1,
-        max_consecutive_nonfinite: int = 20,
+        limits: Limits | None = None,
         num_classes: int | None = None,
         run_dir: str | None = None,
         hparams: dict[str, Any] | None = None,
@@ -118,8 +108,6 @@ class Trainer:
         class_names: Sequence[str] | None = None,
         meters: Callable[[str], Any] | None = None,
     ) -> None:
-        if accumulate_grad_batches < 1:
-            raise ValueError(f"accumulate_grad_batches must be >= 1, got {accumulate_grad_batches}")
         keys = [cb.state_key for cb in callbacks]
         if len(set(keys)) != len(keys):
             raise ValueError(f"two callbacks share a state_key (their state would collide in checkpoints): {keys}")
@@ -130,14 +118,8 @@ class Trainer:
         self.precision = precision or Precision()
         # Checkpointing runs after every other callback so it saves their updated state (as Lightning does).
         self.callbacks: list[Callback] = sorted(callbacks, key=lambda c: getattr(c, "run_last", False))
-        self.max_epochs = max_epochs
-        self.max_steps = max_steps
-        self.accumulate_grad_batches = accumulate_grad_batches
-        self.grad_clip_norm = grad_clip_norm
-        self.limit_train_batches = limit_train_batches
-        self.limit_val_batches = limit_val_batches
-        self.val_every_n_epochs = val_every_n_epochs
-        self.max_consecutive_nonfinite = max_consecutive_nonfinite
+        # Frozen: to change a limit between fits, assign dataclasses.replace(trainer.limits, ...).
+        self.limits = limits if limits is not None else Limits()
         self.num_classes = num_classes
         self.class_names = list(class_names) if class_names is not None else None
         self.run_dir = run_dir
@@ -243,7 +225,7 @@ class Trainer:
 
     def fit(self, train_loader: Iterable, val_loader: Iterable | None = None,
             ckpt_path: Any | None = None) -> dict[str, float]:
-        """Train until ``max_epochs``/``max_steps`` or a callback stops; returns the final metrics.
+        """Train until ``limits.max_epochs``/``limits.max_steps`` or a callback stops; returns the final metrics.
 
         ``ckpt_path`` (a checkpoint directory or a loaded ``Checkpoint``) restores model, optimizer, scheduler,
         precision, callbacks, RNGs and the position inside the epoch, so the run continues exactly where the
@@ -253,7 +235,7 @@ class Trainer:
         # Walking the layer tree every step costs ~0.2-0.5 ms (measured): list the parameters once.
         self._parameters = list(self.module.parameters())
         self.train_loader = train_loader
-        self.num_train_batches = count_batches(train_loader, self.limit_train_batches)
+        self.num_train_batches = count_batches(train_loader, self.limits.limit_train_batches)
         self._call("setup")
         if ckpt_path is not None:
             self.restore(ckpt_path)
@@ -296,9 +278,7 @@ class Trainer:
             raise TrainingInterrupted(agreed[0], step=self.global_step, rank=agreed[1] if self.world_size > 1 else None)
 
     def _done(self) -> bool:
-        if self.should_stop or self.epoch >= self.max_epochs:
-            return True
-        return self.max_steps is not None and self.global_step >= self.max_steps
+        return self.should_stop or self.epoch >= self.limits.max_epochs or self.limits.steps_exhausted(self.global_step)
 
     def _run_epoch(self, train_loader: Iterable, val_loader: Iterable | None) -> None:
         self.epoch_finished = False
@@ -312,9 +292,8 @@ class Trainer:
         self._call("on_train_epoch_start")
         train_metrics, exhausted = self._train_batches(train_loader)
         self.metrics.update(train_metrics)
-        last_epoch = not exhausted or self.epoch + 1 >= self.max_epochs
-        if val_loader is not None and self.val_every_n_epochs and (
-                (self.epoch + 1) % self.val_every_n_epochs == 0 or last_epoch):
+        last_epoch = not exhausted or self.epoch + 1 >= self.limits.max_epochs
+        if val_loader is not None and self.limits.validates_after(self.epoch, last_epoch):
             self.metrics.update(self._validate(val_loader))
         # Only an epoch whose batches all ran is finished: a checkpoint written after a max_steps or
         # should_stop cut resumes at the next batch of this epoch, not at the next epoch.
@@ -331,7 +310,7 @@ class Trainer:
         if self._restored_meter is not None:
             meter.load_state_dict(self._restored_meter)
             self._restored_meter = None
-        accumulate = self.accumulate_grad_batches
+        accumulate = self.limits.accumulate_grad_batches
         limit = self.num_train_batches
         throughput = self.epoch_throughput = Throughput()
         batch_idx = self.batch_in_epoch
@@ -369,7 +348,7 @@ class Trainer:
             # on the same step on every rank, or the others would wait forever in the next all-reduce.
             if step_now:
                 self._check_stop()
-            if self.should_stop or (self.max_steps is not None and self.global_step >= self.max_steps):
+            if self.should_stop or self.limits.steps_exhausted(self.global_step):
                 exhausted = is_last
                 break
         sums = meter.sums()
@@ -385,7 +364,7 @@ class Trainer:
     def _optimizer_step(self) -> tuple[bool, bool]:
         """Unscale, check, clip and step; the scheduler advances only when the optimizer really stepped."""
         self._call("on_before_optimizer_step", self.optimizer)
-        result = self.precision.step(self.optimizer, self._parameters, clip_norm=self.grad_clip_norm)
+        result = self.precision.step(self.optimizer, self._parameters, clip_norm=self.limits.grad_clip_norm)
         if result.stepped:
             self.global_step += 1
             self.consecutive_nonfinite = 0
@@ -399,7 +378,7 @@ class Trainer:
                         "(%d in a row, %d in total)%s", self.epoch, self.batch_in_epoch, self.consecutive_nonfinite,
                         self.nonfinite_steps,
                         f", loss scale now {result.loss_scale:g}" if result.loss_scale is not None else "")
-            if self.consecutive_nonfinite >= self.max_consecutive_nonfinite:
+            if self.consecutive_nonfinite >= self.limits.max_consecutive_nonfinite:
                 raise NonFiniteLossError(
                     f"{self.consecutive_nonfinite} consecutive optimizer steps had a non-finite loss or gradient "
                     f"(the last at epoch {self.epoch}, batch {self.batch_in_epoch}, after global step "
@@ -423,7 +402,7 @@ class Trainer:
         return metrics
 
     def _validate(self, loader: Iterable) -> dict[str, float]:
-        limit = self.num_val_batches = count_batches(loader, self.limit_val_batches)
+        limit = self.num_val_batches = count_batches(loader, self.limits.limit_val_batches)
         self._call("on_validation_start")
         was_training = self.module.training
         self.module.eval()
