@@ -394,7 +394,7 @@ def train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = (),
         try:
             metrics = trainer.fit(run.train_loader, run.val_loader, ckpt_path=run.resume_from)
         except TrainingInterrupted as exc:  # say which checkpoint the stop wrote, not whichever is newest on disk
-            saved = [cb.last_path for cb in trainer.callbacks if getattr(cb, "saves_on_interrupt", False)]
+            saved = [cb.last_path for cb in trainer.checkpoint_callbacks if cb.saves_on_interrupt]
             exc.checkpoint = str(saved[0]) if saved and saved[0] else None
             raise
         if trainer.is_main:

@@ -17,7 +17,7 @@ import numpy as np
 import paddle
 
 from paddletrain import distributed
-from paddletrain.callbacks.base import Callback, StepOutput
+from paddletrain.callbacks.base import Callback, CheckpointCallback, StepOutput
 from paddletrain.checkpoint import Checkpoint, load_checkpoint, rng_state, set_rng_state
 from paddletrain.checkpoint.rng import check_rng_state
 from paddletrain.checkpoint.storage import STATE
@@ -117,7 +117,8 @@ class Trainer:
         self.loss_fn = loss_fn or cross_entropy
         self.precision = precision or Precision()
         # Checkpointing runs after every other callback so it saves their updated state (as Lightning does).
-        self.callbacks: list[Callback] = sorted(callbacks, key=lambda c: getattr(c, "run_last", False))
+        self.callbacks: list[Callback] = sorted(
+            callbacks, key=lambda c: isinstance(c, CheckpointCallback) and c.runs_last)
         # Frozen: to change a limit between fits, assign dataclasses.replace(trainer.limits, ...).
         self.limits = limits if limits is not None else Limits()
         self.num_classes = num_classes
@@ -171,6 +172,11 @@ class Trainer:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def checkpoint_callbacks(self) -> list[CheckpointCallback]:
+        """The callbacks that write checkpoints, in the order they run."""
+        return [cb for cb in self.callbacks if isinstance(cb, CheckpointCallback)]
 
     @property
     def current_lr(self) -> float:
@@ -262,7 +268,7 @@ class Trainer:
         """
         if not self.handle_signals or threading.current_thread() is not threading.main_thread():
             return contextlib.nullcontext()
-        saves = any(getattr(cb, "saves_on_interrupt", False) for cb in self.callbacks)
+        saves = any(cb.saves_on_interrupt for cb in self.checkpoint_callbacks)
         plan = ("finishing the current step, then saving a checkpoint and stopping" if saves else
                 "finishing the current step, then stopping (no checkpoint will be saved: checkpointing is off)")
         return stop_request.handling(plan)

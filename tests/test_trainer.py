@@ -1,6 +1,8 @@
 """Trainer behaviour on tiny models: learning, accumulation, clipping, hooks, non-finite guards, metrics."""
 from __future__ import annotations
 
+import logging
+import os
 import signal
 import subprocess
 import sys
@@ -11,9 +13,10 @@ import paddle
 import pytest
 
 from paddletrain.callbacks import ModelCheckpoint
-from paddletrain.callbacks.base import Callback
+from paddletrain.callbacks.base import Callback, CheckpointCallback
 from paddletrain.checkpoint import find_latest
 from paddletrain.data.mixup import Mixup
+from paddletrain.errors import TrainingInterrupted
 from paddletrain.limits import Limits
 from paddletrain.losses import cross_entropy
 from paddletrain.precision import Precision
@@ -275,6 +278,66 @@ def test_loss_scaler_through_the_trainer():
     assert [lr for _, _, lr in scales] == [0.05, 0.05, 0.025, 0.0125]
     assert trainer.nonfinite_steps == 1 and trainer.global_step == 3
     assert precision.state_dict()  # the scaler state is part of every checkpoint
+
+
+class RecordingSaver(CheckpointCallback):
+    """A checkpointing callback of the reader's own: saves (records) at epoch ends and on a stop request."""
+
+    def __init__(self, order):
+        self.order = order
+
+    def on_train_epoch_end(self, trainer, metrics):
+        self.order.append("saver")
+
+    def on_exception(self, trainer, exception):
+        if isinstance(exception, TrainingInterrupted):
+            self.last_path = f"step-{trainer.global_step}"
+
+
+class LooksLikeASaver(Callback):
+    """Carries the old undeclared attributes; not a CheckpointCallback, so the trainer treats it as any callback."""
+
+    run_last = runs_last = saves_on_interrupt = True
+
+    def __init__(self, order):
+        self.order = order
+
+    def on_train_epoch_end(self, trainer, metrics):
+        self.order.append("other")
+
+
+def test_checkpoint_callbacks_are_found_by_type_and_run_last():
+    order = []
+    saver, other = RecordingSaver(order), LooksLikeASaver(order)
+    model = linear_model()
+    trainer = Trainer(model, sgd(model), callbacks=[saver, other], limits=Limits(max_epochs=2), handle_signals=False)
+    assert trainer.callbacks == [other, saver] and trainer.checkpoint_callbacks == [saver]
+    trainer.fit(make_batches(2, 4))
+    assert order == ["other", "saver"] * 2
+    assert saver.last_path is None  # declared on the base class: None until a subclass saves
+
+
+class SignalAfterStep(Callback):
+    def on_train_batch_end(self, trainer, output, batch, batch_idx):
+        if batch_idx == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.mark.parametrize("with_saver", [True, False])
+def test_a_stop_request_is_announced_and_saved_by_the_checkpoint_callbacks(caplog, with_saver):
+    order = []
+    saver = RecordingSaver(order)
+    model = linear_model()
+    callbacks = [SignalAfterStep(), *([saver] if with_saver else [LooksLikeASaver(order)])]
+    trainer = Trainer(model, sgd(model), callbacks=callbacks, limits=Limits(max_epochs=3))
+    with caplog.at_level(logging.WARNING, logger="paddletrain"), pytest.raises(TrainingInterrupted) as stopped:
+        trainer.fit(make_batches(4, 4))
+    assert stopped.value.step == trainer.global_step == 2
+    if with_saver:
+        assert saver.last_path == "step-2"
+        assert "saving a checkpoint and stopping" in caplog.text
+    else:
+        assert "no checkpoint will be saved" in caplog.text
 
 
 def test_checkpoint_never_saves_nan_weights(tmp_path):
