@@ -23,6 +23,14 @@ from paddletrain.checkpoint.rng import check_rng_state
 from paddletrain.checkpoint.storage import STATE
 from paddletrain.checkpoint.untrusted import StateValueError, checked_mapping, required
 from paddletrain.errors import NonFiniteLossError, TrainingInterrupted, UserError
+from paddletrain.hooks import (
+    BatchTransform,
+    EpochSampler,
+    PaddedLoader,
+    SkippingSampler,
+    Stateful,
+    batch_sampler_of,
+)
 from paddletrain.limits import Limits
 from paddletrain.losses import cross_entropy
 from paddletrain.metrics import ClassificationMeter, ClassReport, Throughput
@@ -76,8 +84,9 @@ class Trainer:
             after the first, exits at once.
         batch_transform: ``batch_transform(images, labels) -> (images, targets)`` run on every training batch
             before the forward pass (e.g. :class:`~paddletrain.data.mixup.Mixup`, whose soft targets the loss
-            takes); metrics still count the original labels. Its ``state_dict``/``load_state_dict``, if any,
-            go into checkpoints (one entry per rank), so a resumed run draws what an uninterrupted one would.
+            takes); metrics still count the original labels (:class:`~paddletrain.hooks.BatchTransform`). A
+            :class:`~paddletrain.hooks.Stateful` one is saved in checkpoints (one entry per rank), so a resumed run
+            draws what an uninterrupted one would.
         distiller: a :class:`~paddletrain.distill.Distiller`; training losses become its loss of the student's
             logits (its teacher sees the same, transformed, images). Validation keeps ``loss_fn``.
         meters: ``meters(stage)`` builds the meter of a training epoch (``"train"``) or of a validation
@@ -103,7 +112,7 @@ class Trainer:
         sync_bn: bool = False,
         find_unused_parameters: bool = False,
         handle_signals: bool = True,
-        batch_transform: Callable[[paddle.Tensor, paddle.Tensor], tuple[paddle.Tensor, paddle.Tensor]] | None = None,
+        batch_transform: BatchTransform | None = None,
         distiller: Any | None = None,
         class_names: Sequence[str] | None = None,
         meters: Callable[[str], Any] | None = None,
@@ -167,7 +176,7 @@ class Trainer:
     @property
     def module(self) -> paddle.nn.Layer:
         """The model without its data-parallel wrapper."""
-        return getattr(self.model, "_layers", self.model)
+        return distributed.unwrap(self.model)
 
     @property
     def is_main(self) -> bool:
@@ -288,11 +297,11 @@ class Trainer:
 
     def _run_epoch(self, train_loader: Iterable, val_loader: Iterable | None) -> None:
         self.epoch_finished = False
-        sampler = getattr(train_loader, "batch_sampler", None)
-        if hasattr(sampler, "set_epoch"):
+        sampler = batch_sampler_of(train_loader)
+        if isinstance(sampler, EpochSampler):
             sampler.set_epoch(self.epoch)
-        # A sampler with its own state_dict restored its position on resume; others are told what to skip.
-        if self.batch_in_epoch and hasattr(sampler, "skip_batches") and not hasattr(sampler, "load_state_dict"):
+        # A stateful sampler restored its position on resume; others are told what to skip.
+        if self.batch_in_epoch and isinstance(sampler, SkippingSampler) and not isinstance(sampler, Stateful):
             sampler.skip_batches(self.batch_in_epoch)
         self.module.train()
         self._call("on_train_epoch_start")
@@ -394,7 +403,7 @@ class Trainer:
 
     def _no_sync(self, skip_allreduce: bool):
         """Accumulation micro-batches skip the gradient all-reduce under data parallelism."""
-        if skip_allreduce and hasattr(self.model, "no_sync"):
+        if skip_allreduce and isinstance(self.model, paddle.DataParallel):
             return self.model.no_sync()
         return contextlib.nullcontext()
 
@@ -416,7 +425,7 @@ class Trainer:
             distributed.broadcast_buffers(self.module)
         meter = self.val_meter = self._meter("val")
         # A distributed sampler pads each rank's shard at its end; those repeated samples are not counted.
-        real = getattr(loader, "num_real_samples", None)
+        real = loader.num_real_samples if isinstance(loader, PaddedLoader) else None
         seen = 0
         with paddle.no_grad():
             for batch_idx, batch in enumerate(loader):
@@ -485,10 +494,10 @@ class Trainer:
             state["train_meter"] = self._train_meter.state_dict()
         if self.scheduler is not None:
             state["scheduler"] = self.scheduler.state_dict()
-        sampler = getattr(self.train_loader, "batch_sampler", None)
-        if hasattr(sampler, "state_dict"):
+        sampler = batch_sampler_of(self.train_loader)
+        if isinstance(sampler, Stateful):
             state["sampler"] = sampler.state_dict()
-        if hasattr(self.batch_transform, "state_dict"):  # each rank draws its own stream, like the RNGs
+        if isinstance(self.batch_transform, Stateful):  # each rank draws its own stream, like the RNGs
             own = self.batch_transform.state_dict()
             state["batch_transform"] = distributed.all_gather_object(own) if self.world_size > 1 else [own]
         return state
@@ -547,13 +556,13 @@ class Trainer:
             if cb.state_key in saved_callbacks:
                 with _restoring(f"callbacks.{cb.state_key}"):
                     cb.load_state_dict(saved_callbacks[cb.state_key])
-        sampler = getattr(self.train_loader, "batch_sampler", None)
+        sampler = batch_sampler_of(self.train_loader)
         # After a finished epoch the next one starts from its first batch: only a mid-epoch position matters.
-        if "sampler" in state and hasattr(sampler, "load_state_dict") and self.batch_in_epoch:
+        if "sampler" in state and isinstance(sampler, Stateful) and self.batch_in_epoch:
             with _restoring("sampler"):
                 sampler.load_state_dict(state["sampler"])
         saved_transform = state.get("batch_transform")
-        if hasattr(self.batch_transform, "load_state_dict") and isinstance(saved_transform, list):
+        if isinstance(self.batch_transform, Stateful) and isinstance(saved_transform, list):
             if len(saved_transform) == self.world_size:
                 with _restoring(f"batch_transform[{self.rank}]"):
                     self.batch_transform.load_state_dict(saved_transform[self.rank])
