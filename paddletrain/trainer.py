@@ -61,7 +61,8 @@ class Trainer:
 
     Args:
         model: the network (a ``paddle.nn.Layer``; may be wrapped in ``paddle.DataParallel``).
-        optimizer: a ``paddle.optimizer.Optimizer`` over the model's parameters.
+        optimizer: a ``paddle.optimizer.Optimizer`` over the model's parameters; needed by :meth:`fit` only
+            (``None``: the trainer can :meth:`validate` and :meth:`predict`).
         scheduler: an LR scheduler stepped once per optimizer step (``None`` for a constant LR).
         loss_fn: ``loss_fn(logits, targets) -> scalar``; default :func:`paddletrain.losses.cross_entropy`
             (class indices or soft targets).
@@ -97,7 +98,7 @@ class Trainer:
     def __init__(
         self,
         model: paddle.nn.Layer,
-        optimizer: paddle.optimizer.Optimizer,
+        optimizer: paddle.optimizer.Optimizer | None = None,
         scheduler: paddle.optimizer.lr.LRScheduler | None = None,
         loss_fn: Callable[[paddle.Tensor, paddle.Tensor], paddle.Tensor] | None = None,
         precision: Precision | None = None,
@@ -189,7 +190,14 @@ class Trainer:
 
     @property
     def current_lr(self) -> float:
-        return float(self.optimizer.get_lr())
+        """The optimizer's learning rate now (the rate the next step uses)."""
+        return float(self._required_optimizer().get_lr())
+
+    def _required_optimizer(self) -> paddle.optimizer.Optimizer:
+        if self.optimizer is None:
+            raise UserError("this Trainer has no optimizer: pass one, Trainer(model, optimizer, ...), to fit; "
+                            "without one it can only validate() and predict()")
+        return self.optimizer
 
     # ------------------------------------------------------------------ callbacks
     def _call(self, hook: str, *args: Any) -> None:
@@ -246,6 +254,7 @@ class Trainer:
         precision, callbacks, RNGs and the position inside the epoch, so the run continues exactly where the
         checkpoint was written.
         """
+        self._required_optimizer()  # before any hook runs: nothing is half-started
         self.setup()
         # Walking the layer tree every step costs ~0.2-0.5 ms (measured): list the parameters once.
         self._parameters = list(self.module.parameters())
@@ -476,7 +485,6 @@ class Trainer:
         """Everything needed to continue exactly: weights, optimizer, scheduler, precision, callbacks, progress."""
         state: dict[str, Any] = {
             "model": self.module.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
             "precision": self.precision.state_dict(),
             "progress": {
                 "epoch": self.epoch,
@@ -492,6 +500,8 @@ class Trainer:
         }
         if self._train_meter is not None and not self.epoch_finished:
             state["train_meter"] = self._train_meter.state_dict()
+        if self.optimizer is not None:
+            state["optimizer"] = self.optimizer.state_dict()
         if self.scheduler is not None:
             state["scheduler"] = self.scheduler.state_dict()
         sampler = batch_sampler_of(self.train_loader)
@@ -519,7 +529,8 @@ class Trainer:
         """
         checked_mapping(state, "(the whole state)")
         check_state_matches(self.module, required(state, "model", "model"))
-        check_optimizer_state(self.optimizer, self.module, required(state, "optimizer", "optimizer"))
+        if self.optimizer is not None:
+            check_optimizer_state(self.optimizer, self.module, required(state, "optimizer", "optimizer"))
         if self.scheduler is not None and "scheduler" in state:
             check_scheduler_state(self.scheduler, state["scheduler"])
         progress = checked_progress(required(state, "progress", "progress"))
@@ -531,7 +542,8 @@ class Trainer:
             check_rng_state(saved_rngs[self.rank], f"rng[{self.rank}]")
 
         self.module.set_state_dict(state["model"])
-        self.optimizer.set_state_dict(state["optimizer"])
+        if self.optimizer is not None:
+            self.optimizer.set_state_dict(state["optimizer"])
         if self.scheduler is not None and "scheduler" in state:
             self.scheduler.set_state_dict(state["scheduler"])
         with _restoring("precision"):

@@ -16,7 +16,7 @@ from paddletrain.callbacks import ModelCheckpoint
 from paddletrain.callbacks.base import Callback, CheckpointCallback
 from paddletrain.checkpoint import find_latest
 from paddletrain.data.mixup import Mixup
-from paddletrain.errors import TrainingInterrupted
+from paddletrain.errors import TrainingInterrupted, UserError
 from paddletrain.limits import Limits
 from paddletrain.losses import cross_entropy
 from paddletrain.precision import Precision
@@ -338,6 +338,32 @@ def test_a_stop_request_is_announced_and_saved_by_the_checkpoint_callbacks(caplo
         assert "saving a checkpoint and stopping" in caplog.text
     else:
         assert "no checkpoint will be saved" in caplog.text
+
+
+def test_without_an_optimizer_the_trainer_validates_and_predicts_but_does_not_fit():
+    model = linear_model()
+    data = make_batches(3, 8)
+    trained = Trainer(model, sgd(model), limits=Limits(max_epochs=2), num_classes=3, handle_signals=False)
+    trained.fit(data)
+    evaluator = Trainer(model, num_classes=3)
+    assert evaluator.validate(data) == trained.validate(data)
+    np.testing.assert_array_equal(evaluator.predict(data), trained.predict(data))
+    recorder = Recorder()
+    idle = Trainer(linear_model(), callbacks=[recorder])
+    with pytest.raises(UserError, match="no optimizer: pass one, Trainer\\(model, optimizer, ...\\), to fit"):
+        idle.fit(data)
+    assert recorder.events == []  # refused before any hook ran
+
+
+def test_an_optimizer_less_trainer_loads_a_full_state_and_saves_none():
+    model = linear_model()
+    trained = Trainer(model, sgd(model), limits=Limits(max_epochs=1), handle_signals=False)
+    trained.fit(make_batches(2, 4))
+    evaluator = Trainer(linear_model(seed=1))
+    evaluator.load_state_dict(trained.state_dict())
+    for loaded, saved in zip(params(evaluator.module), params(model), strict=True):
+        np.testing.assert_array_equal(loaded, saved)
+    assert "optimizer" not in evaluator.state_dict() and "optimizer" in trained.state_dict()
 
 
 def test_checkpoint_never_saves_nan_weights(tmp_path):
