@@ -18,10 +18,7 @@ import paddle
 
 from paddletrain import distributed
 from paddletrain.callbacks.base import Callback, CheckpointCallback, StepOutput
-from paddletrain.checkpoint import Checkpoint, load_checkpoint, rng_state, set_rng_state
-from paddletrain.checkpoint.rng import check_rng_state
-from paddletrain.checkpoint.storage import STATE
-from paddletrain.checkpoint.untrusted import StateValueError, checked_mapping, required
+from paddletrain.checkpoint import rng_state
 from paddletrain.errors import NonFiniteLossError, TrainingInterrupted, UserError
 from paddletrain.hooks import (
     BatchTransform,
@@ -36,14 +33,7 @@ from paddletrain.losses import cross_entropy
 from paddletrain.metrics import ClassificationMeter, ClassReport, Throughput
 from paddletrain.precision import Precision
 from paddletrain.processes import stop_request
-from paddletrain.runtime import seed_everything
-from paddletrain.state_checks import (
-    check_optimizer_state,
-    check_scheduler_state,
-    check_state_matches,
-    checked_metrics,
-    checked_progress,
-)
+from paddletrain.restore import load_trainer_state, restore_checkpoint
 
 log = logging.getLogger("paddletrain")
 
@@ -171,7 +161,8 @@ class Trainer:
         # Wall time of the last fit (everything: steps, validation, checkpoints), beside the step time above.
         self.fit_seconds = 0.0
         self.num_val_batches: int | None = None
-        self._restored_meter: dict[str, Any] | None = None
+        # A mid-epoch checkpoint's training meter, restored into the continuing epoch's meter (then cleared).
+        self.resumed_train_meter: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ properties
     @property
@@ -200,7 +191,9 @@ class Trainer:
         return self.optimizer
 
     # ------------------------------------------------------------------ callbacks
-    def _call(self, hook: str, *args: Any) -> None:
+    def call_hook(self, hook: str, *args: Any) -> None:
+        """Run the callbacks' ``hook`` (a :class:`~paddletrain.callbacks.Callback` method) with this trainer, in
+        order, skipping ``main_process_only`` callbacks on ranks other than 0."""
         for cb in self.callbacks:
             if cb.main_process_only and not self.is_main:
                 continue
@@ -229,7 +222,9 @@ class Trainer:
         logits = logits.astype("float32")
         return self.loss_fn(logits, labels), logits, labels
 
-    def _meter(self, stage: str) -> Any:
+    def new_meter(self, stage: str) -> Any:
+        """A fresh meter for a training epoch (``"train"``) or a validation (``"val"``): ``meters``' or the
+        default top-k one."""
         if self.meters is not None:
             return self.meters(stage)
         return ClassificationMeter(self.num_classes, per_class=stage == "val")  # per class: validation only
@@ -260,21 +255,21 @@ class Trainer:
         self._parameters = list(self.module.parameters())
         self.train_loader = train_loader
         self.num_train_batches = count_batches(train_loader, self.limits.limit_train_batches)
-        self._call("setup")
+        self.call_hook("setup")
         if ckpt_path is not None:
-            self.restore(ckpt_path)
+            restore_checkpoint(self, ckpt_path)
         started = time.perf_counter()
         with self._stop_handling():
             try:
-                self._call("on_fit_start")
+                self.call_hook("on_fit_start")
                 while not self._done():
                     self._run_epoch(train_loader, val_loader)
                     self._check_stop()  # a signal that arrived during validation or the epoch-end hooks
                 self.fit_seconds = time.perf_counter() - started
-                self._call("on_fit_end")
+                self.call_hook("on_fit_end")
             except BaseException as exc:
                 self.fit_seconds = time.perf_counter() - started
-                self._call("on_exception", exc)
+                self.call_hook("on_exception", exc)
                 raise
         return dict(self.metrics)
 
@@ -313,7 +308,7 @@ class Trainer:
         if self.batch_in_epoch and isinstance(sampler, SkippingSampler) and not isinstance(sampler, Stateful):
             sampler.skip_batches(self.batch_in_epoch)
         self.module.train()
-        self._call("on_train_epoch_start")
+        self.call_hook("on_train_epoch_start")
         train_metrics, exhausted = self._train_batches(train_loader)
         self.metrics.update(train_metrics)
         last_epoch = not exhausted or self.epoch + 1 >= self.limits.max_epochs
@@ -322,7 +317,7 @@ class Trainer:
         # Only an epoch whose batches all ran is finished: a checkpoint written after a max_steps or
         # should_stop cut resumes at the next batch of this epoch, not at the next epoch.
         self.epoch_finished = exhausted
-        self._call("on_train_epoch_end", dict(self.metrics))
+        self.call_hook("on_train_epoch_end", dict(self.metrics))
         if exhausted:
             self.epoch += 1
             self.batch_in_epoch = 0
@@ -330,10 +325,10 @@ class Trainer:
 
     def _train_batches(self, loader: Iterable) -> tuple[dict[str, float], bool]:
         """Train over the epoch's remaining batches; returns the epoch's metrics and whether all batches ran."""
-        meter = self._train_meter = self._meter("train")
-        if self._restored_meter is not None:
-            meter.load_state_dict(self._restored_meter)
-            self._restored_meter = None
+        meter = self._train_meter = self.new_meter("train")
+        if self.resumed_train_meter is not None:
+            meter.load_state_dict(self.resumed_train_meter)
+            self.resumed_train_meter = None
         accumulate = self.limits.accumulate_grad_batches
         limit = self.num_train_batches
         throughput = self.epoch_throughput = Throughput()
@@ -348,7 +343,7 @@ class Trainer:
             batch, is_last = item
             t1 = time.perf_counter()
             lr = self.current_lr  # the rate this batch trains with, before the scheduler advances
-            self._call("on_train_batch_start", batch, batch_idx)
+            self.call_hook("on_train_batch_start", batch, batch_idx)
             step_now = (batch_idx + 1) % accumulate == 0 or is_last
             with self._no_sync(not step_now):
                 loss, logits, labels = self.training_step(batch, batch_idx)
@@ -366,7 +361,7 @@ class Trainer:
             self.batch_in_epoch = batch_idx + 1
             out = StepOutput(loss=loss_value, batch_size=batch_size, lr=lr, stepped=stepped,
                              data_time=t1 - t0, compute_time=t2 - t1, finite=finite)
-            self._call("on_train_batch_end", out, batch, batch_idx)
+            self.call_hook("on_train_batch_end", out, batch, batch_idx)
             batch_idx += 1
             # Stop only on an optimizer-step boundary (accumulated gradients are not part of a checkpoint), and
             # on the same step on every rank, or the others would wait forever in the next all-reduce.
@@ -387,7 +382,7 @@ class Trainer:
 
     def _optimizer_step(self) -> tuple[bool, bool]:
         """Unscale, check, clip and step; the scheduler advances only when the optimizer really stepped."""
-        self._call("on_before_optimizer_step", self.optimizer)
+        self.call_hook("on_before_optimizer_step", self.optimizer)
         result = self.precision.step(self.optimizer, self._parameters, clip_norm=self.limits.grad_clip_norm)
         if result.stepped:
             self.global_step += 1
@@ -427,12 +422,12 @@ class Trainer:
 
     def _validate(self, loader: Iterable) -> dict[str, float]:
         limit = self.num_val_batches = count_batches(loader, self.limits.limit_val_batches)
-        self._call("on_validation_start")
+        self.call_hook("on_validation_start")
         was_training = self.module.training
         self.module.eval()
         if self.world_size > 1:
             distributed.broadcast_buffers(self.module)
-        meter = self.val_meter = self._meter("val")
+        meter = self.val_meter = self.new_meter("val")
         # A distributed sampler pads each rank's shard at its end; those repeated samples are not counted.
         real = loader.num_real_samples if isinstance(loader, PaddedLoader) else None
         seen = 0
@@ -448,7 +443,7 @@ class Trainer:
                     loss, size = self.loss_fn(logits, labels), keep
                 meter.update(loss, logits, labels, size)
                 seen += size
-                self._call("on_validation_batch_end", batch, batch_idx)
+                self.call_hook("on_validation_batch_end", batch, batch_idx)
         sums = meter.sums()
         if self.world_size > 1:
             paddle.distributed.all_reduce(sums)  # the per-class counts and the confusion matrix ride along
@@ -457,7 +452,7 @@ class Trainer:
         self.val_report = meter.report(sums, self.class_names) if isinstance(meter, ClassificationMeter) else None
         if was_training:
             self.module.train()
-        self._call("on_validation_end", metrics)
+        self.call_hook("on_validation_end", metrics)
         return metrics
 
     def predict(self, loader: Iterable, activation: str = "softmax") -> np.ndarray:
@@ -518,94 +513,19 @@ class Trainer:
         state = self.state_dict()
         state.update(self.checkpoint_extras)
         if self.is_main:
-            self._call("on_save_checkpoint", state)
+            self.call_hook("on_save_checkpoint", state)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` produced (callbacks by their ``state_key``).
-
-        The model, optimizer, scheduler, progress counters, metrics and this rank's RNG state are checked
-        before anything changes; a value that does not fit raises :class:`StateValueError` naming its key.
+        """Restore what :meth:`state_dict` produced (see :func:`paddletrain.restore.load_trainer_state`: every
+        value is checked before anything changes; one that does not fit raises ``StateValueError`` naming its key).
         """
-        checked_mapping(state, "(the whole state)")
-        check_state_matches(self.module, required(state, "model", "model"))
-        if self.optimizer is not None:
-            check_optimizer_state(self.optimizer, self.module, required(state, "optimizer", "optimizer"))
-        if self.scheduler is not None and "scheduler" in state:
-            check_scheduler_state(self.scheduler, state["scheduler"])
-        progress = checked_progress(required(state, "progress", "progress"))
-        metrics = checked_metrics(state.get("metrics", {}))
-        saved_rngs = required(state, "rng", "rng")
-        if not isinstance(saved_rngs, list) or not saved_rngs:
-            raise StateValueError("rng", "is not a list of per-rank random states")
-        if len(saved_rngs) == self.world_size:
-            check_rng_state(saved_rngs[self.rank], f"rng[{self.rank}]")
-
-        self.module.set_state_dict(state["model"])
-        if self.optimizer is not None:
-            self.optimizer.set_state_dict(state["optimizer"])
-        if self.scheduler is not None and "scheduler" in state:
-            self.scheduler.set_state_dict(state["scheduler"])
-        with _restoring("precision"):
-            self.precision.load_state_dict(state.get("precision", {}))
-        self.global_step = progress["global_step"]
-        self.nonfinite_steps = progress["nonfinite_steps"]
-        if progress["epoch_finished"]:
-            self.epoch, self.batch_in_epoch = progress["epoch"] + 1, 0
-        else:
-            self.epoch, self.batch_in_epoch = progress["epoch"], progress["batch_in_epoch"]
-        self.metrics.update(metrics)
-        self._restored_meter = state.get("train_meter") if self.batch_in_epoch else None
-        if self._restored_meter is not None:
-            with _restoring("train_meter"):  # loaded when the epoch continues: check it now
-                self._meter("train").load_state_dict(self._restored_meter)
-        self._load_loop_state(state, saved_rngs)
-
-    def _load_loop_state(self, state: dict[str, Any], saved_rngs: list) -> None:
-        """The rest of :meth:`load_state_dict`: callbacks, the sampler's position, Mixup draws and RNG streams."""
-        saved_callbacks = checked_mapping(state.get("callbacks", {}), "callbacks")
-        for cb in self.callbacks:
-            if cb.state_key in saved_callbacks:
-                with _restoring(f"callbacks.{cb.state_key}"):
-                    cb.load_state_dict(saved_callbacks[cb.state_key])
-        sampler = batch_sampler_of(self.train_loader)
-        # After a finished epoch the next one starts from its first batch: only a mid-epoch position matters.
-        if "sampler" in state and isinstance(sampler, Stateful) and self.batch_in_epoch:
-            with _restoring("sampler"):
-                sampler.load_state_dict(state["sampler"])
-        saved_transform = state.get("batch_transform")
-        if isinstance(self.batch_transform, Stateful) and isinstance(saved_transform, list):
-            if len(saved_transform) == self.world_size:
-                with _restoring(f"batch_transform[{self.rank}]"):
-                    self.batch_transform.load_state_dict(saved_transform[self.rank])
-            else:
-                log.warning("The checkpoint holds batch-transform states for %d rank(s), this run has %d: "
-                            "Mixup/CutMix draws start afresh", len(saved_transform), self.world_size)
-        if len(saved_rngs) == self.world_size:
-            set_rng_state(saved_rngs[self.rank], f"rng[{self.rank}]")
-        else:
-            # Another world size: there is no saved stream for this rank, so derive a deterministic one.
-            seed_everything(hash((len(saved_rngs), self.rank, self.global_step)) % (2**31))
-            log.warning("The checkpoint holds RNG states for %d rank(s), this run has %d: random streams are "
-                        "reseeded from (rank, global step)", len(saved_rngs), self.world_size)
+        load_trainer_state(self, state)
 
     def restore(self, checkpoint: Any) -> None:
-        """Load a checkpoint (a directory, or a :class:`~paddletrain.checkpoint.Checkpoint`) into the trainer.
-
-        A value that does not fit is reported in one line naming the checkpoint's ``state.json`` and the key.
-        """
-        if not isinstance(checkpoint, Checkpoint):
-            checkpoint = load_checkpoint(checkpoint)
-        try:
-            self._call("on_load_checkpoint", checkpoint.state)
-            self.load_state_dict(checkpoint.state)
-        except StateValueError as error:
-            raise error.in_file(checkpoint.path / STATE) from error
-        except UserError as error:
-            raise UserError(f"cannot resume from {checkpoint.path}: {error}") from error
-        self.resumed_from = ckpt_path = str(checkpoint.path)
-        log.info("Resumed from %s at epoch %d, batch %d, global step %d", ckpt_path, self.epoch,
-                 self.batch_in_epoch, self.global_step)
+        """Load a checkpoint (a directory, or a :class:`~paddletrain.checkpoint.Checkpoint`) into the trainer
+        (:func:`paddletrain.restore.restore_checkpoint`)."""
+        restore_checkpoint(self, checkpoint)
 
 
 def count_batches(loader: Iterable, limit: int | None) -> int | None:
@@ -641,22 +561,3 @@ def _flag_last(batches: Iterator[Any], limit: int | None, start: int) -> Iterato
 
 
 _END = object()
-
-
-@contextlib.contextmanager
-def _restoring(key: str):
-    """Name ``key`` in any error a part's ``load_state_dict`` raises on a malformed saved value.
-
-    A part that checks its input raises ``StateValueError`` with its own key (prefixed here); any other
-    ``TypeError``/``ValueError``/``KeyError``... from a value of the wrong shape becomes one too, so a crafted or
-    damaged checkpoint never ends in a traceback. ``UserError`` (e.g. a sampler that refuses another batch
-    size) passes unchanged.
-    """
-    try:
-        yield
-    except StateValueError as error:
-        raise error.under(key) from error
-    except UserError:
-        raise
-    except (TypeError, ValueError, KeyError, IndexError, AttributeError) as error:
-        raise StateValueError(key, f"cannot be restored ({type(error).__name__}: {error})") from error
