@@ -10,7 +10,7 @@ from pathlib import Path
 
 import paddle
 
-from paddletrain import Precision, Trainer, create_model
+from paddletrain import Limits, Precision, Trainer, create_model
 from paddletrain.callbacks import EarlyStopping, ModelCheckpoint, ProgressBar
 from paddletrain.config import DataConfig, OptimConfig, SchedConfig
 from paddletrain.data import ShapesDataset, build_loader, build_transform
@@ -40,7 +40,7 @@ def main() -> None:
     trainer = Trainer(
         model, optimizer, scheduler=scheduler, precision=Precision(),  # Precision(enabled=True) for AMP on GPUs
         callbacks=[ProgressBar(), EarlyStopping(patience=3), ModelCheckpoint()],  # checkpoints in <run_dir>
-        max_epochs=args.epochs, num_classes=len(train_set.classes), run_dir=str(args.out),
+        limits=Limits(max_epochs=args.epochs), num_classes=len(train_set.classes), run_dir=str(args.out),
     )
     metrics = trainer.fit(train_loader, val_loader)
     print(f"val/top1={metrics['val/top1']:.4f} val/loss={metrics['val/loss']:.4f}")

@@ -22,6 +22,7 @@ _PUBLIC = {
     "NonFiniteLossError": "paddletrain.errors",
     "TrainingInterrupted": "paddletrain.errors",
     "UserError": "paddletrain.errors",
+    "Limits": "paddletrain.limits",
     "Predictor": "paddletrain.inference",
     "create_model": "paddletrain.models",
     "list_models": "paddletrain.models",

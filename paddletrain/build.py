@@ -15,7 +15,7 @@ import copy
 import logging
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from paddletrain.data.mixup import Mixup
 from paddletrain.data.unlabeled import with_unlabeled
 from paddletrain.distill import Distiller
 from paddletrain.errors import ConfigError, TrainingInterrupted, UserError
+from paddletrain.limits import Limits
 from paddletrain.losses import LossFn, build_loss
 from paddletrain.metrics_multilabel import LossMeter, MultiLabelMeter
 from paddletrain.models import create_model
@@ -167,17 +168,22 @@ def resolve_preprocessing(cfg: DictConfig) -> DictConfig:
     return resolved
 
 
-def build_optimization(cfg: DictConfig, model: paddle.nn.Layer, train_loader: Any,
+def build_limits(cfg: DictConfig) -> Limits:
+    """The loop's :class:`~paddletrain.limits.Limits` from the ``trainer`` keys of the same names."""
+    return Limits(**{field.name: cfg.trainer[field.name] for field in fields(Limits)})
+
+
+def build_optimization(cfg: DictConfig, model: paddle.nn.Layer, train_loader: Any, limits: Limits,
                        world_size: int = 1) -> tuple[paddle.optimizer.Optimizer, paddle.optimizer.lr.LRScheduler]:
-    """The optimizer and its schedule, whose length is the run's optimizer steps (the loop's own count)."""
-    t = cfg.trainer
-    per_epoch = optimizer_steps_per_epoch(count_batches(train_loader, t.limit_train_batches),
-                                          t.accumulate_grad_batches)
-    steps = schedule_steps(per_epoch, t.max_epochs, cfg.sched.warmup_epochs)
-    global_batch = cfg.data.batch_size * world_size * t.accumulate_grad_batches
+    """The optimizer and its schedule, whose length is the run's optimizer steps (the loop's own count under
+    ``limits``)."""
+    accumulate = limits.accumulate_grad_batches
+    per_epoch = optimizer_steps_per_epoch(count_batches(train_loader, limits.limit_train_batches), accumulate)
+    steps = schedule_steps(per_epoch, limits.max_epochs, cfg.sched.warmup_epochs)
+    global_batch = cfg.data.batch_size * world_size * accumulate
     lr = scaled_lr(cfg.optim.lr, global_batch, cfg.optim.base_batch_size) if cfg.optim.scale_lr else cfg.optim.lr
     log.info("Global batch %d (%d per process x %d process(es) x %d accumulation), learning rate %g%s, "
-             "%d optimizer steps", global_batch, cfg.data.batch_size, world_size, t.accumulate_grad_batches, lr,
+             "%d optimizer steps", global_batch, cfg.data.batch_size, world_size, accumulate, lr,
              f" (optim.lr={cfg.optim.lr:g} scaled by {global_batch}/{cfg.optim.base_batch_size})"
              if cfg.optim.scale_lr else "", steps.total)
     scheduler = build_scheduler(cfg.sched, lr, steps)
@@ -348,7 +354,8 @@ def build_run(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = ()
     seed_everything(t.seed + rank)  # dropout differs per rank; the data order comes from t.seed alone
     data = build_data(cfg, seed=t.seed, rank=rank, world_size=world_size)
     model = build_model(cfg, len(data.classes), data.in_chans)
-    optimizer, scheduler = build_optimization(cfg, model, data.train_loader, world_size)
+    limits = build_limits(cfg)
+    optimizer, scheduler = build_optimization(cfg, model, data.train_loader, limits, world_size)
     facts = run_facts(cfg, len(data.classes), world_size)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resume_from = None
@@ -364,11 +371,7 @@ def build_run(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = ()
         loss_fn=loss_fn, precision=precision, meters=build_meters(cfg, num_classes, world_size),
         batch_transform=build_mixup(cfg, num_classes, seed=t.seed, rank=rank),
         distiller=build_distiller(cfg, num_classes, data.in_chans, precision, hard_loss=loss_fn),
-        callbacks=[*configured, *callbacks],
-        max_epochs=t.max_epochs, max_steps=t.max_steps, accumulate_grad_batches=t.accumulate_grad_batches,
-        grad_clip_norm=t.grad_clip_norm, limit_train_batches=t.limit_train_batches,
-        limit_val_batches=t.limit_val_batches, val_every_n_epochs=t.val_every_n_epochs,
-        max_consecutive_nonfinite=t.max_consecutive_nonfinite, num_classes=len(data.classes), class_names=data.classes,
+        callbacks=[*configured, *callbacks], limits=limits, num_classes=len(data.classes), class_names=data.classes,
         run_dir=str(run_dir), hparams=run_hparams(cfg), sync_bn=cfg.model.sync_bn,
         find_unused_parameters=t.find_unused_parameters,
         checkpoint_extras={"config": resolved, "run": facts},
@@ -391,7 +394,7 @@ def train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = (),
         try:
             metrics = trainer.fit(run.train_loader, run.val_loader, ckpt_path=run.resume_from)
         except TrainingInterrupted as exc:  # say which checkpoint the stop wrote, not whichever is newest on disk
-            saved = [cb.last_path for cb in trainer.callbacks if getattr(cb, "saves_on_interrupt", False)]
+            saved = [cb.last_path for cb in trainer.checkpoint_callbacks if cb.saves_on_interrupt]
             exc.checkpoint = str(saved[0]) if saved and saved[0] else None
             raise
         if trainer.is_main:

@@ -18,13 +18,13 @@ import logging
 import sys
 
 import hydra
-import paddle
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from paddletrain.build import (
     build_criterion,
     build_data,
+    build_limits,
     build_meters,
     checkpoint_config,
     checkpoint_model,
@@ -57,10 +57,10 @@ def evaluate(cfg: DictConfig, checkpoint: Checkpoint) -> dict[str, float]:
                              source=f"checkpoint={checkpoint.path}")
     if tta.get("flip") or tta.get("crops", 1) > 1:  # test-time augmentation (paddletrain.tta)
         model = TestTimeAugmentation(model, flip=tta.flip, crops=tta.crops, crop_size=eval_image_size(cfg.data))
-    # The training run's loss (val/loss as fit reports it) and the task's meters.
-    trainer = Trainer(model, paddle.optimizer.SGD(parameters=model.parameters()), num_classes=len(data.classes),
-                      limit_val_batches=cfg.trainer.limit_val_batches, loss_fn=build_criterion(cfg, data),
-                      meters=build_meters(cfg, len(data.classes)), class_names=data.classes)
+    # The training run's loss (val/loss as fit reports it) and the task's meters; no optimizer: it only validates.
+    trainer = Trainer(model, num_classes=len(data.classes), limits=build_limits(cfg),
+                      loss_fn=build_criterion(cfg, data), meters=build_meters(cfg, len(data.classes)),
+                      class_names=data.classes)
     metrics = trainer.validate(data.val_loader)
     line = " ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items()))
     log.info("Evaluation of %s: %s", checkpoint.path, line)

@@ -221,7 +221,7 @@ class Precision:
             return model, optimizer
         self._is_setup = True
         if self.amp_active and self.level == "O2":
-            model, optimizer = paddle.amp.decorate(
+            decorated = paddle.amp.decorate(
                 models=model,
                 optimizers=optimizer,
                 level="O2",
@@ -229,6 +229,8 @@ class Precision:
                 master_weight=True,
                 save_dtype="float32",
             )
+            # Without an optimizer (evaluation only) Paddle returns the model alone.
+            model, optimizer = decorated if optimizer is not None else (decorated, None)
         return model, optimizer
 
     def autocast(self, training: bool = True) -> AbstractContextManager:

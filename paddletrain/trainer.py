@@ -17,24 +17,23 @@ import numpy as np
 import paddle
 
 from paddletrain import distributed
-from paddletrain.callbacks.base import Callback, StepOutput
-from paddletrain.checkpoint import Checkpoint, load_checkpoint, rng_state, set_rng_state
-from paddletrain.checkpoint.rng import check_rng_state
-from paddletrain.checkpoint.storage import STATE
-from paddletrain.checkpoint.untrusted import StateValueError, checked_mapping, required
+from paddletrain.callbacks.base import Callback, CheckpointCallback, StepOutput
+from paddletrain.checkpoint import rng_state
 from paddletrain.errors import NonFiniteLossError, TrainingInterrupted, UserError
+from paddletrain.hooks import (
+    BatchTransform,
+    EpochSampler,
+    PaddedLoader,
+    SkippingSampler,
+    Stateful,
+    batch_sampler_of,
+)
+from paddletrain.limits import Limits
 from paddletrain.losses import cross_entropy
 from paddletrain.metrics import ClassificationMeter, ClassReport, Throughput
 from paddletrain.precision import Precision
 from paddletrain.processes import stop_request
-from paddletrain.runtime import seed_everything
-from paddletrain.state_checks import (
-    check_optimizer_state,
-    check_scheduler_state,
-    check_state_matches,
-    checked_metrics,
-    checked_progress,
-)
+from paddletrain.restore import load_trainer_state, restore_checkpoint
 
 log = logging.getLogger("paddletrain")
 
@@ -52,18 +51,15 @@ class Trainer:
 
     Args:
         model: the network (a ``paddle.nn.Layer``; may be wrapped in ``paddle.DataParallel``).
-        optimizer: a ``paddle.optimizer.Optimizer`` over the model's parameters.
+        optimizer: a ``paddle.optimizer.Optimizer`` over the model's parameters; needed by :meth:`fit` only
+            (``None``: the trainer can :meth:`validate` and :meth:`predict`).
         scheduler: an LR scheduler stepped once per optimizer step (``None`` for a constant LR).
         loss_fn: ``loss_fn(logits, targets) -> scalar``; default :func:`paddletrain.losses.cross_entropy`
             (class indices or soft targets).
         precision: fp32/AMP behaviour (``paddletrain.precision.Precision``); default fp32.
         callbacks: hooks run in the order given (checkpointing callbacks run last).
-        max_epochs / max_steps: stop at whichever comes first (``max_steps`` counts optimizer steps).
-        accumulate_grad_batches: micro-batches per optimizer step, counted by batch index.
-        grad_clip_norm: clip gradients by global norm (on unscaled gradients).
-        limit_train_batches / limit_val_batches: cap batches per epoch (smoke tests, debugging).
-        val_every_n_epochs: validation frequency; 0 disables validation during fit.
-        max_consecutive_nonfinite: stop with :class:`NonFiniteLossError` after this many skipped steps in a row.
+        limits: how long the loop runs and how it steps (:class:`~paddletrain.limits.Limits`: epochs, steps,
+            accumulation, clipping, batch caps, validation interval, non-finite tolerance); default one epoch.
         num_classes: for top-k metrics (top-5 only when there are at least 5 classes).
         class_names: the classes' names, for the per-class results of each validation (:attr:`val_report`:
             precision, recall, F1, confusion matrix); default: their indices.
@@ -79,8 +75,9 @@ class Trainer:
             after the first, exits at once.
         batch_transform: ``batch_transform(images, labels) -> (images, targets)`` run on every training batch
             before the forward pass (e.g. :class:`~paddletrain.data.mixup.Mixup`, whose soft targets the loss
-            takes); metrics still count the original labels. Its ``state_dict``/``load_state_dict``, if any,
-            go into checkpoints (one entry per rank), so a resumed run draws what an uninterrupted one would.
+            takes); metrics still count the original labels (:class:`~paddletrain.hooks.BatchTransform`). A
+            :class:`~paddletrain.hooks.Stateful` one is saved in checkpoints (one entry per rank), so a resumed run
+            draws what an uninterrupted one would.
         distiller: a :class:`~paddletrain.distill.Distiller`; training losses become its loss of the student's
             logits (its teacher sees the same, transformed, images). Validation keeps ``loss_fn``.
         meters: ``meters(stage)`` builds the meter of a training epoch (``"train"``) or of a validation
@@ -91,19 +88,12 @@ class Trainer:
     def __init__(
         self,
         model: paddle.nn.Layer,
-        optimizer: paddle.optimizer.Optimizer,
+        optimizer: paddle.optimizer.Optimizer | None = None,
         scheduler: paddle.optimizer.lr.LRScheduler | None = None,
         loss_fn: Callable[[paddle.Tensor, paddle.Tensor], paddle.Tensor] | None = None,
         precision: Precision | None = None,
         callbacks: Sequence[Callback] = (),
-        max_epochs: int = 1,
-        max_steps: int | None = None,
-        accumulate_grad_batches: int = 1,
-        grad_clip_norm: float | None = None,
-        limit_train_batches: int | None = None,
-        limit_val_batches: int | None = None,
-        val_every_n_epochs: int = 1,
-        max_consecutive_nonfinite: int = 20,
+        limits: Limits | None = None,
         num_classes: int | None = None,
         run_dir: str | None = None,
         hparams: dict[str, Any] | None = None,
@@ -113,13 +103,11 @@ class Trainer:
         sync_bn: bool = False,
         find_unused_parameters: bool = False,
         handle_signals: bool = True,
-        batch_transform: Callable[[paddle.Tensor, paddle.Tensor], tuple[paddle.Tensor, paddle.Tensor]] | None = None,
+        batch_transform: BatchTransform | None = None,
         distiller: Any | None = None,
         class_names: Sequence[str] | None = None,
         meters: Callable[[str], Any] | None = None,
     ) -> None:
-        if accumulate_grad_batches < 1:
-            raise ValueError(f"accumulate_grad_batches must be >= 1, got {accumulate_grad_batches}")
         keys = [cb.state_key for cb in callbacks]
         if len(set(keys)) != len(keys):
             raise ValueError(f"two callbacks share a state_key (their state would collide in checkpoints): {keys}")
@@ -129,15 +117,10 @@ class Trainer:
         self.loss_fn = loss_fn or cross_entropy
         self.precision = precision or Precision()
         # Checkpointing runs after every other callback so it saves their updated state (as Lightning does).
-        self.callbacks: list[Callback] = sorted(callbacks, key=lambda c: getattr(c, "run_last", False))
-        self.max_epochs = max_epochs
-        self.max_steps = max_steps
-        self.accumulate_grad_batches = accumulate_grad_batches
-        self.grad_clip_norm = grad_clip_norm
-        self.limit_train_batches = limit_train_batches
-        self.limit_val_batches = limit_val_batches
-        self.val_every_n_epochs = val_every_n_epochs
-        self.max_consecutive_nonfinite = max_consecutive_nonfinite
+        self.callbacks: list[Callback] = sorted(
+            callbacks, key=lambda c: isinstance(c, CheckpointCallback) and c.runs_last)
+        # Frozen: to change a limit between fits, assign dataclasses.replace(trainer.limits, ...).
+        self.limits = limits if limits is not None else Limits()
         self.num_classes = num_classes
         self.class_names = list(class_names) if class_names is not None else None
         self.run_dir = run_dir
@@ -178,24 +161,39 @@ class Trainer:
         # Wall time of the last fit (everything: steps, validation, checkpoints), beside the step time above.
         self.fit_seconds = 0.0
         self.num_val_batches: int | None = None
-        self._restored_meter: dict[str, Any] | None = None
+        # A mid-epoch checkpoint's training meter, restored into the continuing epoch's meter (then cleared).
+        self.resumed_train_meter: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ properties
     @property
     def module(self) -> paddle.nn.Layer:
         """The model without its data-parallel wrapper."""
-        return getattr(self.model, "_layers", self.model)
+        return distributed.unwrap(self.model)
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
     @property
+    def checkpoint_callbacks(self) -> list[CheckpointCallback]:
+        """The callbacks that write checkpoints, in the order they run."""
+        return [cb for cb in self.callbacks if isinstance(cb, CheckpointCallback)]
+
+    @property
     def current_lr(self) -> float:
-        return float(self.optimizer.get_lr())
+        """The optimizer's learning rate now (the rate the next step uses)."""
+        return float(self._required_optimizer().get_lr())
+
+    def _required_optimizer(self) -> paddle.optimizer.Optimizer:
+        if self.optimizer is None:
+            raise UserError("this Trainer has no optimizer: pass one, Trainer(model, optimizer, ...), to fit; "
+                            "without one it can only validate() and predict()")
+        return self.optimizer
 
     # ------------------------------------------------------------------ callbacks
-    def _call(self, hook: str, *args: Any) -> None:
+    def call_hook(self, hook: str, *args: Any) -> None:
+        """Run the callbacks' ``hook`` (a :class:`~paddletrain.callbacks.Callback` method) with this trainer, in
+        order, skipping ``main_process_only`` callbacks on ranks other than 0."""
         for cb in self.callbacks:
             if cb.main_process_only and not self.is_main:
                 continue
@@ -224,7 +222,9 @@ class Trainer:
         logits = logits.astype("float32")
         return self.loss_fn(logits, labels), logits, labels
 
-    def _meter(self, stage: str) -> Any:
+    def new_meter(self, stage: str) -> Any:
+        """A fresh meter for a training epoch (``"train"``) or a validation (``"val"``): ``meters``' or the
+        default top-k one."""
         if self.meters is not None:
             return self.meters(stage)
         return ClassificationMeter(self.num_classes, per_class=stage == "val")  # per class: validation only
@@ -243,32 +243,33 @@ class Trainer:
 
     def fit(self, train_loader: Iterable, val_loader: Iterable | None = None,
             ckpt_path: Any | None = None) -> dict[str, float]:
-        """Train until ``max_epochs``/``max_steps`` or a callback stops; returns the final metrics.
+        """Train until ``limits.max_epochs``/``limits.max_steps`` or a callback stops; returns the final metrics.
 
         ``ckpt_path`` (a checkpoint directory or a loaded ``Checkpoint``) restores model, optimizer, scheduler,
         precision, callbacks, RNGs and the position inside the epoch, so the run continues exactly where the
         checkpoint was written.
         """
+        self._required_optimizer()  # before any hook runs: nothing is half-started
         self.setup()
         # Walking the layer tree every step costs ~0.2-0.5 ms (measured): list the parameters once.
         self._parameters = list(self.module.parameters())
         self.train_loader = train_loader
-        self.num_train_batches = count_batches(train_loader, self.limit_train_batches)
-        self._call("setup")
+        self.num_train_batches = count_batches(train_loader, self.limits.limit_train_batches)
+        self.call_hook("setup")
         if ckpt_path is not None:
-            self.restore(ckpt_path)
+            restore_checkpoint(self, ckpt_path)
         started = time.perf_counter()
         with self._stop_handling():
             try:
-                self._call("on_fit_start")
+                self.call_hook("on_fit_start")
                 while not self._done():
                     self._run_epoch(train_loader, val_loader)
                     self._check_stop()  # a signal that arrived during validation or the epoch-end hooks
                 self.fit_seconds = time.perf_counter() - started
-                self._call("on_fit_end")
+                self.call_hook("on_fit_end")
             except BaseException as exc:
                 self.fit_seconds = time.perf_counter() - started
-                self._call("on_exception", exc)
+                self.call_hook("on_exception", exc)
                 raise
         return dict(self.metrics)
 
@@ -280,7 +281,7 @@ class Trainer:
         """
         if not self.handle_signals or threading.current_thread() is not threading.main_thread():
             return contextlib.nullcontext()
-        saves = any(getattr(cb, "saves_on_interrupt", False) for cb in self.callbacks)
+        saves = any(cb.saves_on_interrupt for cb in self.checkpoint_callbacks)
         plan = ("finishing the current step, then saving a checkpoint and stopping" if saves else
                 "finishing the current step, then stopping (no checkpoint will be saved: checkpointing is off)")
         return stop_request.handling(plan)
@@ -296,30 +297,27 @@ class Trainer:
             raise TrainingInterrupted(agreed[0], step=self.global_step, rank=agreed[1] if self.world_size > 1 else None)
 
     def _done(self) -> bool:
-        if self.should_stop or self.epoch >= self.max_epochs:
-            return True
-        return self.max_steps is not None and self.global_step >= self.max_steps
+        return self.should_stop or self.epoch >= self.limits.max_epochs or self.limits.steps_exhausted(self.global_step)
 
     def _run_epoch(self, train_loader: Iterable, val_loader: Iterable | None) -> None:
         self.epoch_finished = False
-        sampler = getattr(train_loader, "batch_sampler", None)
-        if hasattr(sampler, "set_epoch"):
+        sampler = batch_sampler_of(train_loader)
+        if isinstance(sampler, EpochSampler):
             sampler.set_epoch(self.epoch)
-        # A sampler with its own state_dict restored its position on resume; others are told what to skip.
-        if self.batch_in_epoch and hasattr(sampler, "skip_batches") and not hasattr(sampler, "load_state_dict"):
+        # A stateful sampler restored its position on resume; others are told what to skip.
+        if self.batch_in_epoch and isinstance(sampler, SkippingSampler) and not isinstance(sampler, Stateful):
             sampler.skip_batches(self.batch_in_epoch)
         self.module.train()
-        self._call("on_train_epoch_start")
+        self.call_hook("on_train_epoch_start")
         train_metrics, exhausted = self._train_batches(train_loader)
         self.metrics.update(train_metrics)
-        last_epoch = not exhausted or self.epoch + 1 >= self.max_epochs
-        if val_loader is not None and self.val_every_n_epochs and (
-                (self.epoch + 1) % self.val_every_n_epochs == 0 or last_epoch):
+        last_epoch = not exhausted or self.epoch + 1 >= self.limits.max_epochs
+        if val_loader is not None and self.limits.validates_after(self.epoch, last_epoch):
             self.metrics.update(self._validate(val_loader))
         # Only an epoch whose batches all ran is finished: a checkpoint written after a max_steps or
         # should_stop cut resumes at the next batch of this epoch, not at the next epoch.
         self.epoch_finished = exhausted
-        self._call("on_train_epoch_end", dict(self.metrics))
+        self.call_hook("on_train_epoch_end", dict(self.metrics))
         if exhausted:
             self.epoch += 1
             self.batch_in_epoch = 0
@@ -327,11 +325,11 @@ class Trainer:
 
     def _train_batches(self, loader: Iterable) -> tuple[dict[str, float], bool]:
         """Train over the epoch's remaining batches; returns the epoch's metrics and whether all batches ran."""
-        meter = self._train_meter = self._meter("train")
-        if self._restored_meter is not None:
-            meter.load_state_dict(self._restored_meter)
-            self._restored_meter = None
-        accumulate = self.accumulate_grad_batches
+        meter = self._train_meter = self.new_meter("train")
+        if self.resumed_train_meter is not None:
+            meter.load_state_dict(self.resumed_train_meter)
+            self.resumed_train_meter = None
+        accumulate = self.limits.accumulate_grad_batches
         limit = self.num_train_batches
         throughput = self.epoch_throughput = Throughput()
         batch_idx = self.batch_in_epoch
@@ -345,7 +343,7 @@ class Trainer:
             batch, is_last = item
             t1 = time.perf_counter()
             lr = self.current_lr  # the rate this batch trains with, before the scheduler advances
-            self._call("on_train_batch_start", batch, batch_idx)
+            self.call_hook("on_train_batch_start", batch, batch_idx)
             step_now = (batch_idx + 1) % accumulate == 0 or is_last
             with self._no_sync(not step_now):
                 loss, logits, labels = self.training_step(batch, batch_idx)
@@ -363,13 +361,13 @@ class Trainer:
             self.batch_in_epoch = batch_idx + 1
             out = StepOutput(loss=loss_value, batch_size=batch_size, lr=lr, stepped=stepped,
                              data_time=t1 - t0, compute_time=t2 - t1, finite=finite)
-            self._call("on_train_batch_end", out, batch, batch_idx)
+            self.call_hook("on_train_batch_end", out, batch, batch_idx)
             batch_idx += 1
             # Stop only on an optimizer-step boundary (accumulated gradients are not part of a checkpoint), and
             # on the same step on every rank, or the others would wait forever in the next all-reduce.
             if step_now:
                 self._check_stop()
-            if self.should_stop or (self.max_steps is not None and self.global_step >= self.max_steps):
+            if self.should_stop or self.limits.steps_exhausted(self.global_step):
                 exhausted = is_last
                 break
         sums = meter.sums()
@@ -384,8 +382,8 @@ class Trainer:
 
     def _optimizer_step(self) -> tuple[bool, bool]:
         """Unscale, check, clip and step; the scheduler advances only when the optimizer really stepped."""
-        self._call("on_before_optimizer_step", self.optimizer)
-        result = self.precision.step(self.optimizer, self._parameters, clip_norm=self.grad_clip_norm)
+        self.call_hook("on_before_optimizer_step", self.optimizer)
+        result = self.precision.step(self.optimizer, self._parameters, clip_norm=self.limits.grad_clip_norm)
         if result.stepped:
             self.global_step += 1
             self.consecutive_nonfinite = 0
@@ -399,7 +397,7 @@ class Trainer:
                         "(%d in a row, %d in total)%s", self.epoch, self.batch_in_epoch, self.consecutive_nonfinite,
                         self.nonfinite_steps,
                         f", loss scale now {result.loss_scale:g}" if result.loss_scale is not None else "")
-            if self.consecutive_nonfinite >= self.max_consecutive_nonfinite:
+            if self.consecutive_nonfinite >= self.limits.max_consecutive_nonfinite:
                 raise NonFiniteLossError(
                     f"{self.consecutive_nonfinite} consecutive optimizer steps had a non-finite loss or gradient "
                     f"(the last at epoch {self.epoch}, batch {self.batch_in_epoch}, after global step "
@@ -409,7 +407,7 @@ class Trainer:
 
     def _no_sync(self, skip_allreduce: bool):
         """Accumulation micro-batches skip the gradient all-reduce under data parallelism."""
-        if skip_allreduce and hasattr(self.model, "no_sync"):
+        if skip_allreduce and isinstance(self.model, paddle.DataParallel):
             return self.model.no_sync()
         return contextlib.nullcontext()
 
@@ -423,15 +421,15 @@ class Trainer:
         return metrics
 
     def _validate(self, loader: Iterable) -> dict[str, float]:
-        limit = self.num_val_batches = count_batches(loader, self.limit_val_batches)
-        self._call("on_validation_start")
+        limit = self.num_val_batches = count_batches(loader, self.limits.limit_val_batches)
+        self.call_hook("on_validation_start")
         was_training = self.module.training
         self.module.eval()
         if self.world_size > 1:
             distributed.broadcast_buffers(self.module)
-        meter = self.val_meter = self._meter("val")
+        meter = self.val_meter = self.new_meter("val")
         # A distributed sampler pads each rank's shard at its end; those repeated samples are not counted.
-        real = getattr(loader, "num_real_samples", None)
+        real = loader.num_real_samples if isinstance(loader, PaddedLoader) else None
         seen = 0
         with paddle.no_grad():
             for batch_idx, batch in enumerate(loader):
@@ -445,7 +443,7 @@ class Trainer:
                     loss, size = self.loss_fn(logits, labels), keep
                 meter.update(loss, logits, labels, size)
                 seen += size
-                self._call("on_validation_batch_end", batch, batch_idx)
+                self.call_hook("on_validation_batch_end", batch, batch_idx)
         sums = meter.sums()
         if self.world_size > 1:
             paddle.distributed.all_reduce(sums)  # the per-class counts and the confusion matrix ride along
@@ -454,7 +452,7 @@ class Trainer:
         self.val_report = meter.report(sums, self.class_names) if isinstance(meter, ClassificationMeter) else None
         if was_training:
             self.module.train()
-        self._call("on_validation_end", metrics)
+        self.call_hook("on_validation_end", metrics)
         return metrics
 
     def predict(self, loader: Iterable, activation: str = "softmax") -> np.ndarray:
@@ -482,7 +480,6 @@ class Trainer:
         """Everything needed to continue exactly: weights, optimizer, scheduler, precision, callbacks, progress."""
         state: dict[str, Any] = {
             "model": self.module.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
             "precision": self.precision.state_dict(),
             "progress": {
                 "epoch": self.epoch,
@@ -498,12 +495,14 @@ class Trainer:
         }
         if self._train_meter is not None and not self.epoch_finished:
             state["train_meter"] = self._train_meter.state_dict()
+        if self.optimizer is not None:
+            state["optimizer"] = self.optimizer.state_dict()
         if self.scheduler is not None:
             state["scheduler"] = self.scheduler.state_dict()
-        sampler = getattr(self.train_loader, "batch_sampler", None)
-        if hasattr(sampler, "state_dict"):
+        sampler = batch_sampler_of(self.train_loader)
+        if isinstance(sampler, Stateful):
             state["sampler"] = sampler.state_dict()
-        if hasattr(self.batch_transform, "state_dict"):  # each rank draws its own stream, like the RNGs
+        if isinstance(self.batch_transform, Stateful):  # each rank draws its own stream, like the RNGs
             own = self.batch_transform.state_dict()
             state["batch_transform"] = distributed.all_gather_object(own) if self.world_size > 1 else [own]
         return state
@@ -514,92 +513,19 @@ class Trainer:
         state = self.state_dict()
         state.update(self.checkpoint_extras)
         if self.is_main:
-            self._call("on_save_checkpoint", state)
+            self.call_hook("on_save_checkpoint", state)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` produced (callbacks by their ``state_key``).
-
-        The model, optimizer, scheduler, progress counters, metrics and this rank's RNG state are checked
-        before anything changes; a value that does not fit raises :class:`StateValueError` naming its key.
+        """Restore what :meth:`state_dict` produced (see :func:`paddletrain.restore.load_trainer_state`: every
+        value is checked before anything changes; one that does not fit raises ``StateValueError`` naming its key).
         """
-        checked_mapping(state, "(the whole state)")
-        check_state_matches(self.module, required(state, "model", "model"))
-        check_optimizer_state(self.optimizer, self.module, required(state, "optimizer", "optimizer"))
-        if self.scheduler is not None and "scheduler" in state:
-            check_scheduler_state(self.scheduler, state["scheduler"])
-        progress = checked_progress(required(state, "progress", "progress"))
-        metrics = checked_metrics(state.get("metrics", {}))
-        saved_rngs = required(state, "rng", "rng")
-        if not isinstance(saved_rngs, list) or not saved_rngs:
-            raise StateValueError("rng", "is not a list of per-rank random states")
-        if len(saved_rngs) == self.world_size:
-            check_rng_state(saved_rngs[self.rank], f"rng[{self.rank}]")
-
-        self.module.set_state_dict(state["model"])
-        self.optimizer.set_state_dict(state["optimizer"])
-        if self.scheduler is not None and "scheduler" in state:
-            self.scheduler.set_state_dict(state["scheduler"])
-        with _restoring("precision"):
-            self.precision.load_state_dict(state.get("precision", {}))
-        self.global_step = progress["global_step"]
-        self.nonfinite_steps = progress["nonfinite_steps"]
-        if progress["epoch_finished"]:
-            self.epoch, self.batch_in_epoch = progress["epoch"] + 1, 0
-        else:
-            self.epoch, self.batch_in_epoch = progress["epoch"], progress["batch_in_epoch"]
-        self.metrics.update(metrics)
-        self._restored_meter = state.get("train_meter") if self.batch_in_epoch else None
-        if self._restored_meter is not None:
-            with _restoring("train_meter"):  # loaded when the epoch continues: check it now
-                self._meter("train").load_state_dict(self._restored_meter)
-        self._load_loop_state(state, saved_rngs)
-
-    def _load_loop_state(self, state: dict[str, Any], saved_rngs: list) -> None:
-        """The rest of :meth:`load_state_dict`: callbacks, the sampler's position, Mixup draws and RNG streams."""
-        saved_callbacks = checked_mapping(state.get("callbacks", {}), "callbacks")
-        for cb in self.callbacks:
-            if cb.state_key in saved_callbacks:
-                with _restoring(f"callbacks.{cb.state_key}"):
-                    cb.load_state_dict(saved_callbacks[cb.state_key])
-        sampler = getattr(self.train_loader, "batch_sampler", None)
-        # After a finished epoch the next one starts from its first batch: only a mid-epoch position matters.
-        if "sampler" in state and hasattr(sampler, "load_state_dict") and self.batch_in_epoch:
-            with _restoring("sampler"):
-                sampler.load_state_dict(state["sampler"])
-        saved_transform = state.get("batch_transform")
-        if hasattr(self.batch_transform, "load_state_dict") and isinstance(saved_transform, list):
-            if len(saved_transform) == self.world_size:
-                with _restoring(f"batch_transform[{self.rank}]"):
-                    self.batch_transform.load_state_dict(saved_transform[self.rank])
-            else:
-                log.warning("The checkpoint holds batch-transform states for %d rank(s), this run has %d: "
-                            "Mixup/CutMix draws start afresh", len(saved_transform), self.world_size)
-        if len(saved_rngs) == self.world_size:
-            set_rng_state(saved_rngs[self.rank], f"rng[{self.rank}]")
-        else:
-            # Another world size: there is no saved stream for this rank, so derive a deterministic one.
-            seed_everything(hash((len(saved_rngs), self.rank, self.global_step)) % (2**31))
-            log.warning("The checkpoint holds RNG states for %d rank(s), this run has %d: random streams are "
-                        "reseeded from (rank, global step)", len(saved_rngs), self.world_size)
+        load_trainer_state(self, state)
 
     def restore(self, checkpoint: Any) -> None:
-        """Load a checkpoint (a directory, or a :class:`~paddletrain.checkpoint.Checkpoint`) into the trainer.
-
-        A value that does not fit is reported in one line naming the checkpoint's ``state.json`` and the key.
-        """
-        if not isinstance(checkpoint, Checkpoint):
-            checkpoint = load_checkpoint(checkpoint)
-        try:
-            self._call("on_load_checkpoint", checkpoint.state)
-            self.load_state_dict(checkpoint.state)
-        except StateValueError as error:
-            raise error.in_file(checkpoint.path / STATE) from error
-        except UserError as error:
-            raise UserError(f"cannot resume from {checkpoint.path}: {error}") from error
-        self.resumed_from = ckpt_path = str(checkpoint.path)
-        log.info("Resumed from %s at epoch %d, batch %d, global step %d", ckpt_path, self.epoch,
-                 self.batch_in_epoch, self.global_step)
+        """Load a checkpoint (a directory, or a :class:`~paddletrain.checkpoint.Checkpoint`) into the trainer
+        (:func:`paddletrain.restore.restore_checkpoint`)."""
+        restore_checkpoint(self, checkpoint)
 
 
 def count_batches(loader: Iterable, limit: int | None) -> int | None:
@@ -635,22 +561,3 @@ def _flag_last(batches: Iterator[Any], limit: int | None, start: int) -> Iterato
 
 
 _END = object()
-
-
-@contextlib.contextmanager
-def _restoring(key: str):
-    """Name ``key`` in any error a part's ``load_state_dict`` raises on a malformed saved value.
-
-    A part that checks its input raises ``StateValueError`` with its own key (prefixed here); any other
-    ``TypeError``/``ValueError``/``KeyError``... from a value of the wrong shape becomes one too, so a crafted or
-    damaged checkpoint never ends in a traceback. ``UserError`` (e.g. a sampler that refuses another batch
-    size) passes unchanged.
-    """
-    try:
-        yield
-    except StateValueError as error:
-        raise error.under(key) from error
-    except UserError:
-        raise
-    except (TypeError, ValueError, KeyError, IndexError, AttributeError) as error:
-        raise StateValueError(key, f"cannot be restored ({type(error).__name__}: {error})") from error

@@ -6,6 +6,7 @@ import paddle
 
 from paddletrain.callbacks import Callback, ModelEMA
 from paddletrain.checkpoint import load_checkpoint, save_checkpoint
+from paddletrain.limits import Limits
 from paddletrain.trainer import Trainer
 from tests.test_trainer import linear_model, make_batches, sgd
 
@@ -20,7 +21,7 @@ def test_ema_tracks_the_average_of_the_weights_after_each_step():
             history.append({k: v.numpy().copy() for k, v in trainer.module.state_dict().items()})
 
     ema = ModelEMA(decay=0.5, validate_with_ema=False)
-    Trainer(model, sgd(model), callbacks=[Record(), ema], max_epochs=1).fit(make_batches(4, 8))
+    Trainer(model, sgd(model), callbacks=[Record(), ema], limits=Limits(max_epochs=1)).fit(make_batches(4, 8))
     expected = initial
     for weights in history:
         expected = {k: 0.5 * expected[k] + 0.5 * weights[k] for k in expected}
@@ -32,7 +33,7 @@ def test_validation_uses_the_ema_weights_and_restores_the_trained_ones():
     model = linear_model()
     ema = ModelEMA(decay=0.9)
     data = make_batches(4, 8)
-    trainer = Trainer(model, sgd(model), callbacks=[ema], max_epochs=2, num_classes=3)
+    trainer = Trainer(model, sgd(model), callbacks=[ema], limits=Limits(max_epochs=2), num_classes=3)
     trainer.fit(data, data)
     trained = {k: v.numpy().copy() for k, v in model.state_dict().items()}
     reported = trainer.validate(data)
@@ -50,7 +51,7 @@ def test_validation_uses_the_ema_weights_and_restores_the_trained_ones():
 def test_ema_state_survives_a_checkpoint(tmp_path):
     model = linear_model()
     ema = ModelEMA(decay=0.8)
-    Trainer(model, sgd(model), callbacks=[ema], max_epochs=1).fit(make_batches(3, 8))
+    Trainer(model, sgd(model), callbacks=[ema], limits=Limits(max_epochs=1)).fit(make_batches(3, 8))
     save_checkpoint(tmp_path / "ckpt", {"ema": ema.state_dict()})
     restored = ModelEMA(decay=0.8)
     restored.load_state_dict(load_checkpoint(tmp_path / "ckpt").state["ema"])

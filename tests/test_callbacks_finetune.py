@@ -7,6 +7,7 @@ import pytest
 
 from paddletrain.callbacks import BackboneFreeze, Callback, FreezeBatchNorm
 from paddletrain.callbacks.finetune import head_parameters
+from paddletrain.limits import Limits
 from paddletrain.models import BasicBlock, ResNet
 from paddletrain.trainer import Trainer
 
@@ -45,8 +46,8 @@ def optimizer_for(model, name):
 
 
 def fit(model, callbacks, epochs=2, optimizer="sgd"):
-    Trainer(model, optimizer_for(model, optimizer), callbacks=callbacks, max_epochs=epochs, val_every_n_epochs=0,
-            handle_signals=False).fit(batches())
+    Trainer(model, optimizer_for(model, optimizer), callbacks=callbacks,
+            limits=Limits(max_epochs=epochs, val_every_n_epochs=0), handle_signals=False).fit(batches())
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 
 import paddle
 import pytest
@@ -58,7 +59,7 @@ def test_profiles_once_across_fit_calls(tmp_path):
     callback = ProfilerCallback(tmp_path, wait=0, warmup=0, active=1)
     trainer = _fit(callback, batches=2)
     first = callback.trace_path.stat().st_mtime_ns
-    trainer.max_epochs = 2
+    trainer.limits = replace(trainer.limits, max_epochs=2)
     trainer.fit(synthetic_batches(2, 4, 8, 10))
     assert callback.trace_path.stat().st_mtime_ns == first
 

@@ -9,6 +9,7 @@ import types
 import pytest
 
 from paddletrain.callbacks import ProgressBar, StepOutput
+from paddletrain.limits import Limits
 from paddletrain.metrics import Throughput
 
 LOGGER = "paddletrain.test.progress"
@@ -27,7 +28,7 @@ class FakeClock:
 def make_trainer(**overrides):
     state = dict(
         epoch=0,
-        max_epochs=3,
+        limits=Limits(max_epochs=3),
         global_step=0,
         batch_in_epoch=0,
         num_train_batches=4,

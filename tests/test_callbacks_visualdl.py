@@ -31,6 +31,7 @@ from paddletrain.callbacks.visualdl import (
     select_hparams,
     tag_sort_key,
 )
+from paddletrain.limits import Limits
 from paddletrain.metrics import ClassReport
 from paddletrain.trainer import Trainer
 from tests.conftest import TINY, run_module
@@ -49,11 +50,10 @@ def make_trainer(tmp_path, **overrides):
         precision=FP32,
         logger=logging.getLogger("paddletrain.test.visualdl"),
         num_train_batches=None,
-        max_epochs=1,
-        accumulate_grad_batches=1,
-        max_steps=None,
     )
-    state.update(overrides)
+    # A real Trainer keeps the loop's limits in one object; overrides may name any of its fields.
+    limits = {key: overrides.pop(key) for key in list(overrides) if key in Limits.__dataclass_fields__}
+    state.update(overrides, limits=Limits(**limits))
     return types.SimpleNamespace(**state)
 
 
@@ -351,7 +351,7 @@ def test_a_real_short_run_logs_every_step_and_each_epochs_last(tmp_path):
     model = paddle.nn.Sequential(paddle.nn.Flatten(), paddle.nn.Linear(48, 3))
     optimizer = paddle.optimizer.SGD(learning_rate=0.1, parameters=model.parameters())
     logger = VisualDLLogger(log_images=False)
-    trainer = Trainer(model, optimizer, max_epochs=2, accumulate_grad_batches=2, num_classes=3,
+    trainer = Trainer(model, optimizer, limits=Limits(max_epochs=2, accumulate_grad_batches=2), num_classes=3,
                       run_dir=str(tmp_path), callbacks=[logger],
                       hparams={"optim.lr": 0.1, "trainer.accumulate_grad_batches": 2})
     trainer.fit(batches, batches[:2])

@@ -13,6 +13,7 @@ from paddletrain.data.loaders import CheckedDataLoader, SeededDataset
 from paddletrain.data.sampler import ResumableBatchSampler
 from paddletrain.distill import DistillConfig, Distiller, distillation_loss, kd_loss, ssld_loss
 from paddletrain.errors import ConfigError
+from paddletrain.limits import Limits
 from paddletrain.precision import Precision
 from paddletrain.trainer import Trainer
 from paddletrain.validation import validate_config
@@ -174,7 +175,7 @@ def make_trainer(teacher, max_steps, max_epochs=1):
     student = student_net()
     optimizer = paddle.optimizer.Momentum(learning_rate=0.1, momentum=0.9, parameters=student.parameters())
     distiller = Distiller(teacher, kind="kd", alpha=0.7, temperature=2.0)
-    return Trainer(student, optimizer, max_epochs=max_epochs, max_steps=max_steps, distiller=distiller,
+    return Trainer(student, optimizer, limits=Limits(max_epochs=max_epochs, max_steps=max_steps), distiller=distiller,
                    handle_signals=False)
 
 

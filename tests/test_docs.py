@@ -11,7 +11,7 @@ an image folder, a few photos, tiny Fashion-MNIST files and one small trained ru
    what a block takes as given (a model, a batch) is in :data:`GIVEN`.
 
 Fast runs (the default suite) shrink the work: ``python -m paddletrain.fit`` (and a Hydra app's ``app.py``) gets
-:data:`SMALL_RUN` appended, ``max_epochs=N`` in Python becomes one epoch of two batches. Placeholders such as
+:data:`SMALL_RUN` appended, ``Limits(max_epochs=N)`` in Python becomes one epoch of two batches. Placeholders such as
 ``<time>``, ``<checkpoint>`` or ``<run dir>`` become what earlier commands created (:func:`resolve_placeholders`).
 Commands and snippets in :data:`RULES` are instead run only by the slow suite, as written
 (``pytest -m slow tests/test_docs.py``), or never, with the reason; a `fit` command among them is still composed
@@ -57,7 +57,7 @@ SMALL_RUN = [
     "data.num_workers=0", "trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=2",
     "sched.warmup_epochs=0", "callbacks.progress_bar.enabled=false",
 ]
-# The same for Python snippets: `Trainer(..., max_epochs=N)` trains one epoch of two batches.
+# The same for Python snippets: `Limits(max_epochs=N)` trains one epoch of two batches.
 SMALL_PYTHON = [(re.compile(r"\bmax_epochs=\d+"), "max_epochs=1, limit_train_batches=2, limit_val_batches=2")]
 
 
@@ -116,7 +116,7 @@ RULES = [
     Rule("README.md", r"^python -m paddletrain\.fit$", BOTH,
          "the default job, 2 minutes (the slow suite also checks its accuracy: tests/test_fit.py)"),
     Rule("README.md", r"^python -m paddletrain\.bench", SLOW, "a benchmark: minutes"),
-    Rule("README.md", r"max_epochs=5, num_classes", BOTH, "5 epochs of the default job: 2 minutes"),
+    Rule("README.md", r"Limits\(max_epochs=5\), num_classes", BOTH, "5 epochs of the default job: 2 minutes"),
     Rule("docs/performance.md", r"\$B |^B=", SLOW, "a benchmark: minutes"),
     Rule("docs/recipes.md", r"^python -m paddletrain\.bench recipes", SLOW,
          "every run of the measured table: about an hour (finished runs under runs_dir are read, not redone)"),

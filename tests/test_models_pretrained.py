@@ -11,6 +11,7 @@ from safetensors.numpy import save_file
 from paddletrain.callbacks import BackboneFreeze
 from paddletrain.checkpoint import save_checkpoint
 from paddletrain.data.shapes import render_shape
+from paddletrain.limits import Limits
 from paddletrain.models import BasicBlock, LoadReport, PretrainedLoadError, ResNet, create_model, load_pretrained
 from paddletrain.models.pretrained import save_pretrained
 from paddletrain.models.weights import adapt_input_conv
@@ -228,7 +229,7 @@ def _fit(model, xs, ys, steps, lr, callbacks=(), epochs=1):
     batches = [(paddle.to_tensor(xs[i]), paddle.to_tensor(ys[i])) for i in
                (rng.integers(0, len(xs), 32) for _ in range(steps))]
     optimizer = paddle.optimizer.Momentum(lr, parameters=model.parameters(), momentum=0.9, weight_decay=5e-4)
-    Trainer(model, optimizer, callbacks=list(callbacks), max_epochs=epochs, val_every_n_epochs=0,
+    Trainer(model, optimizer, callbacks=list(callbacks), limits=Limits(max_epochs=epochs, val_every_n_epochs=0),
             handle_signals=False).fit(batches)
 
 

@@ -1,6 +1,8 @@
 """Trainer behaviour on tiny models: learning, accumulation, clipping, hooks, non-finite guards, metrics."""
 from __future__ import annotations
 
+import logging
+import os
 import signal
 import subprocess
 import sys
@@ -11,9 +13,11 @@ import paddle
 import pytest
 
 from paddletrain.callbacks import ModelCheckpoint
-from paddletrain.callbacks.base import Callback
+from paddletrain.callbacks.base import Callback, CheckpointCallback
 from paddletrain.checkpoint import find_latest
 from paddletrain.data.mixup import Mixup
+from paddletrain.errors import TrainingInterrupted, UserError
+from paddletrain.limits import Limits
 from paddletrain.losses import cross_entropy
 from paddletrain.precision import Precision
 from paddletrain.processes import REPEAT_WINDOW
@@ -49,7 +53,7 @@ def params(model):
 def test_loss_decreases_and_accuracy_rises():
     model = linear_model()
     data = make_batches(10, 16)
-    trainer = Trainer(model, sgd(model), max_epochs=5, num_classes=3)
+    trainer = Trainer(model, sgd(model), limits=Limits(max_epochs=5), num_classes=3)
     first = trainer.validate(data)
     trainer.fit(data, data)
     last = trainer.metrics
@@ -64,8 +68,8 @@ def test_accumulation_equals_larger_batch():
     pairs = zip(small[::2], small[1::2], strict=True)
     large = [(paddle.concat([a[0], b[0]]), paddle.concat([a[1], b[1]])) for a, b in pairs]
     m1, m2 = linear_model(3), linear_model(3)
-    Trainer(m1, sgd(m1), max_epochs=2, accumulate_grad_batches=2).fit(small)
-    t2 = Trainer(m2, sgd(m2), max_epochs=2)
+    Trainer(m1, sgd(m1), limits=Limits(max_epochs=2, accumulate_grad_batches=2)).fit(small)
+    t2 = Trainer(m2, sgd(m2), limits=Limits(max_epochs=2))
     t2.fit(large)
     for a, b in zip(params(m1), params(m2), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
@@ -74,7 +78,7 @@ def test_accumulation_equals_larger_batch():
 
 def test_partial_accumulation_group_steps_at_epoch_end():
     model = linear_model()
-    trainer = Trainer(model, sgd(model), max_epochs=1, accumulate_grad_batches=4)
+    trainer = Trainer(model, sgd(model), limits=Limits(max_epochs=1, accumulate_grad_batches=4))
     trainer.fit(make_batches(6, 4))
     assert trainer.global_step == 2  # after batch 4 and after the last (6th) batch
 
@@ -84,7 +88,7 @@ def test_gradient_clipping_bounds_the_update():
     before = params(model)
     data = make_batches(1, 16)
     # A huge learning rate makes the update equal lr * clipped gradient; its global norm must be lr * clip.
-    trainer = Trainer(model, sgd(model, lr=1.0), max_epochs=1, grad_clip_norm=0.01)
+    trainer = Trainer(model, sgd(model, lr=1.0), limits=Limits(max_epochs=1, grad_clip_norm=0.01))
     trainer.fit(data)
     delta = np.sqrt(sum(((a - b) ** 2).sum() for a, b in zip(params(model), before, strict=True)))
     assert delta == pytest.approx(0.01, rel=1e-3)
@@ -128,7 +132,7 @@ class Recorder(Callback):
 def test_callback_hook_order():
     rec = Recorder()
     model = linear_model()
-    Trainer(model, sgd(model), callbacks=[rec], max_epochs=2, accumulate_grad_batches=2).fit(
+    Trainer(model, sgd(model), callbacks=[rec], limits=Limits(max_epochs=2, accumulate_grad_batches=2)).fit(
         make_batches(2, 4), make_batches(1, 4))
     epoch = ["batch_start0", "batch_end0", "batch_start1", "before_step", "batch_end1", "val_start", "val_end"]
     assert rec.events == (["fit_start", "epoch_start0"] + epoch + ["epoch_end0", "epoch_start1"] + epoch
@@ -143,7 +147,7 @@ def test_exception_hook_runs_and_exception_propagates():
     rec = Recorder()
     model = linear_model()
     with pytest.raises(KeyError):
-        Trainer(model, sgd(model), callbacks=[rec, Boom()], max_epochs=1).fit(make_batches(2, 4))
+        Trainer(model, sgd(model), callbacks=[rec, Boom()], limits=Limits(max_epochs=1)).fit(make_batches(2, 4))
     assert rec.events[-1] == "exception:KeyError"
 
 
@@ -170,7 +174,8 @@ def test_nonfinite_loss_skips_step_keeps_weights_and_scheduler():
         def on_train_batch_end(self, trainer, output, batch, batch_idx):
             snapshots.append((params(trainer.module), output.finite, output.stepped, trainer.current_lr))
 
-    trainer = Trainer(model, opt, scheduler=sched, loss_fn=poisoned_loss({1}), callbacks=[Snap()], max_epochs=1)
+    trainer = Trainer(model, opt, scheduler=sched, loss_fn=poisoned_loss({1}), callbacks=[Snap()],
+                      limits=Limits(max_epochs=1))
     trainer.fit(make_batches(3, 8))
     (p0, f0, s0, lr0), (p1, f1, s1, lr1), (_, f2, s2, lr2) = snapshots
     assert (f0, s0, f1, s1, f2, s2) == (True, True, False, False, True, True)
@@ -183,8 +188,8 @@ def test_nonfinite_loss_skips_step_keeps_weights_and_scheduler():
 
 def test_consecutive_nonfinite_steps_stop_training():
     model = linear_model()
-    trainer = Trainer(model, sgd(model), loss_fn=poisoned_loss(set(range(2, 100))), max_epochs=1,
-                      max_consecutive_nonfinite=3)
+    trainer = Trainer(model, sgd(model), loss_fn=poisoned_loss(set(range(2, 100))),
+                      limits=Limits(max_epochs=1, max_consecutive_nonfinite=3))
     with pytest.raises(NonFiniteLossError, match="3 consecutive"):
         trainer.fit(make_batches(10, 4))
     assert trainer.global_step == 2
@@ -209,7 +214,7 @@ def test_validate_top_k_exact():
 
 def test_max_steps_and_should_stop():
     model = linear_model()
-    trainer = Trainer(model, sgd(model), max_epochs=10, max_steps=7)
+    trainer = Trainer(model, sgd(model), limits=Limits(max_epochs=10, max_steps=7))
     trainer.fit(make_batches(5, 4))
     assert trainer.global_step == 7
 
@@ -218,7 +223,7 @@ def test_max_steps_and_should_stop():
             trainer.should_stop = True
 
     model = linear_model()
-    trainer = Trainer(model, sgd(model), max_epochs=10, callbacks=[StopAfterFirstEpoch()])
+    trainer = Trainer(model, sgd(model), limits=Limits(max_epochs=10), callbacks=[StopAfterFirstEpoch()])
     trainer.fit(make_batches(5, 4))
     assert trainer.epoch == 1
 
@@ -246,7 +251,7 @@ def test_custom_training_step_subclass():
             return loss * 2, logits, labels
 
     model = linear_model()
-    trainer = Doubled(model, sgd(model), max_epochs=1)
+    trainer = Doubled(model, sgd(model), limits=Limits(max_epochs=1))
     trainer.fit(make_batches(3, 4))
     assert trainer.seen == 3
 
@@ -265,7 +270,7 @@ def test_loss_scaler_through_the_trainer():
             scales.append((trainer.precision.loss_scale, output.stepped, trainer.current_lr))
 
     trainer = Trainer(model, opt, scheduler=sched, precision=precision, loss_fn=poisoned_loss({1}),
-                      callbacks=[Scales()], max_epochs=1)
+                      callbacks=[Scales()], limits=Limits(max_epochs=1))
     trainer.fit(make_batches(4, 8))
     # good (count 1), inf (halve, reset), good (1), good (2 -> double)
     assert [s for s, _, _ in scales] == [1024.0, 512.0, 512.0, 1024.0]
@@ -275,10 +280,96 @@ def test_loss_scaler_through_the_trainer():
     assert precision.state_dict()  # the scaler state is part of every checkpoint
 
 
+class RecordingSaver(CheckpointCallback):
+    """A checkpointing callback of the reader's own: saves (records) at epoch ends and on a stop request."""
+
+    def __init__(self, order):
+        self.order = order
+
+    def on_train_epoch_end(self, trainer, metrics):
+        self.order.append("saver")
+
+    def on_exception(self, trainer, exception):
+        if isinstance(exception, TrainingInterrupted):
+            self.last_path = f"step-{trainer.global_step}"
+
+
+class LooksLikeASaver(Callback):
+    """Carries the old undeclared attributes; not a CheckpointCallback, so the trainer treats it as any callback."""
+
+    run_last = runs_last = saves_on_interrupt = True
+
+    def __init__(self, order):
+        self.order = order
+
+    def on_train_epoch_end(self, trainer, metrics):
+        self.order.append("other")
+
+
+def test_checkpoint_callbacks_are_found_by_type_and_run_last():
+    order = []
+    saver, other = RecordingSaver(order), LooksLikeASaver(order)
+    model = linear_model()
+    trainer = Trainer(model, sgd(model), callbacks=[saver, other], limits=Limits(max_epochs=2), handle_signals=False)
+    assert trainer.callbacks == [other, saver] and trainer.checkpoint_callbacks == [saver]
+    trainer.fit(make_batches(2, 4))
+    assert order == ["other", "saver"] * 2
+    assert saver.last_path is None  # declared on the base class: None until a subclass saves
+
+
+class SignalAfterStep(Callback):
+    def on_train_batch_end(self, trainer, output, batch, batch_idx):
+        if batch_idx == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.mark.parametrize("with_saver", [True, False])
+def test_a_stop_request_is_announced_and_saved_by_the_checkpoint_callbacks(caplog, with_saver):
+    order = []
+    saver = RecordingSaver(order)
+    model = linear_model()
+    callbacks = [SignalAfterStep(), *([saver] if with_saver else [LooksLikeASaver(order)])]
+    trainer = Trainer(model, sgd(model), callbacks=callbacks, limits=Limits(max_epochs=3))
+    with caplog.at_level(logging.WARNING, logger="paddletrain"), pytest.raises(TrainingInterrupted) as stopped:
+        trainer.fit(make_batches(4, 4))
+    assert stopped.value.step == trainer.global_step == 2
+    if with_saver:
+        assert saver.last_path == "step-2"
+        assert "saving a checkpoint and stopping" in caplog.text
+    else:
+        assert "no checkpoint will be saved" in caplog.text
+
+
+def test_without_an_optimizer_the_trainer_validates_and_predicts_but_does_not_fit():
+    model = linear_model()
+    data = make_batches(3, 8)
+    trained = Trainer(model, sgd(model), limits=Limits(max_epochs=2), num_classes=3, handle_signals=False)
+    trained.fit(data)
+    evaluator = Trainer(model, num_classes=3)
+    assert evaluator.validate(data) == trained.validate(data)
+    np.testing.assert_array_equal(evaluator.predict(data), trained.predict(data))
+    recorder = Recorder()
+    idle = Trainer(linear_model(), callbacks=[recorder])
+    with pytest.raises(UserError, match="no optimizer: pass one, Trainer\\(model, optimizer, ...\\), to fit"):
+        idle.fit(data)
+    assert recorder.events == []  # refused before any hook ran
+
+
+def test_an_optimizer_less_trainer_loads_a_full_state_and_saves_none():
+    model = linear_model()
+    trained = Trainer(model, sgd(model), limits=Limits(max_epochs=1), handle_signals=False)
+    trained.fit(make_batches(2, 4))
+    evaluator = Trainer(linear_model(seed=1))
+    evaluator.load_state_dict(trained.state_dict())
+    for loaded, saved in zip(params(evaluator.module), params(model), strict=True):
+        np.testing.assert_array_equal(loaded, saved)
+    assert "optimizer" not in evaluator.state_dict() and "optimizer" in trained.state_dict()
+
+
 def test_checkpoint_never_saves_nan_weights(tmp_path):
     model = linear_model()
     ckpt = ModelCheckpoint(tmp_path, monitor=None)
-    trainer = Trainer(model, sgd(model), callbacks=[ckpt], max_epochs=1)
+    trainer = Trainer(model, sgd(model), callbacks=[ckpt], limits=Limits(max_epochs=1))
     trainer.fit(make_batches(2, 4))
     good = find_latest(tmp_path)
     assert good is not None
@@ -303,7 +394,7 @@ class SlowModel(paddle.nn.Layer):
 
 model = SlowModel()
 batches = [(paddle.randn([2, 4]), paddle.to_tensor([0, 1]))] * 3
-Trainer(model, paddle.optimizer.SGD(0.1, parameters=model.parameters()), max_epochs=1, num_classes=2).fit(batches)
+Trainer(model, paddle.optimizer.SGD(0.1, parameters=model.parameters()), num_classes=2).fit(batches)
 """
 
 
@@ -345,9 +436,9 @@ def test_a_loader_without_a_length_still_steps_on_its_last_short_group():
             return iter(data)
 
     m1, m2 = linear_model(4), linear_model(4)
-    known = Trainer(m1, sgd(m1), max_epochs=2, accumulate_grad_batches=2)
+    known = Trainer(m1, sgd(m1), limits=Limits(max_epochs=2, accumulate_grad_batches=2))
     known.fit(data)
-    unknown = Trainer(m2, sgd(m2), max_epochs=2, accumulate_grad_batches=2)
+    unknown = Trainer(m2, sgd(m2), limits=Limits(max_epochs=2, accumulate_grad_batches=2))
     unknown.fit(NoLength())
     assert known.global_step == unknown.global_step == 6
     for a, b in zip(params(m1), params(m2), strict=True):
@@ -389,7 +480,8 @@ def test_batch_transform_state_is_saved_and_restored_so_draws_continue():
     def trainer_with(seed):
         model = image_model()
         mixup = Mixup(num_classes=3, mixup_alpha=0.4, cutmix_alpha=1.0, mode="elem", seed=seed)
-        return Trainer(model, sgd(model), batch_transform=mixup, handle_signals=False, max_steps=2), mixup
+        trainer = Trainer(model, sgd(model), batch_transform=mixup, handle_signals=False, limits=Limits(max_steps=2))
+        return trainer, mixup
 
     first, first_mixup = trainer_with(seed=7)
     first.fit(image_batches())

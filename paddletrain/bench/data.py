@@ -110,11 +110,12 @@ def interleaved_rates(dataset: Any, loaders: dict[int, Any], epochs: int) -> lis
 
 def trainer_data_wait(cfg: DataBenchConfig, loader: Any, num_classes: int) -> dict[str, float]:
     """The Trainer's own data-wait share and throughput in its second epoch on ``loader``."""
+    from paddletrain.limits import Limits
     from paddletrain.trainer import Trainer
 
     model = build_model(cfg.model, num_classes)
     optimizer = paddle.optimizer.Momentum(0.01, momentum=0.9, parameters=model.parameters())
-    trainer = Trainer(model, optimizer, max_epochs=2, limit_train_batches=cfg.train_batches,
+    trainer = Trainer(model, optimizer, limits=Limits(max_epochs=2, limit_train_batches=cfg.train_batches),
                       num_classes=num_classes, handle_signals=False)
     metrics = trainer.fit(loader)
     return {"data_time_share": metrics["train/data_time_share"], "train_images_per_s": metrics["train/throughput"]}

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import timeit
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import paddle
@@ -78,14 +78,15 @@ def _optimizer(model: paddle.nn.Layer) -> paddle.optimizer.Optimizer:
 
 def trainer_arm(cfg: OverheadBenchConfig, batches: list[Any]) -> Callable[[int], float]:
     from paddletrain.callbacks import LearningRateMonitor, ProgressBar
+    from paddletrain.limits import Limits
     from paddletrain.trainer import Trainer
 
     model = build_model(cfg.model, cfg.num_classes)
     trainer = Trainer(model, _optimizer(model), callbacks=[ProgressBar(enabled=False), LearningRateMonitor()],
-                      num_classes=cfg.num_classes, max_epochs=0)
+                      num_classes=cfg.num_classes, limits=Limits(max_epochs=0))
 
     def run(steps: int) -> float:
-        trainer.max_epochs = trainer.epoch + 1  # one more epoch: this window's batches
+        trainer.limits = replace(trainer.limits, max_epochs=trainer.epoch + 1)  # one more epoch: this window's batches
         return timed(lambda: trainer.fit(cycle(batches, steps)))
 
     return run

@@ -1,7 +1,7 @@
 """Callbacks: the hook contract and the built-in callbacks."""
 from __future__ import annotations
 
-from .base import Callback, StepOutput, metric_improved
+from .base import Callback, CheckpointCallback, StepOutput, metric_improved
 from .checkpoint import ModelCheckpoint
 from .early_stopping import EarlyStopping
 from .ema import ModelEMA
@@ -13,6 +13,7 @@ from .visualdl import VisualDLLogger
 
 __all__ = [
     "Callback",
+    "CheckpointCallback",
     "StepOutput",
     "metric_improved",
     "BackboneFreeze",

@@ -19,13 +19,17 @@ Order of hooks during ``Trainer.fit``::
 
 ``on_save_checkpoint``/``on_load_checkpoint`` run when a checkpoint is written or restored.
 Callbacks never reach into each other: they read the trainer's public state and write their own.
+
+Callbacks that write checkpoints derive from :class:`CheckpointCallback`; the Trainer tells them apart by that type.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:  # pragma: no cover
+    from pathlib import Path
+
     from paddletrain.trainer import Trainer
 
 
@@ -93,6 +97,25 @@ class Callback:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
+
+
+class CheckpointCallback(Callback):
+    """Base class of callbacks that write the trainer's state (:meth:`Trainer.checkpoint_state
+    <paddletrain.trainer.Trainer.checkpoint_state>`) to checkpoints, e.g.
+    :class:`~paddletrain.callbacks.ModelCheckpoint`.
+
+    The Trainer finds them by this type (as Lightning does) and relies on the members below; a subclass writes
+    its checkpoints from the ordinary hooks.
+    """
+
+    # Run after every other callback, so a checkpoint holds the others' state as it is after this hook
+    # (e.g. EarlyStopping's counters after the validation that ended the epoch).
+    runs_last: ClassVar[bool] = True
+    # Whether a stop request (SIGTERM/SIGINT, raised as TrainingInterrupted) makes it save where training stopped,
+    # in on_exception: the trainer says so when the request arrives, and `fit` names last_path afterwards.
+    saves_on_interrupt: ClassVar[bool] = True
+    # The checkpoint this callback wrote last, None before its first; set by the subclass on every save.
+    last_path: Path | None = None
 
 
 # How a monitored metric improves: it rises ("max", e.g. accuracy) or falls ("min", e.g. loss).

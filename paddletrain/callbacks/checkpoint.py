@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import paddle
 
 from paddletrain import distributed
-from paddletrain.callbacks.base import MODES, Callback, StepOutput
+from paddletrain.callbacks.base import MODES, CheckpointCallback, StepOutput
 from paddletrain.checkpoint import CheckpointManager, check_writable
 from paddletrain.checkpoint.untrusted import check_inside
 from paddletrain.config import check_option
@@ -29,7 +29,7 @@ def _params_finite(model: paddle.nn.Layer) -> bool:
 
 
 @CALLBACKS.register("checkpoint")
-class ModelCheckpoint(Callback):
+class ModelCheckpoint(CheckpointCallback):
     """Save complete, verifiable checkpoints of the trainer into ``dirpath``.
 
     What is saved is :meth:`Trainer.checkpoint_state <paddletrain.trainer.Trainer.checkpoint_state>`: the state
@@ -46,10 +46,8 @@ class ModelCheckpoint(Callback):
     """
 
     # Every rank takes part (the trainer's state gathers all ranks' RNG streams); only rank 0 writes.
+    # Runs last and saves on a stop request: see CheckpointCallback.
     main_process_only = False
-    run_last = True
-    # A stop request (SIGTERM/SIGINT) makes this callback save where the training stopped.
-    saves_on_interrupt = True
 
     def __init__(self, dirpath: str | Path | None = None, monitor: str | None = "val/top1", mode: str = "max",
                  keep_last: int = 1, keep_best: int = 1, every_n_steps: int | None = None,
@@ -87,9 +85,8 @@ class ModelCheckpoint(Callback):
             check_inside(self.dirpath, trainer.run_dir, "checkpoint directory")
         if trainer.is_main:
             check_writable(self.dirpath)
-        resumed = getattr(trainer, "resumed_from", None)
-        if resumed is not None:
-            self.manager.protect(Path(resumed))
+        if trainer.resumed_from is not None:
+            self.manager.protect(Path(trainer.resumed_from))
 
     def on_train_batch_end(self, trainer: Trainer, output: StepOutput, batch: Any, batch_idx: int) -> None:
         if self.every_n_steps and output.stepped and trainer.global_step % self.every_n_steps == 0:

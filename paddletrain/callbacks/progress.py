@@ -123,7 +123,7 @@ class ProgressBar(Callback):
         if self.log_every_seconds and self._line_at == math.inf:  # hooks driven without on_fit_start
             self._schedule_line()
         self._bar = self._open_bar(total=trainer.num_train_batches, initial=trainer.batch_in_epoch,
-                                   desc=f"Epoch {trainer.epoch + 1}/{trainer.max_epochs}", unit="batch")
+                                   desc=f"Epoch {trainer.epoch + 1}/{trainer.limits.max_epochs}", unit="batch")
         self._postfix_at = -math.inf
 
     def on_train_batch_end(self, trainer: Trainer, output: StepOutput, batch: Any, batch_idx: int) -> None:
@@ -151,7 +151,7 @@ class ProgressBar(Callback):
         self._val_start = self.clock()
         self._val_done = 0
         self._val_bar = self._open_bar(total=getattr(trainer, "num_val_batches", None), initial=0,
-                                       desc=f"Validation {trainer.epoch + 1}/{trainer.max_epochs}", unit="batch")
+                                       desc=f"Validation {trainer.epoch + 1}/{trainer.limits.max_epochs}", unit="batch")
 
     def on_validation_batch_end(self, trainer: Trainer, batch: Any, batch_idx: int) -> None:
         self._val_done = batch_idx + 1
@@ -201,7 +201,7 @@ class ProgressBar(Callback):
             parts.append(f"loss scale {loss_scale:g}")
         if trainer.nonfinite_steps:
             parts.append(f"skipped non-finite steps {trainer.nonfinite_steps}")
-        return f"Epoch {trainer.epoch + 1}/{trainer.max_epochs} | " + " | ".join(parts)
+        return f"Epoch {trainer.epoch + 1}/{trainer.limits.max_epochs} | " + " | ".join(parts)
 
     def progress_line(self, trainer: Trainer, output: StepOutput, done: int, now: float) -> str:
         """``Train: epoch 3/5 [ 100/1251 (  8%)] loss 1.234 | lr 0.1 | 412.3 img/s | data 3% | elapsed ... | ETA ...``.
@@ -217,7 +217,7 @@ class ProgressBar(Callback):
         total, ran = trainer.num_train_batches, done - stats.first_batch
         if total and ran > 0:
             parts.append(f"ETA {format_duration(elapsed / ran * (total - done))}")
-        return (f"Train: epoch {trainer.epoch + 1}/{trainer.max_epochs} {_position(done, total)} "
+        return (f"Train: epoch {trainer.epoch + 1}/{trainer.limits.max_epochs} {_position(done, total)} "
                 + " | ".join(parts))
 
     def validation_line(self, trainer: Trainer, now: float) -> str:
@@ -226,7 +226,7 @@ class ProgressBar(Callback):
         parts = [f"elapsed {format_duration(elapsed)}"]
         if total and done:
             parts.append(f"ETA {format_duration(elapsed / done * (total - done))}")
-        return (f"Validation: epoch {trainer.epoch + 1}/{trainer.max_epochs} {_position(done, total)} "
+        return (f"Validation: epoch {trainer.epoch + 1}/{trainer.limits.max_epochs} {_position(done, total)} "
                 + " | ".join(parts))
 
     def _postfix(self, trainer: Trainer, output: StepOutput) -> str:

@@ -393,7 +393,8 @@ class VisualDLLogger(Callback):
         self._header_pending = True
         self._pending = _Interval()
         self.every_n_steps = self.log_every_n_steps or auto_log_interval(
-            trainer.num_train_batches, trainer.max_epochs, trainer.accumulate_grad_batches, trainer.max_steps)
+            trainer.num_train_batches, trainer.limits.max_epochs, trainer.limits.accumulate_grad_batches,
+            trainer.limits.max_steps)
 
     def on_train_batch_start(self, trainer: Trainer, batch: Any, batch_idx: int) -> None:
         if not self._header_pending:

@@ -10,6 +10,7 @@ import paddle
 from paddletrain import distributed
 from paddletrain.config import DataConfig
 from paddletrain.data import build_loader
+from paddletrain.limits import Limits
 from paddletrain.trainer import Trainer
 
 
@@ -42,7 +43,7 @@ def main(out_prefix: str, batch_size: int, accumulate: int) -> None:
     optimizer = paddle.optimizer.Momentum(learning_rate=0.1, momentum=0.9, parameters=model.parameters())
     cfg = DataConfig(batch_size=batch_size, num_workers=0)
     loader = build_loader(Blobs(), cfg, train=True, seed=3, num_replicas=world, rank=rank)
-    trainer = Trainer(model, optimizer, max_epochs=2, accumulate_grad_batches=accumulate, rank=rank,
+    trainer = Trainer(model, optimizer, limits=Limits(max_epochs=2, accumulate_grad_batches=accumulate), rank=rank,
                       world_size=world, handle_signals=False)
     trainer.fit(loader)
     params = {p.name: p.numpy() for p in distributed.unwrap(model).parameters()}
