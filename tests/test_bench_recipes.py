@@ -11,22 +11,22 @@ from pathlib import Path
 
 import pytest
 
-from paddletrain.bench.augment import (
-    AugmentBenchConfig,
-    augment_row,
-    build_run,
-    run_augment,
-)
-from paddletrain.bench.fitrun import merge_overrides, read_summary, shell_command
-from paddletrain.bench.recipes import (
+from benchmarks.recipes import (
     RecipesBenchConfig,
     aggregate,
-    build_runs,
     format_mean_std,
     row_command,
+    row_runs,
     run_recipes,
     table_row,
 )
+from paddletrain.bench.augment import (
+    AugmentBenchConfig,
+    augment_row,
+    augment_run,
+    run_augment,
+)
+from paddletrain.bench.fitrun import merge_overrides, read_summary, shell_command
 from paddletrain.errors import ConfigError
 
 from .conftest import compose_fit
@@ -64,7 +64,7 @@ def test_merge_overrides_keeps_the_last_value_in_the_first_place():
 @pytest.mark.parametrize("dataset", ["fashion_mnist", "hymenoptera"])
 def test_runs_of_an_arm_differ_only_in_seed_and_directory(tmp_path, dataset):
     cfg = _cfg(tmp_path, seeds=[3, 5], extra=["trainer.max_epochs=1"])
-    runs = build_runs(cfg, dataset, "regularised")
+    runs = row_runs(cfg, dataset, "regularised")
     assert [r.run_dir for r in runs] == [tmp_path / "runs" / dataset / "regularised" / f"seed{s}" for s in (3, 5)]
     for run, seed in zip(runs, (3, 5), strict=True):
         keys = [_key(o) for o in run.overrides]
@@ -73,7 +73,7 @@ def test_runs_of_an_arm_differ_only_in_seed_and_directory(tmp_path, dataset):
         assert "trainer.max_epochs=1" in run.overrides  # extra wins over the recipe's value
         assert run.argv()[1:3] == ["-m", "paddletrain.fit"]
     assert runs[0].overrides[:-2] == runs[1].overrides[:-2]
-    plain = build_runs(cfg, dataset, "plain")[0].overrides
+    plain = row_runs(cfg, dataset, "plain")[0].overrides
     assert "loss.label_smoothing=0.1" in runs[0].overrides and "loss.label_smoothing=0.1" not in plain
     assert any(o.startswith("data.mixup.cutmix_alpha=") for o in runs[0].overrides)
 
@@ -82,8 +82,8 @@ def test_runs_of_an_arm_differ_only_in_seed_and_directory(tmp_path, dataset):
 def test_every_run_composes_against_the_schema(tmp_path, dataset):
     """Each command is one Hydra would accept (keys exist, values are allowed), without running it."""
     cfg = _cfg(tmp_path, seeds=[0])
-    runs = [*build_runs(cfg, dataset, "teacher"), *build_runs(cfg, dataset, "plain"),
-            *build_runs(cfg, dataset, "regularised"), *build_runs(cfg, dataset, "distill", Path("/ckpt"))]
+    runs = [*row_runs(cfg, dataset, "teacher"), *row_runs(cfg, dataset, "plain"),
+            *row_runs(cfg, dataset, "regularised"), *row_runs(cfg, dataset, "distill", Path("/ckpt"))]
     for run in runs:
         composed = compose_fit([o for o in run.overrides if not o.startswith("hydra.")])
         assert composed.trainer.seed == 0
@@ -97,25 +97,25 @@ def test_every_run_composes_against_the_schema(tmp_path, dataset):
 def test_distill_arm_needs_and_names_the_teacher_checkpoint(tmp_path):
     cfg = _cfg(tmp_path)
     with pytest.raises(ConfigError, match="teacher"):
-        build_runs(cfg, "fashion_mnist", "distill")
-    (teacher,) = build_runs(cfg, "fashion_mnist", "teacher")
+        row_runs(cfg, "fashion_mnist", "distill")
+    (teacher,) = row_runs(cfg, "fashion_mnist", "teacher")
     assert teacher.run_dir == tmp_path / "runs" / "fashion_mnist" / "teacher"
     assert "trainer.seed=0" in teacher.overrides
-    runs = build_runs(cfg, "fashion_mnist", "distill", Path("/ckpt/epoch5"))
+    runs = row_runs(cfg, "fashion_mnist", "distill", Path("/ckpt/epoch5"))
     assert "trainer.distill.pretrained=/ckpt/epoch5" in runs[0].overrides
     assert "trainer.distill.teacher=resnet32" in runs[0].overrides and "model=resnet32" in teacher.overrides
 
 
 def test_row_command_reproduces_every_run_of_the_row(tmp_path):
     cfg = _cfg(tmp_path)
-    runs = build_runs(cfg, "hymenoptera", "regularised")  # a root with a space, a list with braces
+    runs = row_runs(cfg, "hymenoptera", "regularised")  # a root with a space, a list with braces
     command = row_command(runs)
     assert "trainer.seed=$SEED" in command and "seed$SEED" in command
     for run in runs:
         seed = run.overrides[-2].split("=")[1]
         # What the shell runs once $SEED is set (it expands inside double quotes and bare words alike).
         assert shlex.split(command.replace("$SEED", seed)) == ["python", "-m", "paddletrain.fit", *run.overrides]
-    (teacher,) = build_runs(cfg, "hymenoptera", "teacher")
+    (teacher,) = row_runs(cfg, "hymenoptera", "teacher")
     assert shlex.split(row_command([teacher])) == ["python", "-m", "paddletrain.fit", *teacher.overrides]
 
 
@@ -125,7 +125,7 @@ def test_shell_command_quotes_what_the_shell_would_split():
 
 
 def test_table_row_aggregates_the_finished_seeds_and_names_the_missing(tmp_path):
-    runs = build_runs(_cfg(tmp_path), "fashion_mnist", "plain")
+    runs = row_runs(_cfg(tmp_path), "fashion_mnist", "plain")
     row = table_row("fashion_mnist", "plain", runs, [{"val/top1": 0.7, "wall_seconds": 60.0}, None,
                                                      {"val/top1": 0.8, "wall_seconds": 120.0}])
     assert row["seeds"] == "0,2"
@@ -187,14 +187,14 @@ def test_read_summary_refuses_what_is_not_a_summary(tmp_path):
 
 def test_augment_runs_the_default_job_with_each_arm(tmp_path):
     cfg = AugmentBenchConfig(runs_dir=str(tmp_path), extra=["data.batch_size=32"])
-    every = build_run(cfg, "every", 1)
+    every = augment_run(cfg, "every", 1)
     assert every.run_dir == tmp_path / "every" / "run1"
     assert {"data.image_size=32", "data.num_workers=2", "data.batch_size=32", "data.num_repeats=3",
             "data.mixup.cutmix_alpha=1.0"} <= set(every.overrides)
     augment = next(o for o in every.overrides if o.startswith("data.augment="))
     for name in ("auto_augment", "rand_augment", "trivial_augment", "random_erasing"):
         assert name in augment
-    assert not any(o.startswith("data.augment=") for o in build_run(cfg, "default", 0).overrides)
+    assert not any(o.startswith("data.augment=") for o in augment_run(cfg, "default", 0).overrides)
     row = augment_row("every", [every], [{"train/data_time_share": s, "train/throughput": t}
                                          for s, t in ((0.02, 50.0), (0.30, 10.0), (0.04, 40.0))])
     assert (row["data_wait_share"], row["train_images_per_s"], row["runs"]) == (0.04, 40.0, 3)

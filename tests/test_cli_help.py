@@ -1,16 +1,22 @@
 """Every command's --help lists its keys and an example that runs as written (parses, for bench)."""
 from __future__ import annotations
 
+import configparser
 import dataclasses
 import importlib
 import shlex
 import sys
+from pathlib import Path
 
 import pytest
 
-from paddletrain.bench.__main__ import ABOUT, _benchmarks, usage
+import benchmarks.__main__ as maintainers
+import paddletrain.bench.__main__ as user_bench
+from paddletrain.bench.command import usage
 from paddletrain.bench.common import parse_options
 from tests.conftest import run_module
+
+ROOT = Path(__file__).resolve().parents[1]
 
 HYDRA_COMMANDS = {
     "fit": ["model:", "trainer:", "max_epochs:", "== Groups", "python -m paddletrain.fit model=resnet18"],
@@ -42,23 +48,39 @@ def test_hydra_commands_help_shows_usage_examples_and_keys(command, tmp_path, mo
     assert "powered by Hydra" not in text and not any(tmp_path.iterdir())  # help writes no run directory
 
 
-def test_bench_help_lists_every_benchmark_with_an_example(tmp_path, monkeypatch, capsys):
-    result = run_module("paddletrain.bench", ["--help"], cwd=tmp_path, timeout=120)  # as a user runs it
+SUITES = {"paddletrain.bench": user_bench.SUITE, "benchmarks": maintainers.SUITE}
+
+
+@pytest.mark.parametrize("program", sorted(SUITES))
+def test_bench_help_lists_every_benchmark_with_an_example(program, tmp_path, monkeypatch, capsys):
+    suite = SUITES[program]
+    # As a user runs it: the maintainers' suite from a checkout, the repository on the path.
+    result = run_module(program, ["--help"], cwd=tmp_path, timeout=120, env={"PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stderr
-    for name in _benchmarks():
-        assert f"  {name} " in result.stdout and ABOUT[name][1] in result.stdout
-    code, text = help_of("paddletrain.bench.__main__", [], monkeypatch, capsys)
+    for name in suite.load():
+        assert f"  {name} " in result.stdout and suite.about[name][1] in result.stdout
+    code, text = help_of(f"{program}.__main__", [], monkeypatch, capsys)
     assert code == 2 and "Benchmarks:" in text
 
 
-@pytest.mark.parametrize("name", sorted(ABOUT))
-def test_each_benchmarks_help_lists_its_keys_and_an_example_that_parses(name):
-    schema = _benchmarks()[name][0]
-    text = usage(name)
+def test_the_two_suites_are_apart_and_the_maintainers_one_is_not_in_the_wheel():
+    assert not set(user_bench.SUITE.load()) & set(maintainers.SUITE.load())
+    assert set(maintainers.SUITE.load()) == {"overhead", "decode", "recipes"}
+    setup = configparser.ConfigParser()
+    setup.read(Path(__file__).resolve().parents[1] / "setup.cfg")
+    assert setup["options.packages.find"]["include"].split() == ["paddletrain*"]
+
+
+@pytest.mark.parametrize(("program", "name"),
+                         [(p, n) for p, suite in sorted(SUITES.items()) for n in sorted(suite.about)])
+def test_each_benchmarks_help_lists_its_keys_and_an_example_that_parses(program, name):
+    suite = SUITES[program]
+    schema = suite.load()[name][0]
+    text = usage(suite, name)
     for field in dataclasses.fields(schema):
         assert f"\n  {field.name}=" in text
-    example = shlex.split(ABOUT[name][1].replace("<folder of photos>", "photos"))
-    assert example[:4] == ["python", "-m", "paddletrain.bench", name]
+    example = shlex.split(suite.about[name][1].replace("<folder of photos>", "photos"))
+    assert example[:4] == ["python", "-m", program, name]
     args = [arg for arg in example[4:] if not arg.startswith("out=")]
     parse_options(schema, args, name)  # raises ConfigError naming the key if the example went stale
 

@@ -115,10 +115,10 @@ RULES = [
     # long: run by the slow suite as written
     Rule("README.md", r"^python -m paddletrain\.fit$", BOTH,
          "the default job, 2 minutes (the slow suite also checks its accuracy: tests/test_fit.py)"),
-    Rule("README.md", r"^python -m paddletrain\.bench", SLOW, "a benchmark: minutes"),
+    Rule("README.md", r"^python -m (paddletrain\.bench|benchmarks)", SLOW, "a benchmark: minutes"),
     Rule("README.md", r"Limits\(max_epochs=5\), num_classes", BOTH, "5 epochs of the default job: 2 minutes"),
-    Rule("docs/performance.md", r"\$B |^B=", SLOW, "a benchmark: minutes"),
-    Rule("docs/recipes.md", r"^python -m paddletrain\.bench recipes", SLOW,
+    Rule("docs/performance.md", r"\$[BM] |^[BM]=", SLOW, "a benchmark: minutes"),
+    Rule("docs/recipes.md", r"^python -m benchmarks recipes", SLOW,
          "every run of the measured table: about an hour (finished runs under runs_dir are read, not redone)"),
     Rule("docs/recipes.md", r"hydra\.run\.dir=/tmp/measure/runs/", SKIP,
          "one row of the measured table, on the real datasets; the `bench recipes` command above runs every row "

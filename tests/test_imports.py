@@ -5,7 +5,7 @@ cycle until the function runs), relative or absolute; imports under ``if TYPE_CH
 count. Importing a submodule runs its parent packages' ``__init__`` first, so those are edges too, except a
 module's own parent packages (already being initialised when it runs). Optional third-party dependencies
 imported inside functions are outside the graph. In particular a registry module (``paddletrain.registry``,
-``paddletrain.registry``, ``paddletrain.models.registry``, ``paddletrain.data.datasets``) cannot import a
+``paddletrain.models.registry``, ``paddletrain.data.datasets``) cannot import a
 module that registers into it: that module imports the registry, which would close a cycle.
 """
 from __future__ import annotations
@@ -106,7 +106,7 @@ def test_the_registries_are_below_what_registers_into_them():
     graph = import_graph(ROOT, "paddletrain")
     assert "paddletrain.models.registry" in graph["paddletrain.models.resnet"]
     assert "paddletrain.data.datasets" in graph["paddletrain.data.shapes"]
-    for registry in ("paddletrain.registry", "paddletrain.registry", "paddletrain.models.registry",
+    for registry in ("paddletrain.registry", "paddletrain.models.registry",
                      "paddletrain.data.datasets"):
         assert not graph[registry] & {"paddletrain.models.resnet", "paddletrain.models.vision",
                                       "paddletrain.models.pretrained", "paddletrain.data.shapes",
@@ -157,7 +157,7 @@ OPTIONAL = {
 }
 # Present in every environment `python -m venv` makes (ensurepip), so never declared.
 WITH_EVERY_VENV = {"pip"}
-SCANNED = ("paddletrain", "tests", "examples")
+SCANNED = ("paddletrain", "tests", "examples", "benchmarks")
 SKIPPED_DIRS = {"downstream_app", "build", "__pycache__"}  # the example app declares its own dependencies
 
 
@@ -240,8 +240,9 @@ def scanned_files() -> list[Path]:
 
 
 def _project_modules() -> set[str]:
-    """paddletrain, the tests, and the example scripts' own modules (they import each other from their folder)."""
-    return {"paddletrain", "tests", "conftest"} | {p.stem for p in (ROOT / "examples").glob("*.py")}
+    """paddletrain, the tests, the maintainers' benchmarks, and the example scripts' own modules (they import each
+    other from their folder)."""
+    return {"paddletrain", "tests", "conftest", "benchmarks"} | {p.stem for p in (ROOT / "examples").glob("*.py")}
 
 
 def test_every_import_is_declared_by_the_readmes_install():

@@ -57,7 +57,7 @@ class AugmentBenchConfig:
     extra: list[str] = field(default_factory=list)
 
 
-def build_run(cfg: AugmentBenchConfig, arm: str, repeat: int) -> FitRun:
+def augment_run(cfg: AugmentBenchConfig, arm: str, repeat: int) -> FitRun:
     """The ``fit`` run of ``arm`` (its ``repeat``-th)."""
     base = (f"data.image_size={cfg.image_size}", f"data.num_workers={cfg.num_workers}",
             f"trainer.max_epochs={cfg.epochs}", f"trainer.limit_train_batches={cfg.batches}",
@@ -73,7 +73,7 @@ def run_augment(cfg: AugmentBenchConfig) -> dict[str, Any]:
     if not cfg.arms:
         raise ConfigError(f"bench augment: arms=[] names no arm; choose from {', '.join(AUGMENT_ARMS)}")
     env = environment()
-    runs = {arm: [build_run(cfg, arm, r) for r in range(cfg.repeats)] for arm in cfg.arms}
+    runs = {arm: [augment_run(cfg, arm, r) for r in range(cfg.repeats)] for arm in cfg.arms}
     summaries: dict[str, list[dict[str, Any]]] = {arm: [] for arm in cfg.arms}
     for repeat in range(cfg.repeats):
         for arm in cfg.arms:

@@ -67,16 +67,21 @@ class TinyNet(paddle.nn.Layer):
         return self.fc(self.pool(paddle.nn.functional.relu(self.bn(self.conv(x)))).flatten(1))
 
 
-def build_model(name: str, num_classes: int, data_format: str = "NCHW", seed: int = 0) -> paddle.nn.Layer:
-    """A registry model (or the bench's ``tiny``), initialised from ``seed`` so every arm starts equal."""
-    from paddletrain.models import create_model
+def bench_model(name: str, num_classes: int, data_format: str = "NCHW", seed: int = 0) -> paddle.nn.Layer:
+    """A registry model built as ``fit`` builds it (:func:`paddletrain.build.build_model` on a ``model`` config),
+    or the bench's ``tiny``; initialised from ``seed`` so every arm starts equal."""
+    from omegaconf import OmegaConf
+
+    from paddletrain.build import build_model
+    from paddletrain.config import ModelConfig
 
     paddle.seed(seed)
     if name == TINY_MODEL:
         if data_format != "NCHW":
             raise ConfigError(f"bench: model={TINY_MODEL} supports only data_format=NCHW")
         return TinyNet(num_classes)
-    return create_model(name, num_classes=num_classes, data_format=data_format)
+    cfg = OmegaConf.create({"model": OmegaConf.structured(ModelConfig(name=name, data_format=data_format))})
+    return build_model(cfg, num_classes=num_classes, in_chans=3)
 
 
 def synthetic_batches(count: int, batch_size: int, image_size: int, num_classes: int,

@@ -21,7 +21,7 @@ from typing import Any
 
 import paddle
 
-from paddletrain.bench.common import build_model, check_options, environment, finished, paired_ratio, write_jpeg_folder
+from paddletrain.bench.common import bench_model, check_options, environment, finished, paired_ratio, write_jpeg_folder
 from paddletrain.config import TRANSFORMS, allowed
 from paddletrain.errors import ConfigError
 
@@ -113,7 +113,7 @@ def trainer_data_wait(cfg: DataBenchConfig, loader: Any, num_classes: int) -> di
     from paddletrain.limits import Limits
     from paddletrain.trainer import Trainer
 
-    model = build_model(cfg.model, num_classes)
+    model = bench_model(cfg.model, num_classes)
     optimizer = paddle.optimizer.Momentum(0.01, momentum=0.9, parameters=model.parameters())
     trainer = Trainer(model, optimizer, limits=Limits(max_epochs=2, limit_train_batches=cfg.train_batches),
                       num_classes=num_classes, handle_signals=False)

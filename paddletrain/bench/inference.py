@@ -24,7 +24,7 @@ import numpy as np
 import paddle
 
 from paddletrain.bench.common import (
-    build_model,
+    bench_model,
     check_options,
     environment,
     finished,
@@ -172,7 +172,7 @@ def run_inference(cfg: InferenceBenchConfig) -> dict[str, Any]:
         raise ConfigError("bench inference: batch_sizes=[] names no batch size; e.g. batch_sizes=[1,8,32]")
     runtime = setup_runtime(cfg.device, cfg.cpu_threads)
     env = environment(runtime.cpu_threads)
-    model = build_model(cfg.model, cfg.num_classes)
+    model = bench_model(cfg.model, cfg.num_classes)
     model.eval()
     precisions = _precisions(cfg, runtime.device)
     with tempfile.TemporaryDirectory(prefix="paddletrain-bench-") as tmp:

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import paddle
+from omegaconf import OmegaConf
 
 from paddletrain.bench.common import (
-    build_model,
+    bench_model,
     check_options,
     cycle,
     environment,
@@ -25,7 +26,8 @@ from paddletrain.bench.common import (
     synthetic_batches,
     timed,
 )
-from paddletrain.config import allowed
+from paddletrain.build import build_precision
+from paddletrain.config import AmpConfig, allowed
 from paddletrain.errors import ConfigError
 from paddletrain.precision import Precision
 from paddletrain.runtime import DEVICES
@@ -55,21 +57,18 @@ class ThreadsBenchConfig(TrainBenchConfig):
     threads: list[int] = allowed(factory=lambda: [1, 2], ge=1)
 
 
-def build_precision(name: str, dtype: str, device: str) -> Precision:
-    if name not in PRECISIONS:
-        raise ConfigError(f"bench: precision={name!r} is not supported; choose one of: {', '.join(PRECISIONS)}")
-    if name == "fp32":
-        return Precision(device=device)
-    return Precision(enabled=True, level=name[-2:].upper(), dtype=dtype, device=device)
+def bench_precision(name: str, dtype: str, device: str) -> Precision:
+    """fp32, or AMP at the level ``name`` ends with (``amp_o1``/``amp_o2``), built as ``fit`` builds it
+    (:func:`paddletrain.build.build_precision` on a ``trainer.amp`` config)."""
+    amp = AmpConfig(enabled=True, level=name[-2:].upper(), dtype=dtype) if name != "fp32" else AmpConfig()
+    return build_precision(OmegaConf.create({"trainer": {"amp": OmegaConf.structured(amp)}}), device)
 
 
 def make_step_window(cfg: TrainBenchConfig, seed: int = 0) -> Callable[[int], float]:
     """A fresh model + Momentum optimizer and ``run(steps) -> seconds`` over synthetic batches."""
-    if cfg.data_format not in ("NCHW", "NHWC"):
-        raise ConfigError(f"bench: data_format={cfg.data_format!r} must be NCHW or NHWC")
     device = paddle.device.get_device()
-    precision = build_precision(cfg.precision, cfg.amp_dtype, device)
-    model = build_model(cfg.model, cfg.num_classes, cfg.data_format, seed=seed)
+    precision = bench_precision(cfg.precision, cfg.amp_dtype, device)
+    model = bench_model(cfg.model, cfg.num_classes, cfg.data_format, seed=seed)
     optimizer = paddle.optimizer.Momentum(0.01, momentum=0.9, parameters=model.parameters())
     model, optimizer = precision.setup(model, optimizer)
     model.train()

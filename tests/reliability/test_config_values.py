@@ -15,10 +15,11 @@ import pytest
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
+import benchmarks.__main__ as maintainers
+import paddletrain.bench.__main__ as user_bench
 import paddletrain.evaluate  # noqa: F401  (registers evaluate_schema)
 import paddletrain.export  # noqa: F401  (registers export_schema)
 import paddletrain.predict  # noqa: F401  (registers predict_schema)
-from paddletrain.bench.__main__ import _benchmarks
 from paddletrain.config import ALLOWED, Allowed, FitConfig, check_values, undeclared_keys
 from paddletrain.errors import ConfigError
 from paddletrain.validation import validate_config
@@ -55,7 +56,7 @@ def all_schemas() -> list[type]:
                     found.append(kind)
 
     walk(ConfigStore.instance().repo)
-    found += [schema for schema, _ in _benchmarks().values()]
+    found += [schema for suite in (user_bench, maintainers) for schema, _ in suite.benchmarks().values()]
     return sorted(set(found), key=lambda kind: kind.__qualname__)
 
 

@@ -112,7 +112,7 @@ class RecipesBenchConfig:
     extra: list[str] = field(default_factory=list)
 
 
-def build_runs(cfg: RecipesBenchConfig, dataset: str, arm: str, teacher_dir: Path | None = None) -> list[FitRun]:
+def row_runs(cfg: RecipesBenchConfig, dataset: str, arm: str, teacher_dir: Path | None = None) -> list[FitRun]:
     """The runs of one row (one per seed); ``arm="teacher"`` gives the single teacher run."""
     recipe = _recipes(cfg)[dataset]
     root = Path(cfg.runs_dir) / dataset
@@ -194,7 +194,7 @@ def run_recipes(cfg: RecipesBenchConfig) -> dict[str, Any]:
     for dataset in cfg.datasets:
         teacher_dir: Path | None = None
         if "distill" in cfg.arms:
-            (teacher,) = build_runs(cfg, dataset, "teacher")
+            (teacher,) = row_runs(cfg, dataset, "teacher")
             summary = measure(teacher)
             rows.append(table_row(dataset, "teacher (for distill)", [teacher], [summary]))
             teacher_dir = _teacher_checkpoint(teacher, summary)
@@ -202,7 +202,7 @@ def run_recipes(cfg: RecipesBenchConfig) -> dict[str, Any]:
             if arm == "distill" and teacher_dir is None and not cfg.dry_run:
                 rows.append({"dataset": dataset, "arm": arm, "val top-1 % (mean ± std)": "no teacher checkpoint"})
                 continue
-            runs = build_runs(cfg, dataset, arm, teacher_dir or Path("<teacher checkpoint>"))
+            runs = row_runs(cfg, dataset, arm, teacher_dir or Path("<teacher checkpoint>"))
             summaries = [measure(run) for run in runs]
             rows.append(table_row(dataset, arm, runs, summaries))
     notes = [(f"{METRIC} of each run's last validation (summary.json), in percent; std is the sample standard "

@@ -27,7 +27,7 @@ from typing import Any
 import paddle
 
 from paddletrain.bench.common import (
-    build_model,
+    bench_model,
     check_options,
     cycle,
     environment,
@@ -81,7 +81,7 @@ def trainer_arm(cfg: OverheadBenchConfig, batches: list[Any]) -> Callable[[int],
     from paddletrain.limits import Limits
     from paddletrain.trainer import Trainer
 
-    model = build_model(cfg.model, cfg.num_classes)
+    model = bench_model(cfg.model, cfg.num_classes)
     trainer = Trainer(model, _optimizer(model), callbacks=[ProgressBar(enabled=False), LearningRateMonitor()],
                       num_classes=cfg.num_classes, limits=Limits(max_epochs=0))
 
@@ -93,7 +93,7 @@ def trainer_arm(cfg: OverheadBenchConfig, batches: list[Any]) -> Callable[[int],
 
 
 def hand_arm(cfg: OverheadBenchConfig, batches: list[Any], equivalent_work: bool = True) -> Callable[[int], float]:
-    model = build_model(cfg.model, cfg.num_classes)
+    model = bench_model(cfg.model, cfg.num_classes)
     model.train()
     optimizer = _optimizer(model)
     params = list(model.parameters())
@@ -130,7 +130,7 @@ def hand_arm(cfg: OverheadBenchConfig, batches: list[Any], equivalent_work: bool
 def model_fit_arm(cfg: OverheadBenchConfig, batches: list[Any]) -> Callable[[int], float]:
     from paddle.static import InputSpec
 
-    network = build_model(cfg.model, cfg.num_classes)
+    network = bench_model(cfg.model, cfg.num_classes)
     model = paddle.Model(network, inputs=[InputSpec([None, 3, cfg.image_size, cfg.image_size], "float32", "x")],
                          labels=[InputSpec([None], "int64", "y")])
     ks = tuple(k for k in (1, 5) if k <= cfg.num_classes)
@@ -162,7 +162,7 @@ def trainer_step_parts(cfg: OverheadBenchConfig, batches: list[Any]) -> dict[str
     from paddletrain.metrics import ClassificationMeter
     from paddletrain.trainer import Trainer
 
-    model = build_model(cfg.model, cfg.num_classes)
+    model = bench_model(cfg.model, cfg.num_classes)
     optimizer = _optimizer(model)
     callbacks = [ProgressBar(enabled=False), LearningRateMonitor()]
     trainer = Trainer(model, optimizer, callbacks=callbacks, num_classes=cfg.num_classes)
