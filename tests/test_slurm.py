@@ -191,6 +191,8 @@ def test_only_the_leader_requeues_and_only_after_sigusr1(fake_scontrol, monkeypa
     assert fake_scontrol.read_text() == "requeue 991\n"
     monkeypatch.setenv("FAKE_EXIT", "1")
     assert "could not requeue SLURM job 991" in slurm.requeue_after(ExitCode.INTERRUPTED_SIGUSR1)
+    monkeypatch.setenv("PATH", str(fake_scontrol.parent / "empty"))
+    assert "scontrol is not on PATH" in slurm.requeue_after(ExitCode.INTERRUPTED_SIGUSR1)
     monkeypatch.setattr(slurm, "_active", None)  # not under SLURM
     assert slurm.requeue_after(ExitCode.INTERRUPTED_SIGUSR1) == ""
 
@@ -363,3 +365,24 @@ def test_sigusr1_requeues_once_and_resume_auto_continues_to_the_same_weights(tmp
     assert codes == [0, 0], text[-3000:]
     assert "Resumed from" in text
     assert_same_run(run_dir, two_devices)
+
+
+@pytest.mark.slow
+def test_sigusr1_with_one_task_per_node_requeues_once_from_node_0(tmp_path, fake_scontrol):
+    """Each node's launcher passes SIGUSR1 to its ranks; they stop on the same step and rank 0 saves; node 0's
+    launcher requeues (its ranks and node 1 do not)."""
+    run_dir = tmp_path / "run"
+    job = free_job_id()
+    procs = start_tasks(tmp_path, [sys.executable, "-m", "paddletrain.fit", *TINY, "trainer.max_epochs=500",
+                                   f"hydra.run.dir={run_dir}"], 2, 2, job, "nodes")
+    try:
+        wait_for_checkpoint(run_dir, procs)
+        for proc in procs:
+            proc.send_signal(signal.SIGUSR1)
+    finally:
+        codes = wait_all(procs, 180)
+    text = outputs(tmp_path, "nodes")
+    assert codes == [ExitCode.INTERRUPTED_SIGUSR1] * 2, text[-3000:]
+    assert [line for line in fake_scontrol.read_text().splitlines() if line.startswith("requeue")] == [
+        f"requeue {job}"]
+    assert f"requeued SLURM job {job}" in (tmp_path / "nodes.task0.out").read_text().strip().splitlines()[-1]
