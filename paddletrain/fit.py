@@ -113,6 +113,9 @@ def node_spec(cfg: DictConfig) -> NodeSpec:
         cluster = slurm.plan(cfg)
         if cluster is not None:
             slurm.activate(cluster)
+            if distributed.is_launched():  # this task is a rank now: the run's log file is rank 0's alone
+                distributed.setup_rank_logging(distributed.rank())
+            log.info("%s", cluster.describe())
             return cluster.node_spec
     return NodeSpec(t.devices, t.num_nodes, t.node_rank, t.master)
 

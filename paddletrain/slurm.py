@@ -293,7 +293,8 @@ def _check_keys_left_to_slurm(t: Any, task: SlurmTask) -> None:
                         "trainer.cluster=none)")
     if task.ntasks > 1 and not task.in_step:
         raise UserError(f"SLURM_NTASKS={task.ntasks} but this process was not started by srun (SLURM_STEP_ID is "
-                        "not set): run `srun python -m paddletrain.fit ...` in the batch script")
+                        "not set): run `srun python -m paddletrain.fit ...` in the batch script, or set "
+                        "trainer.cluster=none to ignore SLURM")
     if len(task.hosts) != task.nnodes:
         raise UserError(f"SLURM_JOB_NODELIST names {len(task.hosts)} host(s) ({','.join(task.hosts[:4])}...) but "
                         f"SLURM_NNODES={task.nnodes}")
@@ -326,12 +327,12 @@ _active: ClusterPlan | None = None
 
 
 def activate(cluster: ClusterPlan) -> None:
-    """Act on ``cluster``: log it, and with one task per device make this process its rank (Paddle's variables)."""
+    """Act on ``cluster``: remember it (for :func:`requeue_after`) and, with one task per device, make this process
+    its rank (Paddle's variables)."""
     global _active
     _active = cluster
     if cluster.mode == PER_DEVICE:
         os.environ.update(cluster.rank_env())
-    log.info("%s", cluster.describe())
 
 
 def holds_run_dir(cfg: Any, env: Mapping[str, str] | None = None) -> bool:
