@@ -178,6 +178,14 @@ def test_combinations_that_cannot_work_are_one_line_naming_slurms_variables_and_
         assert words in str(caught.value)
 
 
+def test_the_leader_alone_holds_the_run_directory():
+    env = slurm_env(procid=0, ntasks=2)
+    assert slurm.holds_run_dir(trainer_cfg(), env)
+    assert not slurm.holds_run_dir(trainer_cfg(), slurm_env(procid=1, ntasks=2))
+    assert not slurm.holds_run_dir(trainer_cfg(devices=2), slurm_env(procid=1, ntasks=2, nnodes=2))
+    assert slurm.holds_run_dir(trainer_cfg(), {}) and not slurm.holds_run_dir(trainer_cfg(num_nodes=2, node_rank=1), {})
+
+
 # ------------------------------------------------------------------------------------------------ requeue
 def test_only_the_leader_requeues_and_only_after_sigusr1(fake_scontrol, monkeypatch):
     leader = slurm.plan(trainer_cfg(), slurm_env(procid=0, job=991), which=lambda name: None)
@@ -250,14 +258,15 @@ def test_two_tasks_form_one_group_from_slurms_variables_alone(tmp_path):
 
 
 def test_sigusr1_saves_requeues_once_and_exits_138(tmp_path, fake_scontrol):
-    """The shrunk form of the exact-resume test below: one task, SIGUSR1 mid-training."""
+    """The shrunk form of the exact-resume test below: one task, SIGUSR1 mid-training to every process of the task
+    (SLURM signals the whole job step: loader workers too, which must ignore it, as they do SIGTERM)."""
     run_dir = tmp_path / "run"
     job = free_job_id()
-    procs = start_tasks(tmp_path, [sys.executable, "-m", "paddletrain.fit", *TINY, "trainer.max_epochs=500",
-                                   f"hydra.run.dir={run_dir}"], 1, 1, job, "usr1")
+    procs = start_tasks(tmp_path, [sys.executable, "-m", "paddletrain.fit", *TINY, "data.num_workers=2",
+                                   "trainer.max_epochs=500", f"hydra.run.dir={run_dir}"], 1, 1, job, "usr1")
     try:
         wait_for_checkpoint(run_dir, procs)
-        procs[0].send_signal(signal.SIGUSR1)
+        os.killpg(procs[0].pid, signal.SIGUSR1)  # the task and its loader workers
     finally:
         codes = wait_all(procs, 120)
     text = outputs(tmp_path, "usr1")
@@ -266,6 +275,7 @@ def test_sigusr1_saves_requeues_once_and_exits_138(tmp_path, fake_scontrol):
     assert requeues == [f"requeue {job}"]  # (the other calls are `show hostnames localhost`)
     last = text.strip().splitlines()[-1]
     assert "Stopped by SIGUSR1" in last and "saved" in last and f"requeued SLURM job {job}" in last, last
+    assert text.count("SIGUSR1 received") == 1 and "Traceback" not in text and "exit unexpectedly" not in text, text
     assert load_checkpoint(find_latest(run_dir / "checkpoints")).state["progress"]["global_step"] > 0
 
 
