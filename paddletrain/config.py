@@ -21,6 +21,9 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from paddletrain.devices import DEVICES
 from paddletrain.errors import ConfigError
 
+# trainer.cluster's values (paddletrain/slurm.py acts on them).
+CLUSTERS = ("auto", "slurm", "none")
+
 # Field metadata key holding an :class:`Allowed`.
 ALLOWED = "allowed"
 # The largest seed numpy's legacy RNG takes; seeds are also fed to paddle.seed and the samplers.
@@ -343,6 +346,9 @@ class TrainerConfig:
     num_nodes: int = allowed(1, ge=1)
     node_rank: int = allowed(0, ge=0)
     master: str | None = None
+    # Where the job's shape comes from: auto (SLURM's variables when srun started this process, else the keys
+    # above), slurm (SLURM's, an error without them) or none (the keys above only). docs/distributed.md#slurm.
+    cluster: str = allowed("auto", choices=CLUSTERS)
     find_unused_parameters: bool = False
     seed: int = allowed(42, ge=0, le=MAX_SEED)
     # Deterministic cuDNN algorithms on GPUs (slower); CPU kernels are deterministic already.

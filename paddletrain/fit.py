@@ -34,7 +34,7 @@ from hydra.errors import HydraException  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
-from paddletrain import distributed  # noqa: E402
+from paddletrain import distributed, slurm  # noqa: E402
 from paddletrain.build import monitored_metric, saves_checkpoints, train  # noqa: E402
 from paddletrain.cli import continue_command, hydra_error_line  # noqa: E402
 from paddletrain.config import register_configs  # noqa: E402
@@ -75,11 +75,14 @@ def main(cfg: DictConfig) -> float | None:
     if _set_full_error:  # from here on, Hydra reports errors its own way (and children do not inherit the flag)
         os.environ.pop("HYDRA_FULL_ERROR", None)
     run_dir = run_dir_from_hydra()
-    t = cfg.trainer
-    if (t.devices > 1 or t.num_nodes > 1) and not distributed.is_launched():
+    try:
+        spec = node_spec(cfg)
+    except UserError as exc:
+        finish(ExitCode.USER_ERROR, str(exc), run_dir=run_dir)
+    if (spec.nproc > 1 or spec.nnodes > 1) and not distributed.is_launched():
         with stop_request.interruptible():
             try:
-                launch_workers(cfg, run_dir)
+                launch_workers(cfg, run_dir, spec)
             except TrainingInterrupted as exc:  # before the launcher took over the signals
                 finish(exc.exit_code, stop_message(exc, cfg, run_dir))
         return None
@@ -100,6 +103,21 @@ def main(cfg: DictConfig) -> float | None:
         end_with(exc, cfg, run_dir)
     distributed.report_outcome(ExitCode.OK, "finished")
     return metrics.get(monitored_metric(cfg))
+
+
+def node_spec(cfg: DictConfig) -> NodeSpec:
+    """This node's share of the job: from SLURM's variables when srun started this process (with one task per
+    device this process becomes its rank and launches nothing), else from the trainer.* keys."""
+    t = cfg.trainer
+    if not distributed.is_launched():
+        cluster = slurm.plan(cfg)
+        if cluster is not None:
+            slurm.activate(cluster)
+            if distributed.is_launched():  # this task is a rank now: the run's log file is rank 0's alone
+                distributed.setup_rank_logging(distributed.rank())
+            log.info("%s", cluster.describe())
+            return cluster.node_spec
+    return NodeSpec(t.devices, t.num_nodes, t.node_rank, t.master)
 
 
 def end_with(exc: BaseException, cfg: DictConfig, run_dir: Path) -> NoReturn:
@@ -148,6 +166,7 @@ def finish(code: int, message: str, lost_ranks: list[int] | None = None,
     ``run_dir`` is given when the run failed to start (bad input, or stopped during start-up): the directory is
     removed when it holds nothing but what the start wrote (:func:`paddletrain.rundir.discard_failed_start`).
     """
+    message += slurm.requeue_after(code)  # after the stop saved: SLURM ends the job's processes when it requeues
     if distributed.is_launched():
         distributed.report_outcome(code, message, lost_ranks)
         sys.exit(code)
@@ -160,30 +179,28 @@ def finish(code: int, message: str, lost_ranks: list[int] | None = None,
     sys.exit(code)
 
 
-def launch_workers(cfg: DictConfig, run_dir: Path) -> None:
-    """Start this node's ``trainer.devices`` ranks with this run's overrides and run directory.
+def launch_workers(cfg: DictConfig, run_dir: Path, spec: NodeSpec) -> None:
+    """Start this node's ranks (``spec``) with this run's overrides and run directory.
 
     Returns when the job finished; otherwise logs its verdict and exits with its code.
     """
-    t = cfg.trainer
     try:
         validate_config(cfg)  # one line from here rather than the same error from every rank
-        if t.node_rank == 0:  # node 0's launcher holds the (shared) run directory for every rank of the job
+        if spec.node_rank == 0:  # node 0's launcher holds the (shared) run directory for every rank of the job
             hold_run_dir(run_dir)
     except UserError as exc:
         finish(ExitCode.USER_ERROR, str(exc), run_dir=run_dir)
     overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("hydra.run.dir=")]
     # The ranks share this run directory; this process already wrote its .hydra/ config there.
     args = [*overrides, f"hydra.run.dir={run_dir}", "hydra.output_subdir=null"]
-    log_dir = run_dir / "launch" if t.num_nodes == 1 else run_dir / "launch" / f"node{t.node_rank}"
-    if t.node_rank > 0:  # the run's fit.log belongs to rank 0's node
+    log_dir = run_dir / "launch" if spec.nnodes == 1 else run_dir / "launch" / f"node{spec.node_rank}"
+    if spec.node_rank > 0:  # the run's fit.log belongs to rank 0's node
         root = logging.getLogger()
         for handler in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
             root.removeHandler(handler)
     plan = ("the ranks finish their current step, save a checkpoint and stop" if saves_checkpoints(cfg) else
             "the ranks finish their current step and stop (no checkpoint will be saved: checkpointing is off)")
-    outcome = Launcher(NodeSpec(t.devices, t.num_nodes, t.node_rank, t.master), log_dir, plan).run(
-        Path(__file__), args)
+    outcome = Launcher(spec, log_dir, plan).run(Path(__file__), args)
     if outcome.code == ExitCode.OK:
         return
     # A rank's bad-input error is a failed start of the whole job (its one line says why).

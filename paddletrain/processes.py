@@ -29,7 +29,9 @@ from paddletrain.errors import TrainingInterrupted
 
 log = logging.getLogger("paddletrain")
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# SIGUSR1 is SLURM's warning before a time limit (`#SBATCH --signal=USR1@90`, sent to every process of the job
+# step, loader workers included): a stop like SIGTERM, and its default action would kill a process half-way.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 # Set by paddletrain's launcher for the processes it starts: it announces signals and outcomes itself.
 LAUNCHER_ENV = "PADDLETRAIN_LAUNCHER_PID"
 # The same signal again within this many seconds is the same request delivered twice (e.g. `pkill` reaching a

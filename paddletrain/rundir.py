@@ -32,7 +32,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf, open_dict, read_write
 
-from paddletrain import distributed
+from paddletrain import distributed, slurm
 from paddletrain.errors import UserError
 from paddletrain.validation import validate_config
 
@@ -229,8 +229,8 @@ class RunDirGuard(Callback):
             return
         try:
             validate_config(task)
-            # Several nodes share one run directory: node 0's launcher holds it for the whole job.
-            if not OmegaConf.select(task, "trainer.node_rank", default=0):
+            # Several nodes share one run directory: node 0's launcher (under SLURM, task 0) holds it for the job.
+            if slurm.holds_run_dir(task):
                 _created = None if run_dir.exists() else (run_dir.resolve(), _top_missing(run_dir.resolve()))
                 hold_run_dir(run_dir)
         except UserError as exc:
