@@ -20,7 +20,6 @@ import os
 import shutil
 import socket
 import stat
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,7 +32,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf, open_dict, read_write
 
 from paddletrain import distributed
-from paddletrain.errors import UserError
+from paddletrain.errors import StartRefused, UserError
 from paddletrain.validation import validate_config
 
 try:
@@ -234,6 +233,6 @@ class RunDirGuard(Callback):
                 _created = None if run_dir.exists() else (run_dir.resolve(), _top_missing(run_dir.resolve()))
                 hold_run_dir(run_dir)
         except UserError as exc:
-            print(f"[paddletrain][ERROR] - {exc}", file=sys.stderr, flush=True)
-            sys.exit(2)
+            # Not an exit of its own: the command's wrapper (paddletrain.cli.run_command) says it in one line.
+            raise StartRefused(exc) from None
 
