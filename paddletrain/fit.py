@@ -17,6 +17,7 @@ if __name__ == "__main__":
     start_command_process()
 
 import logging  # noqa: E402
+import os  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -34,7 +35,7 @@ from paddletrain.errors import ExitCode, TrainingInterrupted  # noqa: E402
 from paddletrain.launcher import Launcher, NodeSpec  # noqa: E402
 from paddletrain.processes import stop_request  # noqa: E402
 from paddletrain.rundir import discard_failed_start, hold_run_dir  # noqa: E402
-from paddletrain.validation import validate_config  # noqa: E402
+from paddletrain.validation import VALIDATED_ENV, validate_once, validated_marker  # noqa: E402
 
 log = logging.getLogger("paddletrain")
 
@@ -152,10 +153,12 @@ def launch_workers(cfg: DictConfig, run_dir: Path) -> None:
     """
     t = cfg.trainer
     # A bad value or a busy directory raises a UserError: one line from here (main's ending) rather than the
-    # same error from every rank.
-    validate_config(cfg)
+    # same error from every rank. RunDirGuard validated already unless this launcher runs in a sweep.
+    validate_once(cfg)
     if t.node_rank == 0:  # node 0's launcher holds the (shared) run directory for every rank of the job
         hold_run_dir(run_dir)
+    # The ranks (this machine, this config) inherit the verdict instead of validating again (validation.py).
+    os.environ[VALIDATED_ENV] = validated_marker(cfg)
     overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("hydra.run.dir=")]
     # The ranks share this run directory; this process already wrote its .hydra/ config there.
     args = [*overrides, f"hydra.run.dir={run_dir}", "hydra.output_subdir=null"]

@@ -254,12 +254,10 @@ def _weights_tensor(class_weights: Sequence[float] | np.ndarray | None) -> paddl
 
 
 # ---------------------------------------------------------------------------------------------- factories
-def _reject_bce_options(cfg: LossConfig) -> None:
-    name = cfg.name
-    if cfg.target_threshold is not None:
-        raise ConfigError(f"loss.target_threshold applies to loss.name=binary_cross_entropy only, not {name!r}")
-    if cfg.bce_sum:
-        raise ConfigError(f"loss.bce_sum applies to loss.name=binary_cross_entropy only, not {name!r}")
+# Keys of the binary cross-entropy only (validation.py refuses them with the other built-in losses).
+BCE_ONLY_KEYS = ("target_threshold", "bce_sum")
+# The loss of multi-label data, and the one that takes BCE_ONLY_KEYS.
+MULTILABEL_LOSS = "binary_cross_entropy"
 
 
 @LOSSES.register("cross_entropy")
@@ -267,7 +265,6 @@ def _reject_bce_options(cfg: LossConfig) -> None:
 def build_cross_entropy(cfg: LossConfig, class_weights: np.ndarray | None = None) -> LossFn:
     """Softmax cross-entropy on hard labels (smoothed by ``loss.label_smoothing``) or soft targets."""
     _check_fraction("loss.label_smoothing", cfg.label_smoothing)
-    _reject_bce_options(cfg)
     if class_weights is None:  # the unweighted loss exactly as before: no extra argument on the hot path
         return functools.partial(cross_entropy, label_smoothing=float(cfg.label_smoothing))
     return functools.partial(cross_entropy, label_smoothing=float(cfg.label_smoothing),
@@ -296,7 +293,6 @@ def build_binary_cross_entropy(cfg: LossConfig, class_weights: np.ndarray | None
 def build_focal(cfg: LossConfig, class_weights: np.ndarray | None = None) -> LossFn:
     """Softmax focal loss: ``loss.focal_gamma``, ``loss.label_smoothing``; ``loss.class_weights`` are its alpha."""
     _check_fraction("loss.label_smoothing", cfg.label_smoothing)
-    _reject_bce_options(cfg)
     gamma = float(cfg.focal_gamma)
     if not 0 <= gamma < float("inf"):
         raise ConfigError(f"loss.focal_gamma={gamma} must be >= 0")
@@ -316,7 +312,7 @@ def loss_name(name: str | None, multilabel: bool = False) -> str:
         ConfigError: a single-label (softmax) loss chosen for multi-label data.
     """
     if name is None:
-        return "binary_cross_entropy" if multilabel else "cross_entropy"
+        return MULTILABEL_LOSS if multilabel else "cross_entropy"
     name = str(name).lower()
     if multilabel and name in SINGLE_LABEL_LOSSES:
         raise ConfigError(f"loss.name={name} is a single-label (softmax) loss but data.multilabel=true: use "

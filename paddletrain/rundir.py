@@ -7,7 +7,7 @@ With ``trainer.devices=N`` the launcher holds the lock and the ranks it starts d
 
 It is taken first by :class:`RunDirGuard`, a Hydra callback that runs before Hydra writes ``.hydra/`` into
 the run directory (so a refused run cannot overwrite the running one's saved config), then again (a no-op in
-the same process) by ``fit``'s launcher and by ``fit.train``, which holds it for its own duration when called
+the same process) by ``fit``'s launcher and by ``build.train``, which holds it for its own duration when called
 without the callback: sweeps, downstream Hydra apps, Python code.
 """
 from __future__ import annotations
@@ -205,8 +205,10 @@ def _top_missing(path: Path) -> Path:
 
 
 class RunDirGuard(Callback):
-    """Hydra callback for `paddletrain.fit`: checks every value and locks the run directory before Hydra
-    creates it and writes ``.hydra/`` there, so a bad value or a busy directory stops the run before any work.
+    """Hydra callback for `paddletrain.fit`: validates the config (the run's one validation,
+    :mod:`paddletrain.validation`) and locks the run directory before Hydra creates it and writes ``.hydra/``
+    there, so a bad value or a busy directory stops the run before any work. It raises
+    :class:`~paddletrain.errors.StartRefused`; the command's wrapper (:func:`paddletrain.cli.run_command`) says why.
 
     Enabled in ``conf/fit.yaml`` under ``hydra.callbacks``. Ranks of a ``trainer.devices=N`` job skip it:
     their launcher already checked and holds the directory.

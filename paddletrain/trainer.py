@@ -120,6 +120,8 @@ class Trainer:
     ) -> None:
         if accumulate_grad_batches < 1:
             raise ValueError(f"accumulate_grad_batches must be >= 1, got {accumulate_grad_batches}")
+        if grad_clip_norm is not None and not grad_clip_norm > 0:  # checked once here, not at every step
+            raise ValueError(f"grad_clip_norm must be > 0 or None, got {grad_clip_norm!r}")
         keys = [cb.state_key for cb in callbacks]
         if len(set(keys)) != len(keys):
             raise ValueError(f"two callbacks share a state_key (their state would collide in checkpoints): {keys}")

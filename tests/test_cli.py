@@ -6,6 +6,7 @@ import signal
 
 import pytest
 from hydra import compose, initialize_config_module
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 
 from paddletrain.cli import command_task, ending_of, run_command
@@ -113,6 +114,13 @@ def test_a_refused_start_is_mapped_by_the_wrapper(capsys):
 
 def test_the_run_dir_guard_raises_instead_of_exiting(tmp_path):
     """Hydra turns an Exception from a callback into a warning; the guard's refusal must get through it."""
+    try:
+        _guard_refuses(tmp_path)
+    finally:  # the guard set Hydra's global config for the run it checked
+        HydraConfig.instance().cfg = None
+
+
+def _guard_refuses(tmp_path):
     with initialize_config_module("paddletrain.conf", version_base="1.3"):
         config = compose("fit", overrides=["trainer.devices=0", f"hydra.run.dir={tmp_path / 'run'}"],
                          return_hydra_config=True)
