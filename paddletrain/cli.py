@@ -4,8 +4,8 @@
 lightning-hydra-template's ``task_wrapper``): whatever ends the command, a command line Hydra rejects (misspelt key,
 wrong type, missing preset), a :class:`~paddletrain.errors.UserError`, SIGINT/SIGTERM or an unexpected exception,
 ends it with one :class:`~paddletrain.errors.ExitCode` and one line (:func:`ending_of`). ``fit``, ``evaluate``,
-``export`` and ``predict`` run in it; ``python -m paddletrain.data`` and ``bench`` are argparse/``key=value``
-commands that map the same exceptions to the same codes themselves.
+``export`` and ``predict`` run in it; ``python -m paddletrain.data`` and ``bench``, which do not use Hydra, run in
+:func:`run_script`, with the same mapping.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import os
 import shlex
 import signal
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
@@ -263,12 +264,31 @@ def run_command(main: Callable[[], Any]) -> NoReturn:
         _say(hydra_error_line(exc))
         sys.exit(ExitCode.USER_ERROR)
     except (Exception, KeyboardInterrupt) as exc:  # outside the task: while Hydra starts, or between sweep jobs
-        code, message = ending_of(exc)
-        if code == ExitCode.UNEXPECTED:
-            raise
-        _say(message)
-        sys.exit(code)
+        _end_unlogged(exc)
     sys.exit(ExitCode.OK)
+
+
+def run_script(main: Callable[[], int | None]) -> NoReturn:
+    """The way out of a command line without Hydra (``python -m paddletrain.data``, ``bench``): ``main()`` returns
+    its exit code (or exits itself); whatever it raises ends the command as a Hydra command's would
+    (:func:`ending_of`: one line on stderr, after the traceback when unexpected). SIGTERM/SIGINT interrupt it at
+    once."""
+    own_stop_signals()
+    try:
+        with stop_request.interruptible():
+            code = main()
+    except (Exception, KeyboardInterrupt) as exc:
+        _end_unlogged(exc)
+    sys.exit(ExitCode.OK if code is None else code)
+
+
+def _end_unlogged(exc: BaseException) -> NoReturn:
+    """:func:`ending_of` where no log is set up: the traceback (when unexpected), then the line, on stderr."""
+    code, message = ending_of(exc)
+    if code == ExitCode.UNEXPECTED:
+        traceback.print_exception(exc)
+    _say(message)
+    sys.exit(code)
 
 
 def _say(line: str) -> None:

@@ -2,14 +2,16 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import time
 
 import pytest
 from hydra import compose, initialize_config_module
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 
-from paddletrain.cli import command_task, ending_of, run_command
+from paddletrain.cli import command_task, ending_of, run_command, run_script
 from paddletrain.errors import (
     ExitCode,
     NonFiniteLossError,
@@ -18,6 +20,7 @@ from paddletrain.errors import (
     TrainingInterrupted,
     UserError,
 )
+from paddletrain.processes import stop_request
 from paddletrain.rundir import RunDirGuard
 from tests.conftest import run_module
 
@@ -130,3 +133,46 @@ def _guard_refuses(tmp_path):
         RunDirGuard().on_run_start(config)
     assert isinstance(info.value.error, UserError) and "trainer.devices=0 must be >= 1" in str(info.value)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.fixture
+def own_signals_restored():
+    """run_script installs paddletrain's SIGTERM/SIGINT handler in this process: give the signals back after."""
+    yield
+    stop_request.uninstall()
+    stop_request.reset()
+
+
+def _sigterm_then_wait() -> int:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)  # interrupted long before
+    return ExitCode.OK
+
+
+@pytest.mark.parametrize("main, code, line", [
+    (lambda: ExitCode.BAD_RESULT, ExitCode.BAD_RESULT, None),
+    (lambda: None, ExitCode.OK, None),
+    (lambda: (_ for _ in ()).throw(UserError("--min-size must not be negative")), ExitCode.USER_ERROR,
+     "[paddletrain][ERROR] - --min-size must not be negative"),
+    (_sigterm_then_wait, ExitCode.INTERRUPTED_SIGTERM, "[paddletrain][ERROR] - Stopped by SIGTERM"),
+])
+def test_commands_without_hydra_end_the_same_way(main, code, line, capsys, own_signals_restored):
+    started = time.monotonic()
+    with pytest.raises(SystemExit) as info:
+        run_script(main)
+    assert info.value.code == code and time.monotonic() - started < 4
+    err = capsys.readouterr().err.splitlines()
+    assert err == ([line] if line else [])
+
+
+def test_an_unexpected_error_in_a_command_without_hydra_shows_its_traceback_then_one_line(capsys,
+                                                                                           own_signals_restored):
+    def broken():
+        raise ZeroDivisionError("division by zero")
+
+    with pytest.raises(SystemExit) as info:
+        run_script(broken)
+    err = capsys.readouterr().err.splitlines()
+    assert info.value.code == ExitCode.UNEXPECTED and err[0].startswith("Traceback")
+    assert err[-1] == "[paddletrain][ERROR] - unexpected ZeroDivisionError: division by zero (traceback above and in " \
+                      "the log)"

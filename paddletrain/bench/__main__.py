@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from paddletrain.cli import ending_of, run_script
 from paddletrain.errors import ExitCode, UserError
 
 
@@ -151,9 +152,10 @@ def main() -> None:
     try:
         run(sys.argv[1:])
     except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(ExitCode.USER_ERROR)
+        code, line = ending_of(exc)  # the codes every command ends with
+        print(f"error: {line}", file=sys.stderr)
+        sys.exit(code)
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)
