@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import os
 
 import pytest
 from hydra import compose, initialize_config_module
@@ -21,7 +22,7 @@ from paddletrain.validation import (
     validate_once,
     validated_marker,
 )
-from tests.conftest import TINY, compose_fit
+from tests.conftest import TINY, compose_fit, run_module
 
 # A shrunk run with every default callback on (progress bar, LR monitor, VisualDL, checkpoint).
 RUN = [*TINY, "data.shapes.num_train=32", "data.shapes.num_val=16", "trainer.limit_val_batches=1"]
@@ -109,6 +110,35 @@ def test_ranks_inherit_their_launchers_verdict_for_the_same_config_only(counts, 
     assert counts["validate_config"] == 1
     validate_once(parent, use="evaluate")  # validated for another use
     assert counts["validate_config"] == 2
+
+
+# Loaded at start-up by every process of the job below (sitecustomize): says when a process validates.
+_COUNTING_SITE = """
+import os, sys
+import paddletrain.rundir, paddletrain.validation
+_validate = paddletrain.validation.validate_config
+def _counting(cfg, use="fit"):
+    print(f"VALIDATE rank={os.environ.get('PADDLE_TRAINER_ID', 'launcher')}", file=sys.stderr, flush=True)
+    return _validate(cfg, use)
+paddletrain.validation.validate_config = paddletrain.rundir.validate_config = _counting
+"""
+
+
+@pytest.mark.slow
+def test_a_two_rank_job_validates_once_in_its_launcher(tmp_path):
+    """The real job (about 40 s on 2 busy cores); the default suite checks the same hand-over in
+    test_ranks_inherit_their_launchers_verdict_for_the_same_config_only."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_COUNTING_SITE)
+    run_dir = tmp_path / "run"
+    pythonpath = os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
+    result = run_module("paddletrain.fit", [*RUN, "data.batch_size=8", "trainer.devices=2",
+                                            f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=300,
+                        env={"PYTHONPATH": pythonpath})
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    logs = result.stderr + "".join(p.read_text() for p in (run_dir / "launch").glob("workerlog.*"))
+    assert [line for line in logs.splitlines() if line.startswith("VALIDATE")] == ["VALIDATE rank=launcher"]
 
 
 # Rules that compare keys (they used to fire in the builders, after the data and the model were built).
