@@ -59,6 +59,7 @@ from paddletrain.inference import (
     sigmoid,
     softmax,
 )
+from paddletrain.processes import reclaim_stop_signals
 from paddletrain.registry import prepare
 
 log = logging.getLogger("paddletrain")
@@ -424,6 +425,7 @@ def run(cfg: DictConfig, default_out_dir: str | None = None) -> int:
         predictor = load_predictor(model, backend=cfg.backend, device=cfg.device, cpu_threads=threads,
                                    precision=cfg.precision, labels=cfg.labels, use_mkldnn=cfg.use_mkldnn,
                                    tensorrt=cfg.tensorrt)
+        reclaim_stop_signals()  # loading the predictor may have imported Paddle, which took SIGTERM
         log.info("%d input files; %r", len(paths), predictor)
         summary = predict_files(predictor, paths, batch_size=cfg.batch_size, num_workers=workers,
                                 topk=cfg.topk, output=cfg.output, progress=cfg.progress_bar, targets=targets,

@@ -243,6 +243,13 @@ def own_stop_signals() -> None:
     stop_request.install(announce=LAUNCHER_ENV not in os.environ)
 
 
+def reclaim_stop_signals() -> None:
+    """After a late ``import paddle`` (its import installs a crash reporter on SIGTERM at the C level, over ours):
+    take SIGTERM/SIGINT back, when this process owns them (a command line's wrapper installed the handler)."""
+    if stop_request.installed:
+        stop_request.install(announce=stop_request.announce)
+
+
 def call_with_worker_setup(init_fn: Callable[..., Any] | None, parent_pid: int) -> Callable[..., Any]:
     """A worker initialiser that ignores stop signals and dies with ``parent_pid``, then runs ``init_fn``."""
     _prctl()

@@ -4,12 +4,16 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
+import sys
 import time
 
+import numpy as np
 import pytest
 from hydra import compose, initialize_config_module
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
+from PIL import Image
 
 from paddletrain.cli import command_task, ending_of, run_command, run_script
 from paddletrain.errors import (
@@ -22,7 +26,7 @@ from paddletrain.errors import (
 )
 from paddletrain.processes import stop_request
 from paddletrain.rundir import RunDirGuard
-from tests.conftest import run_module
+from tests.conftest import EXPORT_SIZE, run_module
 
 # One mistake of each kind per command: (arguments, what the one line must say).
 MISTAKES = {
@@ -176,3 +180,27 @@ def test_an_unexpected_error_in_a_command_without_hydra_shows_its_traceback_then
     assert info.value.code == ExitCode.UNEXPECTED and err[0].startswith("Traceback")
     assert err[-1] == "[paddletrain][ERROR] - unexpected ZeroDivisionError: division by zero (traceback above and in " \
                       "the log)"
+
+
+def test_sigterm_stops_a_command_with_one_line_and_143(export_dir, tmp_path):
+    """A real signal to `predict` while it predicts (Paddle loads late there and takes SIGTERM over)."""
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    pixels = np.random.RandomState(0).randint(0, 255, (EXPORT_SIZE, EXPORT_SIZE, 3), dtype=np.uint8)
+    for i in range(3000):  # at one image a batch, seconds of work: the signal lands mid-prediction
+        Image.fromarray(np.roll(pixels, i)).save(photos / f"{i}.png")
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "HYDRA_FULL_ERROR": "0"}
+    proc = subprocess.Popen([sys.executable, "-m", "paddletrain.predict", f"model_dir={export_dir}",
+                             f"input={photos}", "batch_size=1", "num_workers=0", "progress_bar=false",
+                             f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stderr:  # the predictor is loaded once this line is logged
+        lines.append(line.rstrip())
+        if "input files" in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+    lines.extend(line.rstrip() for line in proc.stderr)
+    assert proc.wait(timeout=60) == ExitCode.INTERRUPTED_SIGTERM, lines
+    assert lines[-1].endswith("[paddletrain][WARNING] - Stopped by SIGTERM"), lines
+    assert not any("Traceback" in line or "Aborted" in line for line in lines), lines
