@@ -16,14 +16,7 @@ from omegaconf import open_dict
 from PIL import Image
 
 from paddletrain.cli import command_task, ending_of, run_command, run_script
-from paddletrain.errors import (
-    ExitCode,
-    NonFiniteLossError,
-    RankLostError,
-    StartRefused,
-    TrainingInterrupted,
-    UserError,
-)
+from paddletrain.errors import ExitCode, NonFiniteLossError, RankLostError, StartRefused, TrainingInterrupted, UserError
 from paddletrain.processes import stop_request
 from paddletrain.rundir import RunDirGuard
 from tests.conftest import EXPORT_SIZE, run_module
