@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from paddletrain.bench.command import Suite, run_suite
+from paddletrain.cli import run_script
 
 
 def benchmarks() -> dict[str, tuple[type, Callable[[Any], dict[str, Any]]]]:
@@ -46,4 +47,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

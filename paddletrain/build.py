@@ -40,8 +40,7 @@ from paddletrain.losses import LossFn, build_loss
 from paddletrain.metrics_multilabel import LossMeter, MultiLabelMeter
 from paddletrain.models import create_model
 from paddletrain.models.weights import describe
-from paddletrain.optim import build_optimizer, scaled_lr
-from paddletrain.plugins import prepare
+from paddletrain.optim import build_optimizer, run_lr
 from paddletrain.precision import Precision
 from paddletrain.resume import is_legacy_checkpoint, load_resume_checkpoint, warm_start_from_legacy
 from paddletrain.rundir import holding_run_dir
@@ -50,7 +49,7 @@ from paddletrain.schedules import build_scheduler, optimizer_steps_per_epoch, sc
 from paddletrain.state_checks import check_state_matches
 from paddletrain.summary import write_summary
 from paddletrain.trainer import Trainer, count_batches
-from paddletrain.validation import DEFAULT_MONITOR, validate_config
+from paddletrain.validation import DEFAULT_MONITOR, take_built_callbacks, validate_once
 
 log = logging.getLogger("paddletrain")
 
@@ -181,7 +180,7 @@ def build_optimization(cfg: DictConfig, model: paddle.nn.Layer, train_loader: An
     per_epoch = optimizer_steps_per_epoch(count_batches(train_loader, limits.limit_train_batches), accumulate)
     steps = schedule_steps(per_epoch, limits.max_epochs, cfg.sched.warmup_epochs)
     global_batch = cfg.data.batch_size * world_size * accumulate
-    lr = scaled_lr(cfg.optim.lr, global_batch, cfg.optim.base_batch_size) if cfg.optim.scale_lr else cfg.optim.lr
+    lr = run_lr(cfg.optim, global_batch)
     log.info("Global batch %d (%d per process x %d process(es) x %d accumulation), learning rate %g%s, "
              "%d optimizer steps", global_batch, cfg.data.batch_size, world_size, accumulate, lr,
              f" (optim.lr={cfg.optim.lr:g} scaled by {global_batch}/{cfg.optim.base_batch_size})"
@@ -269,8 +268,9 @@ def build_precision(cfg: DictConfig, device: str) -> Precision:
 
 
 def build_callbacks(cfg: DictConfig) -> list[Callback]:
-    """The ``callbacks`` config node, built (see :mod:`paddletrain.callbacks.instantiate`)."""
-    return instantiate_callbacks(cfg.get("callbacks") or {})
+    """The ``callbacks`` config node, built (see :mod:`paddletrain.callbacks.instantiate`); the registered ones the
+    validation built to check them are used as they are (:func:`paddletrain.validation.take_built_callbacks`)."""
+    return instantiate_callbacks(cfg.get("callbacks") or {}, built=take_built_callbacks())
 
 
 def saves_checkpoints(cfg: DictConfig) -> bool:
@@ -381,13 +381,13 @@ def build_run(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = ()
 
 def train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = (),
           trainer_cls: type[Trainer] | None = None) -> dict[str, float]:
-    """Validate ``cfg``, build the run, train it; returns the final metrics (also in ``summary.json``).
+    """Validate ``cfg`` (unless the entry point did, :func:`~paddletrain.validation.validate_once`), build the run,
+    train it; returns the final metrics (also in ``summary.json``).
 
     The run directory is locked while training (a launcher holds it for its ranks). A stop request names the
     checkpoint it wrote on the :class:`~paddletrain.errors.TrainingInterrupted` it raises.
     """
-    prepare(cfg)  # the config's `imports`: plugins register their names first
-    validate_config(cfg)  # before the lock: a bad value does no work in the run directory
+    validate_once(cfg)  # before the lock: a bad value does no work in the run directory
     with nullcontext() if distributed.is_launched() else holding_run_dir(run_dir):
         run = build_run(cfg, run_dir, callbacks, trainer_cls)
         trainer = run.trainer

@@ -1,18 +1,42 @@
-"""Command-line facts shared by the entry points: the command that continues a run, and Hydra's rejection of a
-command line in one line."""
+"""The one way out of every command line, and the command that continues a run.
+
+:func:`run_command` runs a command's Hydra ``main`` and :func:`command_task` wraps its task function (the model is
+lightning-hydra-template's ``task_wrapper``): whatever ends the command, a command line Hydra rejects (misspelt key,
+wrong type, missing preset), a :class:`~paddletrain.errors.UserError`, SIGINT/SIGTERM or an unexpected exception,
+ends it with one :class:`~paddletrain.errors.ExitCode` and one line (:func:`ending_of`). ``fit``, ``evaluate``,
+``export`` and ``predict`` run in it; ``python -m paddletrain.data`` and ``bench``, which do not use Hydra, run in
+:func:`run_script`, with the same mapping.
+"""
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import logging
+import os
 import shlex
+import signal
 import sys
+import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, NoReturn
 
 import yaml
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import MissingConfigException
+from hydra.errors import HydraException, MissingConfigException
+from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+from paddletrain.errors import (
+    ExitCode,
+    NonFiniteLossError,
+    RankLostError,
+    StartRefused,
+    TrainingInterrupted,
+    UserError,
+)
+from paddletrain.processes import own_stop_signals, stop_request
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +127,169 @@ def hydra_error_line(exc: BaseException) -> str:
                 return f"{parent} takes any key, but a new one needs a leading +: +{key}=<value>"
             fields = [f.name for f in dataclasses.fields(schema)] if dataclasses.is_dataclass(schema) else []
             close = [f"{parent}.{c}" if parent else c for c in difflib.get_close_matches(name, fields, n=3)]
+            close = close or _close_keys_anywhere(name, cause)
             hint = f"did you mean {', '.join(close)}?" if close else "check the spelling"
             return f"unknown config key {key} (not in the schema; {hint})"
         return f"{key}: {str(cause.msg).splitlines()[0]}"
     return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+
+
+def _close_keys_anywhere(name: str, cause: OmegaConfBaseException) -> list[str]:
+    """Keys anywhere in the rejected config whose last part is close to ``name`` (``batch_sise`` given at the top
+    of evaluate's config means ``data.batch_size``)."""
+    parent = getattr(cause, "parent_node", None)
+    if not isinstance(parent, DictConfig):
+        return []
+    by_leaf: dict[str, list[str]] = {}
+    for key in _dotted_keys(parent._get_root()):
+        if key.startswith("hydra."):  # Hydra's own settings are not what a misspelt task key meant
+            continue
+        by_leaf.setdefault(key.rpartition(".")[2], []).append(key)
+    return [key for leaf in difflib.get_close_matches(name, list(by_leaf), n=3) for key in by_leaf[leaf]][:3]
+
+
+def _dotted_keys(node: DictConfig, prefix: str = "") -> list[str]:
+    keys = []
+    for key in node.keys():
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
+            keys.extend(_dotted_keys(child, f"{prefix}{key}."))
+        else:
+            keys.append(f"{prefix}{key}")
+    return keys
+
+
+# ------------------------------------------------------------------------------------- one way out of a command
+# The one line of a command that ends before Hydra set up logging looks like the log's.
+_LINE_PREFIX = "[paddletrain][ERROR] - "
+# Commands log under "paddletrain", the logger their Hydra job logging configures.
+command_log = logging.getLogger("paddletrain")
+
+
+@dataclasses.dataclass
+class _CommandState:
+    # Whether Hydra got as far as calling the task function: an exit status 1 before that is Hydra rejecting the
+    # command line (it printed why).
+    task_started: bool = False
+    # Whether this process set HYDRA_FULL_ERROR to get Hydra's rejection as an exception (the task unsets it, so
+    # that processes the task starts, e.g. the ranks of fit, do not inherit it).
+    set_full_error: bool = False
+
+
+_state = _CommandState()
+
+
+def ending_of(exc: BaseException) -> tuple[int, str]:
+    """The exit code and the one line for ``exc`` ending a command (the table in docs/reliability.md)."""
+    if isinstance(exc, StartRefused):
+        exc = exc.error
+    if isinstance(exc, KeyboardInterrupt):  # SIGINT while Python's own handler ruled
+        exc = TrainingInterrupted(signal.SIGINT)
+    if isinstance(exc, TrainingInterrupted):
+        return exc.exit_code, f"Stopped by {signal.Signals(exc.signum).name}"
+    if isinstance(exc, RankLostError):
+        return ExitCode.RANK_LOST, str(exc)
+    if isinstance(exc, UserError):
+        return ExitCode.USER_ERROR, str(exc)
+    if isinstance(exc, NonFiniteLossError):
+        return ExitCode.BAD_RESULT, str(exc)
+    return ExitCode.UNEXPECTED, f"unexpected {type(exc).__name__}: {exc} (traceback above and in the log)"
+
+
+def exit_with(code: int, message: str) -> NoReturn:
+    """Log how the command ended in one line (a warning for a requested stop) and exit with ``code``."""
+    (command_log.warning if code >= 128 else command_log.error)("%s", message)
+    sys.exit(code)
+
+
+def end_command(exc: BaseException, cfg: DictConfig | None = None) -> NoReturn:
+    """The default ending of a command's task: :func:`ending_of`, with the traceback logged when unexpected."""
+    code, message = ending_of(exc)
+    if code == ExitCode.UNEXPECTED:
+        command_log.error("Unexpected error", exc_info=exc)
+    exit_with(code, message)
+
+
+Ending = Callable[[BaseException, DictConfig], NoReturn]
+
+
+def command_task(end: Ending = end_command) -> Callable[[Callable[[DictConfig], Any]], Callable[[DictConfig], Any]]:
+    """Decorate a Hydra task function (under ``@hydra.main``) so that every exception that ends it is mapped by
+    ``end`` to one line and an exit code; a stop request interrupts it at once unless the task says otherwise
+    (``fit`` defers it while training)."""
+
+    def decorate(task: Callable[[DictConfig], Any]) -> Callable[[DictConfig], Any]:
+        @functools.wraps(task)
+        def wrapped(cfg: DictConfig) -> Any:
+            _state.task_started = True
+            if _state.set_full_error:
+                os.environ.pop("HYDRA_FULL_ERROR", None)
+            try:
+                with stop_request.interruptible():
+                    return task(cfg)
+            except (Exception, KeyboardInterrupt) as exc:
+                end(exc, cfg)
+
+        return wrapped
+
+    return decorate
+
+
+def run_command(main: Callable[[], Any]) -> NoReturn:
+    """Run a command line's Hydra ``main`` (its task decorated with :func:`command_task`) and exit.
+
+    A command line Hydra rejects (unknown key, wrong type, missing preset, bad syntax) and a refusal before the
+    run directory exists (:class:`~paddletrain.errors.StartRefused`) are one line and
+    :attr:`ExitCode.USER_ERROR`; ``HYDRA_FULL_ERROR=1`` in the environment keeps Hydra's own report.
+    SIGTERM/SIGINT are handled from here on (:data:`paddletrain.processes.stop_request`).
+    """
+    if os.environ.get("HYDRA_FULL_ERROR") != "1":
+        # Hydra then raises its rejection instead of printing it over several lines.
+        os.environ["HYDRA_FULL_ERROR"] = "1"
+        _state.set_full_error = True
+    own_stop_signals()
+    try:
+        main()
+    except SystemExit as exc:
+        # Hydra exits 1 after printing why it rejected an override; everything a task ends with has its own code.
+        if exc.code == 1 and not _state.task_started:
+            sys.exit(ExitCode.USER_ERROR)
+        raise
+    except StartRefused as exc:  # a Hydra callback refused to start: logging is not set up yet
+        _say(str(exc.error))
+        sys.exit(ExitCode.USER_ERROR)
+    except (HydraException, OmegaConfBaseException) as exc:
+        if _state.task_started or not _state.set_full_error:
+            raise
+        _say(hydra_error_line(exc))
+        sys.exit(ExitCode.USER_ERROR)
+    except (Exception, KeyboardInterrupt) as exc:  # outside the task: while Hydra starts, or between sweep jobs
+        _end_unlogged(exc)
+    sys.exit(ExitCode.OK)
+
+
+def run_script(main: Callable[[], int | None]) -> NoReturn:
+    """The way out of a command line without Hydra (``python -m paddletrain.data``, ``bench``): ``main()`` returns
+    its exit code (or exits itself); whatever it raises ends the command as a Hydra command's would
+    (:func:`ending_of`: one line on stderr, after the traceback when unexpected). SIGTERM/SIGINT interrupt it at
+    once."""
+    own_stop_signals()
+    try:
+        with stop_request.interruptible():
+            code = main()
+    except (Exception, KeyboardInterrupt) as exc:
+        _end_unlogged(exc)
+    sys.exit(ExitCode.OK if code is None else code)
+
+
+def _end_unlogged(exc: BaseException) -> NoReturn:
+    """:func:`ending_of` where no log is set up: the traceback (when unexpected), then the line, on stderr."""
+    code, message = ending_of(exc)
+    if code == ExitCode.UNEXPECTED:
+        traceback.print_exception(exc)
+    _say(message)
+    sys.exit(code)
+
+
+def _say(line: str) -> None:
+    print(f"{_LINE_PREFIX}{line}", file=sys.stderr, flush=True)

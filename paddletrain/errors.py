@@ -58,6 +58,18 @@ class ConfigError(UserError):
     """A configuration value is invalid; the message names the key, the value and what is allowed."""
 
 
+class StartRefused(BaseException):
+    """A Hydra callback's refusal to start a run (a bad value, a busy run directory), carrying the ``error``.
+
+    A BaseException because Hydra turns any Exception raised in a callback into a warning and carries on;
+    :func:`paddletrain.cli.run_command` maps it like the :class:`UserError` it carries.
+    """
+
+    def __init__(self, error: UserError) -> None:
+        self.error = error
+        super().__init__(str(error))
+
+
 class TrainingInterrupted(Exception):
     """SIGTERM/SIGINT stopped the run: at once during start-up, after the current optimizer step during training.
 

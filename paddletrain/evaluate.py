@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -32,9 +31,10 @@ from paddletrain.build import (
 )
 from paddletrain.checkpoint import Checkpoint, load_checkpoint
 from paddletrain.checkpoint.locate import locate_checkpoint
-from paddletrain.config import register_configs
+from paddletrain.cli import command_task, run_command
+from paddletrain.config import EvaluateConfig, check_values, register_configs
 from paddletrain.data.transforms import eval_image_size
-from paddletrain.errors import ExitCode, UserError
+from paddletrain.errors import UserError
 from paddletrain.metrics_multilabel import MultiLabelReport
 from paddletrain.plugins import prepare
 from paddletrain.runtime import seed_everything, setup_runtime
@@ -86,21 +86,21 @@ register_configs()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
+@command_task()
 def main(cfg: DictConfig) -> None:
-    try:
-        if OmegaConf.is_missing(cfg, "checkpoint"):
-            raise UserError("missing required value for checkpoint (e.g. checkpoint=outputs/<name>/<time>:best)")
-        checkpoint = load_checkpoint(locate_checkpoint(cfg.checkpoint))
-        prepare(cfg, checkpoint)  # the checkpoint's `imports` and the command line's
-        # The command line's own overrides go on top of the saved config.
-        overrides = [o.lstrip("+~") for o in HydraConfig.get().overrides.task
-                     if not o.lstrip("+~").startswith(("checkpoint=", "hydra"))]
-        evaluate(checkpoint_config(checkpoint.state.get("config"), overrides, base=cfg,
-                                   source=f"checkpoint={checkpoint.path}"), checkpoint)
-    except UserError as exc:
-        log.error("%s", exc)
-        sys.exit(ExitCode.USER_ERROR)
+    # The command line's own values first: a typo is refused before a checkpoint is read. The config evaluated
+    # is the checkpoint's with these on top; evaluate() checks that one as a whole.
+    check_values(cfg, EvaluateConfig)
+    if OmegaConf.is_missing(cfg, "checkpoint"):
+        raise UserError("missing required value for checkpoint (e.g. checkpoint=outputs/<name>/<time>:best)")
+    checkpoint = load_checkpoint(locate_checkpoint(cfg.checkpoint))
+    prepare(cfg, checkpoint)  # the checkpoint's `imports` and the command line's
+    # The command line's own overrides go on top of the saved config.
+    overrides = [o.lstrip("+~") for o in HydraConfig.get().overrides.task
+                 if not o.lstrip("+~").startswith(("checkpoint=", "hydra"))]
+    evaluate(checkpoint_config(checkpoint.state.get("config"), overrides, base=cfg,
+                               source=f"checkpoint={checkpoint.path}"), checkpoint)
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

@@ -35,6 +35,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from paddletrain.build import checkpoint_config, checkpoint_model
 from paddletrain.checkpoint import load_checkpoint
 from paddletrain.checkpoint.locate import locate_checkpoint
+from paddletrain.cli import command_task, run_command
 from paddletrain.config import RuntimeConfig, allowed, check_field, check_values, cli_schema
 from paddletrain.data import DatasetError, build_datasets, build_transform, preprocessing_info
 from paddletrain.errors import ExitCode, UserError
@@ -505,9 +506,9 @@ def _report(result: ExportResult) -> None:
 def run(cfg: DictConfig, default_out_dir: str | None = None) -> int:
     """The CLI's work for an ``ExportConfig``; returns the exit status (0 ok, 3 parity failed, 2 usage error)."""
     try:
+        check_values(cfg, ExportConfig)  # cheapest first: every value given, then what is missing
         if OmegaConf.is_missing(cfg, "checkpoint"):
             raise UserError("missing required value for checkpoint (e.g. checkpoint=outputs/<name>/<time>:best)")
-        check_values(cfg, ExportConfig)
         out_dir = cfg.out_dir or default_out_dir
         if out_dir is None:
             raise UserError("missing required value for out_dir")
@@ -523,9 +524,10 @@ def run(cfg: DictConfig, default_out_dir: str | None = None) -> int:
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="export")
+@command_task()
 def main(cfg: DictConfig) -> None:
     sys.exit(run(cfg, default_out_dir=HydraConfig.get().runtime.output_dir))
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

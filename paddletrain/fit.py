@@ -11,15 +11,10 @@ from __future__ import annotations
 
 if __name__ == "__main__":
     # Hold SIGTERM/SIGINT while Paddle and Hydra load (~2 s in which a signal would kill the process half-started
-    # with a Paddle crash report); they are handled right after the imports.
-    from paddletrain.processes import hold_stop_signals_during_imports
+    # with a Paddle crash report; run_command handles them after the imports), and quiet Paddle's import warnings.
+    from paddletrain.processes import start_command_process
 
-    hold_stop_signals_during_imports()
-    # Before Paddle loads: `import paddle` itself warns (paddletrain/console.py lists what is dropped and why).
-    from paddletrain.console import install_warning_filters, route_warnings_to_log
-
-    install_warning_filters()
-    route_warnings_to_log()
+    start_command_process()
 
 import logging  # noqa: E402
 import os  # noqa: E402
@@ -30,22 +25,17 @@ from typing import NoReturn  # noqa: E402
 
 import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
-from hydra.errors import HydraException  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
-from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 from paddletrain import distributed, slurm  # noqa: E402
 from paddletrain.build import monitored_metric, saves_checkpoints, train  # noqa: E402
-from paddletrain.cli import continue_command, hydra_error_line  # noqa: E402
+from paddletrain.cli import command_task, continue_command, ending_of, exit_with, run_command  # noqa: E402
 from paddletrain.config import register_configs  # noqa: E402
-from paddletrain.errors import ExitCode, NonFiniteLossError, TrainingInterrupted, UserError  # noqa: E402
+from paddletrain.errors import ExitCode, TrainingInterrupted  # noqa: E402
 from paddletrain.launcher import Launcher, NodeSpec  # noqa: E402
-from paddletrain.processes import own_stop_signals, stop_request  # noqa: E402
+from paddletrain.processes import stop_request  # noqa: E402
 from paddletrain.rundir import discard_failed_start, hold_run_dir  # noqa: E402
-from paddletrain.validation import validate_config  # noqa: E402
-
-if __name__ == "__main__":
-    own_stop_signals()
+from paddletrain.validation import VALIDATED_ENV, validate_once, validated_marker  # noqa: E402
 
 log = logging.getLogger("paddletrain")
 
@@ -55,13 +45,15 @@ def run_dir_from_hydra() -> Path:
 
 
 register_configs()
-# Whether Hydra got as far as calling main(): an exit status 1 before that is Hydra rejecting the command line.
-_main_ran = False
-# Whether this process set HYDRA_FULL_ERROR to get Hydra's rejection as an exception (main() unsets it again).
-_set_full_error = False
+
+
+def _end(exc: BaseException, cfg: DictConfig) -> NoReturn:
+    """What escapes :func:`main` (e.g. from the launcher) ends like what main catches itself."""
+    end_with(exc, cfg, run_dir_from_hydra())
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="fit")
+@command_task(end=_end)
 def main(cfg: DictConfig) -> float | None:
     """Hydra entry point; returns the monitored metric so sweepers can optimise it.
 
@@ -70,15 +62,8 @@ def main(cfg: DictConfig) -> float | None:
     Every way of ending maps to one :class:`~paddletrain.errors.ExitCode`, the same in a rank as in a single
     process.
     """
-    global _main_ran
-    _main_ran = True
-    if _set_full_error:  # from here on, Hydra reports errors its own way (and children do not inherit the flag)
-        os.environ.pop("HYDRA_FULL_ERROR", None)
     run_dir = run_dir_from_hydra()
-    try:
-        spec = node_spec(cfg)
-    except UserError as exc:
-        finish(ExitCode.USER_ERROR, str(exc), run_dir=run_dir)
+    spec = node_spec(cfg)  # a UserError (SLURM's variables against the keys) ends the command in one line
     if (spec.nproc > 1 or spec.nnodes > 1) and not distributed.is_launched():
         with stop_request.interruptible():
             try:
@@ -121,7 +106,11 @@ def node_spec(cfg: DictConfig) -> NodeSpec:
 
 
 def end_with(exc: BaseException, cfg: DictConfig, run_dir: Path) -> NoReturn:
-    """Log how ``exc`` ended the run in one line (no traceback unless it is unexpected) and exit with its code."""
+    """Log how ``exc`` ended the run in one line (no traceback unless it is unexpected) and exit with its code.
+
+    The code and line are :func:`paddletrain.cli.ending_of`'s; a run adds the rank a lost peer had, what a stop
+    saved and how to continue, and tells its launcher.
+    """
     lost = distributed.as_rank_lost(exc)
     if isinstance(exc, KeyboardInterrupt):
         exc = TrainingInterrupted(signal.SIGINT)
@@ -129,17 +118,15 @@ def end_with(exc: BaseException, cfg: DictConfig, run_dir: Path) -> NoReturn:
         finish(ExitCode.RANK_LOST, f"rank {distributed.rank()} {lost}", lost_ranks=lost.lost_ranks)
     if isinstance(exc, TrainingInterrupted):
         finish(exc.exit_code, stop_message(exc, cfg, run_dir), run_dir=run_dir if exc.step is None else None)
-    if isinstance(exc, UserError):
-        finish(ExitCode.USER_ERROR, str(exc), run_dir=run_dir)
-    if isinstance(exc, NonFiniteLossError):
-        finish(ExitCode.BAD_RESULT, str(exc))
-    if stop_request.requested:
+    code, message = ending_of(exc)
+    if code == ExitCode.UNEXPECTED and stop_request.requested:
         # A rank that stopped during start-up can break a peer's collective: that is part of the same stop.
         log.debug("error while stopping", exc_info=exc)
         finish(ExitCode.interrupted(stop_request.signum), stop_message(TrainingInterrupted(stop_request.signum),
                                                                         cfg, run_dir))
-    log.error("Unexpected error", exc_info=exc)
-    finish(ExitCode.UNEXPECTED, f"unexpected {type(exc).__name__}: {exc} (traceback above and in the log)")
+    if code == ExitCode.UNEXPECTED:
+        log.error("Unexpected error", exc_info=exc)
+    finish(code, message, run_dir=run_dir if code == ExitCode.USER_ERROR else None)
 
 
 def stop_message(exc: TrainingInterrupted, cfg: DictConfig, run_dir: Path) -> str:
@@ -172,11 +159,7 @@ def finish(code: int, message: str, lost_ranks: list[int] | None = None,
         sys.exit(code)
     if run_dir is not None and discard_failed_start(run_dir):
         message += f" (removed the run directory {run_dir}: it held nothing but this start's files)"
-    if code >= 128:
-        log.warning("%s", message)
-    else:
-        log.error("%s", message)
-    sys.exit(code)
+    exit_with(code, message)
 
 
 def launch_workers(cfg: DictConfig, run_dir: Path, spec: NodeSpec) -> None:
@@ -184,12 +167,13 @@ def launch_workers(cfg: DictConfig, run_dir: Path, spec: NodeSpec) -> None:
 
     Returns when the job finished; otherwise logs its verdict and exits with its code.
     """
-    try:
-        validate_config(cfg)  # one line from here rather than the same error from every rank
-        if spec.node_rank == 0:  # node 0's launcher holds the (shared) run directory for every rank of the job
-            hold_run_dir(run_dir)
-    except UserError as exc:
-        finish(ExitCode.USER_ERROR, str(exc), run_dir=run_dir)
+    # A bad value or a busy directory raises a UserError: one line from here (main's ending) rather than the
+    # same error from every rank. RunDirGuard validated already unless this launcher runs in a sweep.
+    validate_once(cfg)
+    if spec.node_rank == 0:  # node 0's launcher holds the (shared) run directory for every rank of the job
+        hold_run_dir(run_dir)
+    # The ranks (this machine, this config) inherit the verdict instead of validating again (validation.py).
+    os.environ[VALIDATED_ENV] = validated_marker(cfg)
     overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("hydra.run.dir=")]
     # The ranks share this run directory; this process already wrote its .hydra/ config there.
     args = [*overrides, f"hydra.run.dir={run_dir}", "hydra.output_subdir=null"]
@@ -207,28 +191,5 @@ def launch_workers(cfg: DictConfig, run_dir: Path, spec: NodeSpec) -> None:
     finish(outcome.code, outcome.message, run_dir=run_dir if outcome.code == ExitCode.USER_ERROR else None)
 
 
-def run_from_command_line() -> None:
-    """``main()``, with a command line Hydra rejects (unknown key, wrong type, missing preset, bad syntax) reported
-    in one line (:func:`hydra_error_line`) and exit status :attr:`ExitCode.USER_ERROR`, like every other bad input.
-    ``HYDRA_FULL_ERROR=1`` in the environment keeps Hydra's full report."""
-    global _set_full_error
-    if os.environ.get("HYDRA_FULL_ERROR") != "1":
-        # Hydra then raises its rejection instead of printing it over several lines.
-        os.environ["HYDRA_FULL_ERROR"] = "1"
-        _set_full_error = True
-    try:
-        main()
-    except SystemExit as exc:
-        # Hydra exits 1 after printing why it rejected an override; everything main() ends with has its own code.
-        if exc.code == 1 and not _main_ran:
-            sys.exit(ExitCode.USER_ERROR)
-        raise
-    except (HydraException, OmegaConfBaseException) as exc:
-        if _main_ran or not _set_full_error:
-            raise
-        print(f"[paddletrain][ERROR] - {hydra_error_line(exc)}", file=sys.stderr, flush=True)
-        sys.exit(ExitCode.USER_ERROR)
-
-
 if __name__ == "__main__":
-    run_from_command_line()
+    run_command(main)

@@ -49,7 +49,7 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from paddletrain.config import LossConfig
+from paddletrain.config import LossConfig, check_field
 from paddletrain.errors import ConfigError
 from paddletrain.registry import LOSSES
 
@@ -87,9 +87,10 @@ def smooth_multi_hot(targets: paddle.Tensor, smoothing: float) -> paddle.Tensor:
     return targets * (1.0 - smoothing) + smoothing / 2 if smoothing else targets
 
 
-def _check_fraction(key: str, value: float) -> None:
-    if not 0.0 <= value < 1.0:
-        raise ConfigError(f"{key} must be in [0, 1), got {value!r}")
+def _check(key: str, value: Any) -> None:
+    """``loss.<key>=value`` against the schema's declaration (the range's one home, :class:`LossConfig`): the entry
+    point validated a config already; this is for the Python API's hand-made configs."""
+    check_field(LossConfig, key, value, context="loss.")
 
 
 # ---------------------------------------------------------------------------------------------- functions
@@ -254,20 +255,17 @@ def _weights_tensor(class_weights: Sequence[float] | np.ndarray | None) -> paddl
 
 
 # ---------------------------------------------------------------------------------------------- factories
-def _reject_bce_options(cfg: LossConfig) -> None:
-    name = cfg.name
-    if cfg.target_threshold is not None:
-        raise ConfigError(f"loss.target_threshold applies to loss.name=binary_cross_entropy only, not {name!r}")
-    if cfg.bce_sum:
-        raise ConfigError(f"loss.bce_sum applies to loss.name=binary_cross_entropy only, not {name!r}")
+# Keys of the binary cross-entropy only (validation.py refuses them with the other built-in losses).
+BCE_ONLY_KEYS = ("target_threshold", "bce_sum")
+# The loss of multi-label data, and the one that takes BCE_ONLY_KEYS.
+MULTILABEL_LOSS = "binary_cross_entropy"
 
 
 @LOSSES.register("cross_entropy")
 @LOSSES.register("soft_target_cross_entropy")
 def build_cross_entropy(cfg: LossConfig, class_weights: np.ndarray | None = None) -> LossFn:
     """Softmax cross-entropy on hard labels (smoothed by ``loss.label_smoothing``) or soft targets."""
-    _check_fraction("loss.label_smoothing", cfg.label_smoothing)
-    _reject_bce_options(cfg)
+    _check("label_smoothing", cfg.label_smoothing)
     if class_weights is None:  # the unweighted loss exactly as before: no extra argument on the hot path
         return functools.partial(cross_entropy, label_smoothing=float(cfg.label_smoothing))
     return functools.partial(cross_entropy, label_smoothing=float(cfg.label_smoothing),
@@ -279,9 +277,9 @@ def build_binary_cross_entropy(cfg: LossConfig, class_weights: np.ndarray | None
                                multilabel: bool = False) -> LossFn:
     """timm's BCE: ``loss.label_smoothing``, ``loss.target_threshold``, ``loss.bce_sum``; ``multilabel`` for
     multi-hot targets (see :func:`binary_cross_entropy`)."""
-    _check_fraction("loss.label_smoothing", cfg.label_smoothing)
+    _check("label_smoothing", cfg.label_smoothing)
     if cfg.target_threshold is not None:
-        _check_fraction("loss.target_threshold", cfg.target_threshold)
+        _check("target_threshold", cfg.target_threshold)
     return functools.partial(
         binary_cross_entropy,
         label_smoothing=float(cfg.label_smoothing),
@@ -295,11 +293,9 @@ def build_binary_cross_entropy(cfg: LossConfig, class_weights: np.ndarray | None
 @LOSSES.register("focal")
 def build_focal(cfg: LossConfig, class_weights: np.ndarray | None = None) -> LossFn:
     """Softmax focal loss: ``loss.focal_gamma``, ``loss.label_smoothing``; ``loss.class_weights`` are its alpha."""
-    _check_fraction("loss.label_smoothing", cfg.label_smoothing)
-    _reject_bce_options(cfg)
+    _check("label_smoothing", cfg.label_smoothing)
     gamma = float(cfg.focal_gamma)
-    if not 0 <= gamma < float("inf"):
-        raise ConfigError(f"loss.focal_gamma={gamma} must be >= 0")
+    _check("focal_gamma", gamma)
     return functools.partial(focal_loss, gamma=gamma, label_smoothing=float(cfg.label_smoothing),
                              class_weights=_weights_tensor(class_weights))
 
@@ -316,7 +312,7 @@ def loss_name(name: str | None, multilabel: bool = False) -> str:
         ConfigError: a single-label (softmax) loss chosen for multi-label data.
     """
     if name is None:
-        return "binary_cross_entropy" if multilabel else "cross_entropy"
+        return MULTILABEL_LOSS if multilabel else "cross_entropy"
     name = str(name).lower()
     if multilabel and name in SINGLE_LABEL_LOSSES:
         raise ConfigError(f"loss.name={name} is a single-label (softmax) loss but data.multilabel=true: use "

@@ -16,18 +16,16 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import paddle
 from paddle import nn
 from paddle.incubate.optimizer import LarsMomentumOptimizer
 from paddle.optimizer.lr import LRScheduler
 
+from paddletrain.config import OptimConfig, check_field
 from paddletrain.errors import ConfigError
 from paddletrain.registry import OPTIMIZERS
-
-if TYPE_CHECKING:  # pragma: no cover
-    from paddletrain.config import OptimConfig
 
 NORM_LAYERS: tuple[type, ...] = (
     nn.BatchNorm,
@@ -133,12 +131,8 @@ def param_groups(
 
     Frozen parameters are kept, so unfreezing later trains them; Paddle's optimizers skip them meanwhile.
     """
-    if weight_decay < 0:
-        raise ConfigError(f"optim.weight_decay must be >= 0, got {weight_decay!r}")
-    if not head_lr_mult > 0:
-        raise ConfigError(f"optim.head_lr_mult must be > 0, got {head_lr_mult!r}")
-    if layer_decay is not None and not 0 < layer_decay <= 1:
-        raise ConfigError(f"optim.layer_decay must be in (0, 1] or null, got {layer_decay!r}")
+    for key, value in (("weight_decay", weight_decay), ("head_lr_mult", head_lr_mult), ("layer_decay", layer_decay)):
+        _check(key, value)
     model = _unwrap(model)
     head = _head_layer(model, head_name)
     if head is None and (head_lr_mult != 1.0 or layer_decay is not None):
@@ -181,16 +175,22 @@ def build_optimizer(
     return factory(groups, scheduler_or_lr, cfg)
 
 
+def _check(key: str, value: Any) -> None:
+    """``optim.<key>=value`` against the schema's declaration (the range's one home, :class:`OptimConfig`): the
+    entry point validated a config already; this is for the Python API's hand-made configs."""
+    check_field(OptimConfig, key, value, context="optim.")
+
+
 def _momentum(cfg: Any) -> float:
-    if not 0 <= cfg.momentum < 1:
-        raise ConfigError(f"optim.momentum must be in [0, 1), got {cfg.momentum!r}")
+    _check("momentum", cfg.momentum)
     return float(cfg.momentum)
 
 
 def _betas(cfg: Any) -> tuple[float, float]:
     betas = list(cfg.betas)
-    if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
-        raise ConfigError(f"optim.betas must be two values in [0, 1), got {cfg.betas!r}")
+    if len(betas) != 2:
+        raise ConfigError(f"optim.betas must be two values (beta1, beta2), got {cfg.betas!r}")
+    _check("betas", betas)
     return float(betas[0]), float(betas[1])
 
 
@@ -205,14 +205,12 @@ def _eps(cfg: Any, name: str) -> float:
     eps = getattr(cfg, "eps", None)
     if eps is None:
         return DEFAULT_EPS[name]
-    if not eps > 0:
-        raise ConfigError(f"optim.eps must be > 0, got {eps!r}")
+    _check("eps", eps)
     return float(eps)
 
 
-def _no_nesterov(cfg: Any, name: str) -> None:
-    if getattr(cfg, "nesterov", False):
-        raise ConfigError(f"optim.nesterov applies to optim.name=sgd only, not {name!r}")
+# The built-in optimizers that have no Nesterov variant: optim.nesterov is refused with them (validation.py).
+WITHOUT_NESTEROV = ("adam", "adamw", "rmsprop", "lamb", "lars")
 
 
 def _decay_under(groups: Sequence[dict[str, Any]], key: str) -> list[dict[str, Any]]:
@@ -233,7 +231,6 @@ def _decay_under(groups: Sequence[dict[str, Any]], key: str) -> list[dict[str, A
 def _adam(optimizer: type[paddle.optimizer.Optimizer], name: str, groups: Sequence[dict[str, Any]],
           learning_rate: Any, cfg: OptimConfig) -> paddle.optimizer.Optimizer:
     """Adam or AdamW from the same settings; the class decides how the weight decay applies."""
-    _no_nesterov(cfg, name)
     beta1, beta2 = _betas(cfg)
     return optimizer(learning_rate=learning_rate, beta1=beta1, beta2=beta2, epsilon=_eps(cfg, name),
                      parameters=list(groups), weight_decay=float(cfg.weight_decay))
@@ -249,9 +246,7 @@ def build_sgd(
     """
     momentum = _momentum(cfg)
     decay = float(cfg.weight_decay)
-    if momentum == 0:
-        if cfg.nesterov:
-            raise ConfigError("optim.nesterov needs optim.momentum > 0")
+    if momentum == 0:  # optim.nesterov needs momentum (validation.py)
         return paddle.optimizer.SGD(learning_rate=learning_rate, parameters=list(groups), weight_decay=decay)
     return paddle.optimizer.Momentum(
         learning_rate=learning_rate,
@@ -288,10 +283,8 @@ def build_rmsprop(
     sits inside the square root as in TensorFlow (and timm's ``rmsproptf``); ``optim.rho`` is PyTorch's
     ``alpha``. ``optim.centered`` divides by the variance instead of the second moment.
     """
-    _no_nesterov(cfg, "rmsprop")
     rho = getattr(cfg, "rho", 0.9)
-    if not 0 <= rho < 1:
-        raise ConfigError(f"optim.rho must be in [0, 1), got {rho!r}")
+    _check("rho", rho)
     return paddle.optimizer.RMSProp(
         learning_rate=learning_rate,
         rho=float(rho),
@@ -314,7 +307,6 @@ def build_lamb(
     the plain step without the trust ratio (Paddle's and timm's default). ``optim.weight_decay`` is LAMB's
     decay (timm's RSB recipes use 0.01 with lr 5e-3 to 8e-3).
     """
-    _no_nesterov(cfg, "lamb")
     beta1, beta2 = _betas(cfg)
     return paddle.optimizer.Lamb(
         learning_rate=learning_rate,
@@ -377,11 +369,9 @@ def build_lars(
     groups: Sequence[dict[str, Any]], learning_rate: Any, cfg: OptimConfig
 ) -> paddle.optimizer.Optimizer:
     """:class:`LarsMomentum` with ``optim.momentum``, ``optim.weight_decay``, ``optim.trust_coefficient``."""
-    _no_nesterov(cfg, "lars")
     momentum = _momentum(cfg)
     trust = getattr(cfg, "trust_coefficient", 0.001)
-    if not trust > 0:
-        raise ConfigError(f"optim.trust_coefficient must be > 0, got {trust!r}")
+    _check("trust_coefficient", trust)
     return LarsMomentum(
         learning_rate=learning_rate,
         momentum=momentum,
@@ -392,10 +382,14 @@ def build_lars(
     )
 
 
+def run_lr(cfg: OptimConfig, global_batch: int) -> float:
+    """The learning rate a run starts from: ``optim.lr``, scaled to ``global_batch`` when ``optim.scale_lr``."""
+    return scaled_lr(cfg.lr, global_batch, cfg.base_batch_size) if cfg.scale_lr else cfg.lr
+
+
 def scaled_lr(lr: float, global_batch: int, base_batch_size: int) -> float:
     """Linear LR scaling (Goyal et al.): ``lr * global_batch / base_batch_size``."""
     if global_batch <= 0:
         raise ConfigError(f"the global batch size must be > 0, got {global_batch!r}")
-    if base_batch_size <= 0:
-        raise ConfigError(f"optim.base_batch_size must be > 0, got {base_batch_size!r}")
+    _check("base_batch_size", base_batch_size)
     return lr * global_batch / base_batch_size

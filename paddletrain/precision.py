@@ -27,22 +27,16 @@ import warnings
 from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import paddle
 
+from paddletrain.config import AmpConfig, check_field
 from paddletrain.errors import ConfigError
 from paddletrain.state_checks import checked_scaler_state
 
-if TYPE_CHECKING:  # pragma: no cover
-    from paddletrain.config import AmpConfig
-
 log = logging.getLogger(__name__)
-
-LEVELS = ("O1", "O2")
-DTYPES = ("float16", "bfloat16")
-
 
 class ScalerLike(Protocol):
     """The part of ``paddle.amp.GradScaler``'s API that :class:`Precision` relies on."""
@@ -127,10 +121,9 @@ class Precision:
         eval_in_amp: bool = False,
         device: str | None = None,
     ) -> None:
-        if level not in LEVELS:
-            raise ConfigError(f"trainer.amp.level must be one of {list(LEVELS)}, got {level!r}")
-        if dtype not in DTYPES:
-            raise ConfigError(f"trainer.amp.dtype must be one of {list(DTYPES)}, got {dtype!r}")
+        # The schema's declarations (their one home); the entry point validated a config already.
+        check_field(AmpConfig, "level", level, context="trainer.amp.")
+        check_field(AmpConfig, "dtype", dtype, context="trainer.amp.")
         self.enabled = bool(enabled)
         self.level = level
         self.dtype = dtype
@@ -258,8 +251,6 @@ class Precision:
         A step is skipped when any gradient is non-finite (or the global gradient norm overflows float32), so
         the weights and the optimizer state stay exactly as they were. One host synchronisation per call.
         """
-        if clip_norm is not None and not clip_norm > 0:
-            raise ConfigError(f"trainer.grad_clip_norm must be > 0 or null, got {clip_norm!r}")
         scale_used = self.scaler._scale if self.scaler is not None else None
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
@@ -314,25 +305,10 @@ class Precision:
         self.scaler.load_state_dict(saved)
 
 
-def _check_scaler_settings(
-    init_loss_scaling: float,
-    incr_ratio: float,
-    decr_ratio: float,
-    incr_every_n_steps: int,
-    decr_every_n_nan_or_inf: int,
-    use_dynamic_loss_scaling: bool,
-) -> None:
-    """Paddle only asserts these; name the offending key instead."""
-    checks = [
-        ("init_loss_scaling", init_loss_scaling, init_loss_scaling > 0, "> 0"),
-        ("incr_ratio", incr_ratio, incr_ratio > 1.0, "> 1"),
-        ("decr_ratio", decr_ratio, 0.0 < decr_ratio < 1.0, "in (0, 1)"),
-        ("incr_every_n_steps", incr_every_n_steps, incr_every_n_steps >= 1, ">= 1"),
-        ("decr_every_n_nan_or_inf", decr_every_n_nan_or_inf, decr_every_n_nan_or_inf >= 1, ">= 1"),
-    ]
-    for key, value, ok, rule in checks:
-        if not ok:
-            raise ConfigError(f"trainer.amp.{key} must be {rule}, got {value!r}")
+def _check_scaler_settings(**settings: Any) -> None:
+    """Paddle only asserts these; name the offending key, by the schema's declaration (their one home)."""
+    for key, value in settings.items():
+        check_field(AmpConfig, key, value, context="trainer.amp.")
 
 
 def clip_grad_norm_(parameters: Iterable[paddle.Tensor], max_norm: float | None) -> paddle.Tensor | None:

@@ -43,6 +43,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, DictConfig, OmegaConf
 from tqdm import tqdm
 
+from paddletrain.cli import command_task, run_command
 from paddletrain.config import RuntimeConfig, allowed, check_field, check_values, cli_schema
 from paddletrain.decoding import decoded_batches
 from paddletrain.errors import ExitCode, UserError
@@ -59,6 +60,7 @@ from paddletrain.inference import (
     softmax,
 )
 from paddletrain.plugins import prepare
+from paddletrain.processes import reclaim_stop_signals
 
 log = logging.getLogger("paddletrain")
 
@@ -397,10 +399,10 @@ def run(cfg: DictConfig, default_out_dir: str | None = None) -> int:
     ``default_out_dir`` (the Hydra run directory) receives the export of ``checkpoint=``.
     """
     try:
+        check_values(cfg, PredictConfig)  # cheapest first: every value given, then what is missing
         if OmegaConf.is_missing(cfg, "input"):
             raise UserError("missing required value for input (e.g. model_dir=<export dir> "
                             "input=<folder|list file|glob>)")
-        check_values(cfg, PredictConfig)
         model = _model_source(cfg)
         prepare(cfg)
         if cfg.output is not None:
@@ -423,6 +425,7 @@ def run(cfg: DictConfig, default_out_dir: str | None = None) -> int:
         predictor = load_predictor(model, backend=cfg.backend, device=cfg.device, cpu_threads=threads,
                                    precision=cfg.precision, labels=cfg.labels, use_mkldnn=cfg.use_mkldnn,
                                    tensorrt=cfg.tensorrt)
+        reclaim_stop_signals()  # loading the predictor may have imported Paddle, which took SIGTERM
         log.info("%d input files; %r", len(paths), predictor)
         summary = predict_files(predictor, paths, batch_size=cfg.batch_size, num_workers=workers,
                                 topk=cfg.topk, output=cfg.output, progress=cfg.progress_bar, targets=targets,
@@ -438,9 +441,10 @@ def run(cfg: DictConfig, default_out_dir: str | None = None) -> int:
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="predict")
+@command_task()
 def main(cfg: DictConfig) -> None:
     sys.exit(run(cfg, default_out_dir=HydraConfig.get().runtime.output_dir))
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

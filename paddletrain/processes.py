@@ -229,9 +229,27 @@ def hold_stop_signals_during_imports() -> None:
         die_with_parent(signal.SIGTERM)
 
 
+def start_command_process() -> None:
+    """The first lines of every command line's ``__main__``: :func:`hold_stop_signals_during_imports`, and
+    Python warnings filtered and routed to the log before Paddle loads (``import paddle`` itself warns;
+    :mod:`paddletrain.console` lists what is dropped and why)."""
+    hold_stop_signals_during_imports()
+    from paddletrain.console import install_warning_filters, route_warnings_to_log
+
+    install_warning_filters()
+    route_warnings_to_log()
+
+
 def own_stop_signals() -> None:
     """After the imports: :data:`stop_request` handles SIGTERM/SIGINT; one that arrived meanwhile is handled now."""
     stop_request.install(announce=LAUNCHER_ENV not in os.environ)
+
+
+def reclaim_stop_signals() -> None:
+    """After a late ``import paddle`` (its import installs a crash reporter on SIGTERM at the C level, over ours):
+    take SIGTERM/SIGINT back, when this process owns them (a command line's wrapper installed the handler)."""
+    if stop_request.installed:
+        stop_request.install(announce=stop_request.announce)
 
 
 def call_with_worker_setup(init_fn: Callable[..., Any] | None, parent_pid: int) -> Callable[..., Any]:

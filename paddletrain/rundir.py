@@ -7,7 +7,7 @@ With ``trainer.devices=N`` the launcher holds the lock and the ranks it starts d
 
 It is taken first by :class:`RunDirGuard`, a Hydra callback that runs before Hydra writes ``.hydra/`` into
 the run directory (so a refused run cannot overwrite the running one's saved config), then again (a no-op in
-the same process) by ``fit``'s launcher and by ``fit.train``, which holds it for its own duration when called
+the same process) by ``fit``'s launcher and by ``build.train``, which holds it for its own duration when called
 without the callback: sweeps, downstream Hydra apps, Python code.
 """
 from __future__ import annotations
@@ -20,7 +20,6 @@ import os
 import shutil
 import socket
 import stat
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,7 +32,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf, open_dict, read_write
 
 from paddletrain import distributed, slurm
-from paddletrain.errors import UserError
+from paddletrain.errors import StartRefused, UserError
 from paddletrain.validation import validate_config
 
 try:
@@ -206,8 +205,10 @@ def _top_missing(path: Path) -> Path:
 
 
 class RunDirGuard(Callback):
-    """Hydra callback for `paddletrain.fit`: checks every value and locks the run directory before Hydra
-    creates it and writes ``.hydra/`` there, so a bad value or a busy directory stops the run before any work.
+    """Hydra callback for `paddletrain.fit`: validates the config (the run's one validation,
+    :mod:`paddletrain.validation`) and locks the run directory before Hydra creates it and writes ``.hydra/``
+    there, so a bad value or a busy directory stops the run before any work. It raises
+    :class:`~paddletrain.errors.StartRefused`; the command's wrapper (:func:`paddletrain.cli.run_command`) says why.
 
     Enabled in ``conf/fit.yaml`` under ``hydra.callbacks``. Ranks of a ``trainer.devices=N`` job skip it:
     their launcher already checked and holds the directory.
@@ -234,6 +235,6 @@ class RunDirGuard(Callback):
                 _created = None if run_dir.exists() else (run_dir.resolve(), _top_missing(run_dir.resolve()))
                 hold_run_dir(run_dir)
         except UserError as exc:
-            print(f"[paddletrain][ERROR] - {exc}", file=sys.stderr, flush=True)
-            sys.exit(2)
+            # Not an exit of its own: the command's wrapper (paddletrain.cli.run_command) says it in one line.
+            raise StartRefused(exc) from None
 

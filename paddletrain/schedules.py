@@ -7,7 +7,6 @@ schedule ends exactly on the run's last optimizer step.
 """
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -86,8 +85,7 @@ def constant(cfg: SchedConfig, base_lr: float, steps: ScheduleSteps) -> LRSchedu
 @SCHEDULERS.register("cosine")
 def cosine(cfg: SchedConfig, base_lr: float, steps: ScheduleSteps) -> LRScheduler:
     """Half a cosine from ``optim.lr`` down to ``sched.min_lr`` over the steps after warmup, then ``min_lr``."""
-    if cfg.min_lr > base_lr:
-        raise ConfigError(f"sched.min_lr={cfg.min_lr} must be <= optim.lr={base_lr}")
+    # sched.min_lr <= the run's learning rate: validation.py
     floor, length = cfg.min_lr / base_lr, steps.after_warmup
     # Paddle's CosineAnnealingDecay is periodic (it climbs back after T_max); this one holds min_lr.
     return LambdaDecay(base_lr, lambda step: floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(step, length)
@@ -116,9 +114,7 @@ def step(cfg: SchedConfig, base_lr: float, steps: ScheduleSteps) -> LRScheduler:
 @SCHEDULERS.register("multistep")
 def multistep(cfg: SchedConfig, base_lr: float, steps: ScheduleSteps) -> LRScheduler:
     """Multiply by ``sched.gamma`` when each epoch of ``sched.milestones`` starts."""
-    milestones = list(cfg.milestones)
-    if not milestones or any(b <= a for a, b in itertools.pairwise(milestones)):
-        raise ConfigError(f"sched.milestones must be strictly increasing epochs, got {list(cfg.milestones)}")
+    milestones = list(cfg.milestones)  # strictly increasing: validation.py
     return _drops_at_epochs(milestones, "sched.milestones", cfg.gamma, base_lr, steps)
 
 

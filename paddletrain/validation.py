@@ -1,10 +1,20 @@
-"""Validate a composed config before any work: unknown keys, missing values, every key's declared range
-(:func:`paddletrain.config.check_values`), the rules that tie keys together, the names looked up in registries,
-the callback entries, and what this machine can run. One home for every config rule beyond the schema's own.
+"""Validate a composed config before any work, cheapest first: unknown keys, missing values, every key's declared
+range (:func:`paddletrain.config.check_values`), the rules that compare keys, the names looked up in registries,
+what needs building to check (callback entries, augmentations, mixup, distillation), and what this machine can run.
+One home for every config rule beyond the schema's own; builders rely on it having run.
+
+Once per process: the entry point validates (``fit``: :class:`~paddletrain.rundir.RunDirGuard` before Hydra
+writes the run directory, else :func:`validate_once` in ``build.train``); later calls with the same config
+skip the work (:func:`validate_once`), and the callbacks the check built are handed to the run
+(:func:`take_built_callbacks`) instead of being built again. The ranks a launcher starts inherit its verdict
+through :data:`VALIDATED_ENV`.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import itertools
+import os
 import re
 import typing
 from typing import Any
@@ -12,13 +22,22 @@ from typing import Any
 from omegaconf import OmegaConf
 
 import paddletrain.builtin_components  # noqa: F401  (registers the built-in names the config may use)
-from paddletrain.callbacks.instantiate import check_callback_entries
+from paddletrain.callbacks.instantiate import BuiltCallbacks, check_callback_entries
 from paddletrain.config import EvaluateConfig, FitConfig, check_values
 from paddletrain.data.mixup import Mixup
 from paddletrain.data.transforms import DEFAULT_CROP_PCT, build_augmentations, eval_image_size
 from paddletrain.distill import resolve_alpha
 from paddletrain.errors import ConfigError
-from paddletrain.losses import CLASS_WEIGHTS_KEY, loss_name, resolve_class_weights, takes_class_weights
+from paddletrain.losses import (
+    BCE_ONLY_KEYS,
+    CLASS_WEIGHTS_KEY,
+    MULTILABEL_LOSS,
+    SINGLE_LABEL_LOSSES,
+    loss_name,
+    resolve_class_weights,
+    takes_class_weights,
+)
+from paddletrain.optim import WITHOUT_NESTEROV, run_lr
 from paddletrain.plugins import prepare
 from paddletrain.registry import DATASETS, LOSSES, MODELS, OPTIMIZERS, SCHEDULERS
 from paddletrain.runtime import select_device
@@ -65,11 +84,13 @@ def validate_config(cfg: Any, use: str = "fit") -> None:
     """Raise :class:`ConfigError` naming the first key that is missing or whose value is not allowed.
 
     Hydra already rejects wrong types; this adds unknown ``+keys``, required values, every key's declared
-    range or choices (:func:`check_values`) and the rules that tie keys together. ``use`` says what the
-    config is used for on this machine: ``fit`` (every rule), ``evaluate`` (a saved training config run here:
-    the device must exist, training-only rules are skipped) or ``export`` (no machine rules).
+    range or choices (:func:`check_values`), the rules that compare keys (:func:`check_key_rules`), then what
+    needs the registries or a constructor. ``use`` says what the config is used for on this machine: ``fit``
+    (every rule), ``evaluate`` (a saved training config run here: the device must exist, training-only rules
+    are skipped) or ``export`` (no machine rules). Every call runs every check; :func:`validate_once` is the
+    one entry points call.
     """
-
+    global _last
     if use not in VALIDATION_USES:
         raise ValueError(f"use={use!r} is not one of {VALIDATION_USES}")
     schema = EvaluateConfig if "checkpoint" in cfg else FitConfig
@@ -81,6 +102,17 @@ def validate_config(cfg: Any, use: str = "fit") -> None:
         raise ConfigError(f"missing required value for {', '.join(missing)} (set it on the command line, "
                           f"e.g. {missing[0]}=...)")
     check_values(cfg, schema)
+    check_key_rules(cfg)
+    prepare(cfg)  # the config's `imports` register their names before the names are looked up
+    built = check_names(cfg)
+    check_training_parts(cfg)
+    if use != "export":
+        _check_machine(cfg, training=use == "fit")
+    _last = Validated(config_fingerprint(cfg), use, built)
+
+
+def check_key_rules(cfg: Any) -> None:
+    """The rules that compare keys with each other: no registry, file or constructor needed."""
     if cfg.data.name in DATASETS_NEEDING_ROOT and not cfg.data.root:
         raise ConfigError(f"missing required value for data.root: data.name={cfg.data.name} reads its images from "
                           f"there (e.g. data.root=/data/my_images)")
@@ -89,11 +121,66 @@ def validate_config(cfg: Any, use: str = "fit") -> None:
     if cfg.data.multilabel:
         _check_multilabel(cfg)
     _check_nodes(cfg.trainer)
-    check_names(cfg)
     _check_data(cfg.data)
-    check_training_parts(cfg)
-    if use != "export":
-        _check_machine(cfg, training=use == "fit")
+    _check_optim(cfg)
+    _check_loss(cfg)
+    _check_sched(cfg)
+
+
+# ---------------------------------------------------------------------------------------------- once per process
+# Set by a launcher for the ranks it starts: "<use>:<fingerprint>" of the config it validated.
+VALIDATED_ENV = "PADDLETRAIN_VALIDATED_CONFIG"
+
+
+@dataclasses.dataclass
+class Validated:
+    """The last config this process validated: its fingerprint, its use, and the callbacks the check built
+    that no run has taken yet."""
+
+    fingerprint: str
+    use: str
+    callbacks: BuiltCallbacks
+
+
+_last: Validated | None = None
+
+
+def config_fingerprint(cfg: Any) -> str:
+    """A digest of ``cfg`` as written (interpolations unresolved): equal configs, equal fingerprints."""
+    return hashlib.sha256(OmegaConf.to_yaml(cfg).encode()).hexdigest()
+
+
+def validated_marker(cfg: Any, use: str = "fit") -> str:
+    """The value of :data:`VALIDATED_ENV` that tells a started process ``cfg`` was validated for ``use``."""
+    return f"{use}:{config_fingerprint(cfg)}"
+
+
+def is_validated(cfg: Any, use: str = "fit") -> bool:
+    """Whether this process, or the launcher that started it (:data:`VALIDATED_ENV`), validated ``cfg`` for
+    ``use``."""
+    marker = validated_marker(cfg, use)
+    return os.environ.get(VALIDATED_ENV) == marker or (_last is not None and f"{_last.use}:{_last.fingerprint}"
+                                                        == marker)
+
+
+def validate_once(cfg: Any, use: str = "fit") -> None:
+    """:func:`validate_config`, unless ``cfg`` was validated for ``use`` already (:func:`is_validated`).
+
+    The config's ``imports`` are imported either way: a rank whose launcher validated still needs them.
+    """
+    if is_validated(cfg, use):
+        prepare(cfg)
+        return
+    validate_config(cfg, use)
+
+
+def take_built_callbacks() -> BuiltCallbacks:
+    """The callbacks the last validation built, for the run to use instead of building them again; each is
+    handed out once (a second run builds its own)."""
+    if _last is None:
+        return {}
+    built, _last.callbacks = _last.callbacks, {}
+    return built
 
 
 VALIDATION_USES = ("fit", "evaluate", "export")
@@ -151,16 +238,48 @@ def _check_data(data: Any) -> None:
                           f"(e.g. {round(eval_size / DEFAULT_CROP_PCT)}) or leave it null")
 
 
-def check_names(cfg: Any) -> None:
-    """Every name the config looks up in a registry is registered (installed plugins included; the ``imports``
-    are imported by :func:`paddletrain.registry.prepare` first), and every callback entry names a callback and
-    only options it takes."""
-    prepare(cfg)  # the config's `imports` register their names first
+def check_names(cfg: Any) -> BuiltCallbacks:
+    """Every name the config looks up in a registry is registered (installed plugins included; the config's
+    ``imports`` must have been imported, :func:`paddletrain.plugins.prepare`), and every callback entry names a
+    callback and only options it takes. Returns the registered callbacks built to check their values."""
     loss = loss_name(cfg.loss.get("name"), bool(cfg.data.get("multilabel")))
     for registry, name in ((DATASETS, cfg.data.name), (MODELS, cfg.model.name), (OPTIMIZERS, cfg.optim.name),
                            (SCHEDULERS, cfg.sched.name), (LOSSES, loss)):
         registry.get(name)
-    check_callback_entries(cfg.get("callbacks") or {})
+    return check_callback_entries(cfg.get("callbacks") or {})
+
+
+def _check_optim(cfg: Any) -> None:
+    o = cfg.optim
+    name = str(o.name).lower()
+    if o.nesterov and name in WITHOUT_NESTEROV:
+        raise ConfigError(f"optim.nesterov applies to optim.name=sgd only, not {name!r}")
+    if o.nesterov and name == "sgd" and o.momentum == 0:
+        raise ConfigError("optim.nesterov needs optim.momentum > 0")
+
+
+def _check_loss(cfg: Any) -> None:
+    """The binary cross-entropy keys are not set with a built-in softmax loss (a plugin's loss may take them)."""
+    name = loss_name(cfg.loss.get("name"), bool(cfg.data.get("multilabel")))
+    if name not in SINGLE_LABEL_LOSSES:
+        return
+    for key in BCE_ONLY_KEYS:
+        if cfg.loss.get(key) not in (None, False):
+            raise ConfigError(f"loss.{key} applies to loss.name={MULTILABEL_LOSS} only, not {name!r}")
+
+
+def _check_sched(cfg: Any) -> None:
+    s, t = cfg.sched, cfg.trainer
+    if str(s.name).lower() == "cosine":
+        world = t.devices * t.get("num_nodes", 1)
+        lr = run_lr(cfg.optim, cfg.data.batch_size * world * t.accumulate_grad_batches)
+        if s.min_lr > lr:
+            scaled = f" (optim.lr={cfg.optim.lr:g} scaled to the global batch)" if lr != cfg.optim.lr else ""
+            raise ConfigError(f"sched.min_lr={s.min_lr} must be <= optim.lr={lr:g}{scaled}")
+    if str(s.name).lower() == "multistep":
+        milestones = list(s.milestones)
+        if not milestones or any(b <= a for a, b in itertools.pairwise(milestones)):
+            raise ConfigError(f"sched.milestones must be strictly increasing epochs, got {milestones}")
 
 
 def _renamed(error: ConfigError, owner: str, key: str) -> ConfigError:

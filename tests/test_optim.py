@@ -208,11 +208,10 @@ def optim_cfg(**options):
     [
         (OptimConfig(name="lion"), r"unknown optimizer optim\.name='lion'.*registered: .*lamb, lars"),
         (OptimConfig(name="lamd"), r"did you mean lamb"),
-        (OptimConfig(name="sgd", momentum=0.0, nesterov=True), r"optim\.nesterov"),
-        (OptimConfig(name="adam", nesterov=True), r"optim\.nesterov applies to optim\.name=sgd only"),
         (OptimConfig(name="sgd", momentum=1.0), r"optim\.momentum"),
         (OptimConfig(name="lars", momentum=-0.1), r"optim\.momentum"),
         (OptimConfig(name="adamw", betas=[0.9]), r"optim\.betas"),
+        (OptimConfig(name="adamw", betas=[0.9, 1.0]), r"optim\.betas=\[0\.9, 1\.0\] is not allowed"),
         (OptimConfig(name="lamb", eps=0.0), r"optim\.eps"),
         (optim_cfg(name="lars", trust_coefficient=0.0), r"optim\.trust_coefficient"),
         (optim_cfg(name="rmsprop", rho=1.0), r"optim\.rho"),

@@ -414,9 +414,3 @@ def test_float16_without_scaler_warns():
 def test_injected_scaler_without_amp_is_an_error():
     with pytest.raises(ValueError, match=r"trainer\.amp\.enabled"):
         Precision(enabled=False, scaler=FakeGradScaler())
-
-
-def test_bad_clip_norm_names_the_key():
-    model = make_model()
-    with pytest.raises(ValueError, match=r"trainer\.grad_clip_norm"):
-        train_step(Precision(), model, make_optimizer("momentum", model), clip_norm=0.0)

@@ -86,8 +86,6 @@ def test_warmup_scheduler_state_round_trip_resumes_the_same_curve():
     [
         (SchedConfig(name="poly"), r"unknown scheduler sched\.name='poly'"),
         (SchedConfig(name="cosine", warmup_epochs=10), r"sched\.warmup_epochs"),
-        (SchedConfig(name="cosine", min_lr=1.0), r"sched\.min_lr"),
-        (SchedConfig(name="multistep", milestones=[5, 3]), r"sched\.milestones"),
         (SchedConfig(name="multistep", milestones=[1, 3], warmup_epochs=2), r"sched\.milestones.*warmup"),
         (SchedConfig(name="onecycle", pct_start=1.5), r"sched\.pct_start"),
         (SchedConfig(name="cosine", warmup_epochs=1, warmup_start_factor=1.0), r"sched\.warmup_start_factor"),

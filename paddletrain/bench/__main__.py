@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from paddletrain.bench.command import Suite, run_suite
+from paddletrain.cli import run_script
 
 
 def benchmarks() -> dict[str, tuple[type, Callable[[Any], dict[str, Any]]]]:
@@ -60,11 +61,10 @@ ABOUT = {
 SUITE = Suite("python -m paddletrain.bench", benchmarks, ABOUT)
 
 
-
 def main() -> None:
     """``python -m paddletrain.bench``: see the module docstring."""
     run_suite(SUITE)
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from paddletrain.cli import ending_of
 from paddletrain.errors import ExitCode, UserError
 
 HELP_FLAGS = ("-h", "--help", "help")
@@ -107,5 +108,6 @@ def run_suite(suite: Suite) -> None:
     try:
         run(suite, sys.argv[1:])
     except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(ExitCode.USER_ERROR)
+        code, line = ending_of(exc)  # the codes every command ends with
+        print(f"error: {line}", file=sys.stderr)
+        sys.exit(code)

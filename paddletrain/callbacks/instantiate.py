@@ -75,13 +75,19 @@ def _check_options(cls: type, options: Mapping[str, Any]) -> None:
                               f"{', '.join(accepted) or 'none'}")
 
 
-def check_callback_entries(entries: Mapping[str, Any]) -> None:
+# Registered callbacks built by check_callback_entries, by entry name, with the options each was built from.
+BuiltCallbacks = dict[str, tuple[dict[str, Any], Callback]]
+
+
+def check_callback_entries(entries: Mapping[str, Any]) -> BuiltCallbacks:
     """Raise :class:`ConfigError` for the first entry whose class or options are wrong.
 
-    A registered callback is also built once, so its constructor checks its option values now, before any
-    work (registered callbacks do nothing in their constructors but check and store their options). A
-    ``_target_`` class is only checked for the options it takes: it is built once, with the run.
+    A registered callback is built here, so its constructor checks its option values now, before any work
+    (registered callbacks do nothing in their constructors but check and store their options); the built ones
+    are returned for :func:`instantiate_callbacks` to use. A ``_target_`` class is only checked for the
+    options it takes: it is built once, with the run.
     """
+    built: BuiltCallbacks = {}
     for name, raw in entries.items():
         try:
             entry = _plain(raw)
@@ -91,18 +97,27 @@ def check_callback_entries(entries: Mapping[str, Any]) -> None:
             options = {k: v for k, v in entry.items() if k != TARGET}
             _check_options(cls, options)
             if TARGET not in entry:
-                cls(**options)
+                built[name] = (entry, cls(**options))
         except (ConfigError, ValueError, TypeError) as exc:
             raise ConfigError(f"callbacks.{name}: {exc}") from None
+    return built
 
 
-def instantiate_callbacks(entries: Mapping[str, Any]) -> list[Callback]:
-    """Build every switched-on entry, in the order given."""
-    check_callback_entries(entries)
+def instantiate_callbacks(entries: Mapping[str, Any], built: BuiltCallbacks | None = None) -> list[Callback]:
+    """Build every switched-on entry, in the order given.
+
+    ``built``: what :func:`check_callback_entries` built for these entries (the validation's); an entry is taken
+    from it when its options are the same, else built here. Without it the entries are checked first.
+    """
+    if built is None:
+        built = check_callback_entries(entries)
     callbacks = []
     for name, raw in entries.items():
         entry = _plain(raw)
         if entry is None:
+            continue
+        if name in built and built[name][0] == entry:
+            callbacks.append(built[name][1])
             continue
         try:
             if TARGET in entry:

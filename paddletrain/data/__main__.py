@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
+from paddletrain.cli import ending_of, run_script
 from paddletrain.console import install_warning_filters
 from paddletrain.errors import ExitCode, UserError
 
@@ -153,13 +154,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ExitCode.USER_ERROR
     try:
         return _check(args) if args.command == "check" else _split(args)
-    except UserError as exc:  # DatasetError is one too
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitCode.USER_ERROR
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return ExitCode.INTERRUPTED_SIGINT
+    except (UserError, KeyboardInterrupt) as exc:  # DatasetError is a UserError too
+        code, line = ending_of(exc)  # the codes every command ends with
+        print(f"error: {line}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from paddle.vision import transforms as T
 from PIL import Image
 
-from paddletrain.config import INTERPOLATIONS, TRANSFORMS
+from paddletrain.config import TRANSFORMS, DataConfig, check_field
 from paddletrain.data.augment import RandAugment
 from paddletrain.data.images import to_mode
 from paddletrain.errors import ConfigError
@@ -81,9 +81,10 @@ class ToNormalizedArray:
         return out
 
 
-def _check_choice(key: str, value: str, valid: Sequence[str]) -> str:
-    if value not in valid:
-        raise ConfigError(f"{key}={value!r} is not supported; valid values: {', '.join(valid)}")
+def _check_choice(key: str, value: str) -> str:
+    """``data.<key>=value`` against the schema's declaration (its one home, :class:`DataConfig`), for callers
+    whose config skipped validation."""
+    check_field(DataConfig, key.split(".", 1)[1], value, context="data.")
     return value
 
 
@@ -194,8 +195,8 @@ def build_transform(cfg: Any, train: bool, in_chans: int = 3, crop: bool = True)
         A callable mapping a uint8 HWC array or PIL image to a float32 CHW normalised numpy array.
     """
     key = "data.train_transform" if train else "data.eval_transform"
-    preset = _check_choice(key, cfg.train_transform if train else cfg.eval_transform, PRESETS)
-    interpolation = _check_choice("data.interpolation", cfg.interpolation, INTERPOLATIONS)
+    preset = _check_choice(key, cfg.train_transform if train else cfg.eval_transform)
+    interpolation = _check_choice("data.interpolation", cfg.interpolation)
     size = cfg.image_size if train else eval_image_size(cfg)
     if size <= 0:
         raise ConfigError(f"data.image_size must be positive, got {size}")
@@ -230,7 +231,7 @@ def preprocessing_info(cfg: Any, in_chans: int = 3) -> dict:
     ``resize_mode`` is "shorter_side" (resize the shorter side to ``resize``, then centre-crop ``crop``) or
     "exact" (resize to ``resize`` x ``resize``, no crop).
     """
-    preset = _check_choice("data.eval_transform", cfg.eval_transform, PRESETS)
+    preset = _check_choice("data.eval_transform", cfg.eval_transform)
     imagenet = preset == "imagenet"
     size = eval_image_size(cfg)
     return {
@@ -242,6 +243,6 @@ def preprocessing_info(cfg: Any, in_chans: int = 3) -> dict:
         "resize": _eval_resize(cfg) if imagenet else size,
         "resize_mode": "shorter_side" if imagenet else "exact",
         "crop": size if imagenet else None,
-        "interpolation": _check_choice("data.interpolation", cfg.interpolation, INTERPOLATIONS),
+        "interpolation": _check_choice("data.interpolation", cfg.interpolation),
         "layout": "NCHW",
     }
