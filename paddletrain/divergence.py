@@ -95,6 +95,9 @@ class Prefix(nn.Layer):
                 self._place(name, classifier)
             else:
                 self._place(link, _sublayer(model, link))
+        # A prefix is an inference graph, and it shares its sub-layers with the model: left in train mode, an export
+        # (which restores the mode it found) would switch the model's own batch norms to batch statistics.
+        self.eval()
 
     def _place(self, dotted: str, layer: nn.Layer) -> None:
         parent: nn.Layer = self
@@ -146,10 +149,14 @@ def find_divergence(model: nn.Layer, inputs: np.ndarray, run_layer: RunLayer, to
     result = Divergence(layer=None, tolerance=tolerance)
     with paddle.no_grad():
         x = paddle.to_tensor(inputs)
-        chain_error = relative_error(Prefix(model, links)(x).numpy(), model(x).numpy())
+        try:
+            chain_error = relative_error(Prefix(model, links)(x).numpy(), model(x).numpy())
+            why = f"the chain's output differs by {chain_error:.1e}"
+        except (ValueError, RuntimeError) as exc:  # Paddle's shape errors: the links do not even fit together
+            chain_error, why = float("inf"), f"its sub-layers in order fail: {str(exc).splitlines()[0]}"
     if chain_error > CHAIN_TOLERANCE:
-        result.reason = (f"{type(model).__name__} is not a chain of its sub-layers (the chain's output differs by "
-                         f"{chain_error:.1e}), so its layers cannot be compared one prefix at a time")
+        result.reason = (f"{type(model).__name__} is not a chain of its sub-layers ({why}), so its layers cannot "
+                         "be compared one prefix at a time")
         return result
     input_size = tuple(int(v) for v in inputs.shape[1:])
     with tempfile.TemporaryDirectory(prefix="paddletrain-divergence-") as scratch:

@@ -361,7 +361,7 @@ def time_targets(predictors: dict[str, ExportedModel], sample: np.ndarray, runs:
                                                   for name in predictors}
     for batch in (1, *THROUGHPUT_BATCHES):
         inputs = np.resize(sample, (batch, *sample.shape[1:]))  # repeats the images when there are fewer
-        while len(next(iter(timings.values()))[batch]) < runs:
+        while predictors and len(next(iter(timings.values()))[batch]) < runs:
             for name, predictor in predictors.items():
                 predictor.predict(inputs)  # untimed: see above (and oneDNN builds a new shape's kernels here)
                 for _ in range(min(ROUND_CALLS, runs - len(timings[name][batch]))):
@@ -389,20 +389,22 @@ def compare_targets(checkpoint: str, out_dir: str | Path, val: str | None = None
                     delimiter: str = " ", tolerance: float = 1.0, min_agreement: float = 0.99,
                     calibration: str | None = None, calibration_images: int = 200, batch_size: int = 32,
                     timing_runs: int = 20, divergence_images: int = 8, cpu_threads: int | None = None,
-                    imports: list[str] = (), targets: tuple[Target, ...] = TARGETS) -> ShipReport:
+                    imports: list[str] = (), targets: tuple[Target, ...] | None = None) -> ShipReport:
     """Export ``checkpoint`` to every target this machine runs, score each on the validation set next to the
     checkpoint, time it, and look for the first diverging layer of any that disagrees.
 
     ``checkpoint`` is what ``export`` takes (a checkpoint directory, or a run directory with ``:best``/``:last``);
     ``val`` a folder of class folders or a label list (None: the checkpoint's validation split); ``tolerance`` in
-    points of top-1 (mAP for a multi-label model). Writes ``report.json`` and ``report.md`` into ``out_dir``
-    and each export into ``out_dir/<target>/``. Raises :class:`UserError` for bad input; a target that drops
-    is in the report (``report.passed``), not an exception.
+    points of top-1 (mAP for a multi-label model); ``targets``: :data:`TARGETS` unless given. Writes
+    ``report.json`` and ``report.md`` into ``out_dir`` and each export into ``out_dir/<target>/``. Raises
+    :class:`UserError` for bad input; a target that drops is in the report (``report.passed``), not an
+    exception.
     """
     for key, value in (("tolerance", tolerance), ("min_agreement", min_agreement), ("batch_size", batch_size),
                        ("timing_runs", timing_runs), ("divergence_images", divergence_images),
                        ("calibration_images", calibration_images), ("cpu_threads", cpu_threads)):
         check_field(ShipConfig, key, value)
+    targets = TARGETS if targets is None else tuple(targets)
     set_cpu_threads(cpu_threads)
     rebuilt = exporting._rebuild(checkpoint, data_root, imports)
     dataset, val_name = validation_set(rebuilt, val, data_root, delimiter)
