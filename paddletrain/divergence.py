@@ -1,12 +1,12 @@
 """Find the first layer whose output a deployment runtime gets wrong (PaddleSlim #364: "which layer loses it?").
 
 Approach, and why: a model is read as a *chain* of blocks, its top-level sub-layers in order with every
-``nn.Sequential`` (a ResNet stage) opened into its members, and the classifier head (``forward_head`` where the
-model has one) as the last link. The first ``k`` links form a *prefix*, a Layer of its own that holds the very
-same sub-layers under the model's own names. Each prefix is exported and run through the target under test,
-the same export function and the same runtime, precision and options that ship the whole model, and its output
-is compared with the dygraph prefix's output on the same inputs. Bisection over ``k`` then finds the first link
-whose output is beyond the target's tolerance in ``log2(links)`` exports.
+``nn.Sequential`` or ``nn.LayerList`` (a ResNet stage) opened into its members, and the classifier head
+(``forward_head`` where the model has one) as the last link. The first ``k`` links form a *prefix*, a Layer of its
+own that holds the very same sub-layers under the model's own names. Each prefix is exported and run through the
+target under test, the same export function and the same runtime, precision and options that ship the whole model,
+and its output is compared with the dygraph prefix's output on the same inputs. Bisection over ``k`` then finds the
+first link whose output is beyond the target's tolerance in ``log2(links)`` exports.
 
 Running the real runtime on real sub-graphs is what makes the answer trustworthy: graph passes (oneDNN's
 conv + batch-norm fusion, int8 quantisation, paddle2onnx's op mapping) act on the exported graph, so a check that
@@ -66,7 +66,9 @@ def layer_chain(model: nn.Layer) -> list[str]:
         for name, child in layer.named_children():
             if child is head:
                 continue
-            if isinstance(child, nn.Sequential) and len(child) > 0:
+            # A stage: nn.Sequential, or an nn.LayerList that the forward runs in order (paddle.vision's
+            # shufflenet); the chain check below refuses a model whose forward does otherwise.
+            if isinstance(child, (nn.Sequential, nn.LayerList)) and len(child) > 0:
                 walk(f"{prefix}{name}.", child)
             else:
                 names.append(f"{prefix}{name}")

@@ -4,7 +4,7 @@ Examples::
 
     python -m paddletrain.ship checkpoint=outputs/fit/2026-11-23_10-00-00:best out_dir=ship/
     python -m paddletrain.ship checkpoint=... val=/data/ants_bees/val out_dir=ship/      # another folder
-    python -m paddletrain.ship checkpoint=... val=val_list.txt data_root=/data/ out_dir=ship/   # a label list
+    python -m paddletrain.ship checkpoint=... val=val_list.txt val_root=/data/ out_dir=ship/   # a label list
     python -m paddletrain.ship checkpoint=... tolerance=0.5                            # points of top-1 (or mAP)
 
 Every target this machine can run (:data:`TARGETS`: Paddle Inference fp32, bf16 and int8; ONNX fp32 and int8) is
@@ -38,6 +38,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from paddletrain import export as exporting
+from paddletrain.checkpoint.locate import locate_checkpoint
 from paddletrain.config import RuntimeConfig, allowed, check_field, check_values, cli_schema
 from paddletrain.data import DatasetError, LabelListDataset, SampleIndex
 from paddletrain.data.imagefolder import scan_split
@@ -80,11 +81,14 @@ class ShipConfig(RuntimeConfig):
     # None: the Hydra run directory (outputs/ship/<time>). Each target's export goes to <out_dir>/<target>/.
     out_dir: str | None = None
     # The validation set: a folder of class folders, or a label list ('<path> <class index>' lines, or a
-    # multi-label list for a multi-label model) whose paths are relative to data_root. None: the checkpoint's own
+    # multi-label list for a multi-label model) whose paths are relative to val_root. None: the checkpoint's own
     # validation split.
     val: str | None = None
-    # Where the checkpoint's dataset lives now, if it moved (overrides data.root); with val=<list>: its root.
+    # Where the checkpoint's dataset lives now, if it moved (overrides data.root, as in export).
     data_root: str | None = None
+    # With val=<label list>: the folder its paths are relative to (None: the list's own folder), and the
+    # delimiter between path and label.
+    val_root: str | None = None
     delimiter: str = " "
     # Largest drop of top-1 (mAP for a multi-label model) from the checkpoint's, in points, that still ships.
     tolerance: float = allowed(1.0, ge=0)
@@ -286,7 +290,8 @@ class ShipReport:
 # The validation set
 
 
-def validation_set(rebuilt: Any, val: str | None, data_root: str | None, delimiter: str = " ") -> tuple[Any, str]:
+def validation_set(rebuilt: Any, val: str | None, val_root: str | None = None,
+                   delimiter: str = " ") -> tuple[Any, str]:
     """The dataset to score and how to name it: the checkpoint's validation split, a folder of class folders,
     or a label list (read as training reads its lists)."""
     classes = list(rebuilt.splits.classes)
@@ -298,10 +303,10 @@ def validation_set(rebuilt: Any, val: str | None, data_root: str | None, delimit
         if path.is_dir():
             if multilabel:
                 raise UserError(f"val={val!r} is a folder, but the checkpoint is a multi-label model: give its "
-                                "multi-label list ('<path><TAB>0,1,0,...' lines) and data_root")
+                                "multi-label list ('<path><TAB>0,1,0,...' lines) and val_root")
             return _folder_dataset(path, classes, rebuilt.splits.in_chans), str(path)
         if path.is_file():
-            root = data_root or str(path.parent)
+            root = val_root or str(path.parent)
             found = read_label_list(path, root, key="val", delimiter=delimiter, multilabel=multilabel,
                                     num_classes=len(classes))
             return LabelListDataset(found.index, classes, in_chans=rebuilt.splits.in_chans), str(path)
@@ -386,15 +391,17 @@ def model_size(predictor: ExportedModel) -> int:
 
 
 def compare_targets(checkpoint: str, out_dir: str | Path, val: str | None = None, data_root: str | None = None,
-                    delimiter: str = " ", tolerance: float = 1.0, min_agreement: float = 0.99,
-                    calibration: str | None = None, calibration_images: int = 200, batch_size: int = 32,
-                    timing_runs: int = 20, divergence_images: int = 8, cpu_threads: int | None = None,
-                    imports: list[str] = (), targets: tuple[Target, ...] | None = None) -> ShipReport:
+                    val_root: str | None = None, delimiter: str = " ", tolerance: float = 1.0,
+                    min_agreement: float = 0.99, calibration: str | None = None, calibration_images: int = 200,
+                    batch_size: int = 32, timing_runs: int = 20, divergence_images: int = 8,
+                    cpu_threads: int | None = None, imports: list[str] = (),
+                    targets: tuple[Target, ...] | None = None) -> ShipReport:
     """Export ``checkpoint`` to every target this machine runs, score each on the validation set next to the
     checkpoint, time it, and look for the first diverging layer of any that disagrees.
 
     ``checkpoint`` is what ``export`` takes (a checkpoint directory, or a run directory with ``:best``/``:last``);
-    ``val`` a folder of class folders or a label list (None: the checkpoint's validation split); ``tolerance`` in
+    ``val`` a folder of class folders or a label list whose paths are relative to ``val_root`` (None: the
+    checkpoint's validation split); ``data_root`` where the checkpoint's dataset is now; ``tolerance`` in
     points of top-1 (mAP for a multi-label model); ``targets``: :data:`TARGETS` unless given. Writes
     ``report.json`` and ``report.md`` into ``out_dir`` and each export into ``out_dir/<target>/``. Raises
     :class:`UserError` for bad input; a target that drops is in the report (``report.passed``), not an
@@ -407,7 +414,7 @@ def compare_targets(checkpoint: str, out_dir: str | Path, val: str | None = None
     targets = TARGETS if targets is None else tuple(targets)
     set_cpu_threads(cpu_threads)
     rebuilt = exporting._rebuild(checkpoint, data_root, imports)
-    dataset, val_name = validation_set(rebuilt, val, data_root, delimiter)
+    dataset, val_name = validation_set(rebuilt, val, val_root, delimiter)
     if len(dataset) == 0:
         raise UserError(f"the validation set ({val_name}) is empty")
     out = Path(out_dir)
@@ -421,8 +428,9 @@ def compare_targets(checkpoint: str, out_dir: str | Path, val: str | None = None
     reference_score = score(reference, labels, threshold)
     sample = next(_batches(dataset, preprocessing, max(THROUGHPUT_BATCHES)))[1]
     timings = time_targets(predictors, sample, timing_runs)
-    report = ShipReport(str(checkpoint), val_name, len(dataset), "mAP" if threshold is not None else "top1",
-                        reference_score, tolerance, list(results.values()))
+    metric = "mAP" if threshold is not None else "top1"
+    report = ShipReport(str(locate_checkpoint(checkpoint)), val_name, len(dataset), metric, reference_score,
+                        tolerance, list(results.values()))
     for name, predictor in predictors.items():
         result = results[name]
         parity = exporting.compare_logits(outputs[name], reference, layer_tolerance(result.precision), threshold)
@@ -524,12 +532,13 @@ def run(cfg: DictConfig, default_out_dir: str | None = None) -> int:
         out_dir = cfg.out_dir or default_out_dir
         if out_dir is None:
             raise UserError("missing required value for out_dir")
-        report = compare_targets(cfg.checkpoint, out_dir, val=cfg.val, data_root=cfg.data_root,
-                                 delimiter=cfg.delimiter, tolerance=cfg.tolerance, min_agreement=cfg.min_agreement,
-                                 calibration=cfg.calibration, calibration_images=cfg.calibration_images,
-                                 batch_size=cfg.batch_size, timing_runs=cfg.timing_runs,
-                                 divergence_images=cfg.divergence_images, cpu_threads=cfg.cpu_threads,
-                                 imports=list(cfg.imports))
+        if cfg.device == "gpu":
+            raise UserError("device=gpu: ship compares CPU targets (Paddle Inference on oneDNN, onnxruntime's CPU "
+                            "provider); use device=cpu or auto")
+        # Every other key of the schema is an argument of compare_targets of the same name.
+        options = {key: cfg[key] for key in ShipConfig.__dataclass_fields__
+                   if key not in ("checkpoint", "out_dir", "device", "imports")}
+        report = compare_targets(cfg.checkpoint, out_dir, imports=list(cfg.imports), **options)
     except UserError as exc:
         log.error("%s", exc)
         return ExitCode.USER_ERROR

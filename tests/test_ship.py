@@ -232,7 +232,7 @@ def test_a_label_list_and_a_folder_score_the_same_images_as_the_split(shipped, r
     split = json.loads((shipped[1] / "report.json").read_text())
     # targets=(): the checkpoint's own score only, which is what the validation set changes.
     listed = compare_targets(f"{run_dir}:best", tmp_path / "list", val=str(tmp_path / "val.txt"),
-                             data_root=str(colour_data), targets=())
+                             val_root=str(colour_data), targets=())
     folder = compare_targets(f"{run_dir}:best", tmp_path / "folder", val=str(colour_data / "val"), targets=())
     assert listed.num_images == folder.num_images == split["num_images"] == 12
     assert listed.reference_score == folder.reference_score == split["reference_score"]
@@ -240,7 +240,7 @@ def test_a_label_list_and_a_folder_score_the_same_images_as_the_split(shipped, r
     (tmp_path / "val.txt").write_text("val/red/0.png 7\n")
     with pytest.raises(UserError, match=r"val=.*val\.txt"):
         compare_targets(f"{run_dir}:best", tmp_path / "bad", val=str(tmp_path / "val.txt"),
-                        data_root=str(colour_data), targets=())
+                        val_root=str(colour_data), targets=())
 
 
 def test_a_folder_of_other_classes_and_a_missing_val_are_one_clear_error(run_dir, tmp_path):
@@ -311,7 +311,7 @@ def multilabel_run(tmp_path_factory) -> tuple[Path, Path]:
 
 def test_a_multilabel_model_is_scored_by_map_equal_to_evaluate(multilabel_run, tmp_path):
     root, run_dir = multilabel_run
-    report = compare_targets(f"{run_dir}:best", tmp_path, val=str(root / "val_list.txt"), data_root=str(root),
+    report = compare_targets(f"{run_dir}:best", tmp_path, val=str(root / "val_list.txt"), val_root=str(root),
                              targets=PADDLE_ONLY, **FAST)
     assert report.metric == "mAP" and report.num_images == 12
     assert report.reference_score == pytest.approx(_independent_top1(run_dir)["val/mAP"], abs=1e-6)
