@@ -40,7 +40,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from paddletrain import export as exporting
 from paddletrain.checkpoint.locate import locate_checkpoint
 from paddletrain.config import RuntimeConfig, allowed, check_field, check_values, cli_schema
-from paddletrain.data import DatasetError, LabelListDataset, SampleIndex
+from paddletrain.data import DatasetError, ImageFolderDataset, LabelListDataset, SampleIndex
 from paddletrain.data.imagefolder import scan_split
 from paddletrain.data.labellist import read_label_list
 from paddletrain.divergence import Divergence, find_divergence
@@ -419,7 +419,8 @@ def compare_targets(checkpoint: str, out_dir: str | Path, val: str | None = None
         raise UserError(f"the validation set ({val_name}) is empty")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    options = ExportOptions(data_root, cpu_threads, list(imports), calibration, calibration_images)
+    options = ExportOptions(data_root, cpu_threads, list(imports), calibration or default_calibration(rebuilt),
+                            calibration_images)
     results, predictors = _export_all(checkpoint, out, targets, options)
     preprocessing = Preprocessing(rebuilt.preprocessing)  # what each export's preprocess.json holds
     threshold = rebuilt.multilabel_threshold
@@ -446,6 +447,16 @@ def compare_targets(checkpoint: str, out_dir: str | Path, val: str | None = None
                                             threshold, divergence_images, _target_of(targets, name), cpu_threads)
     write_report(report, out)
     return report
+
+
+def default_calibration(rebuilt: Any) -> str | None:
+    """The training split of the checkpoint's dataset as a calibration folder (``<root>/train`` of an image folder),
+    so int8 never calibrates on the validation set it is scored on; None for a dataset without such a folder
+    (the int8 export then applies its own default)."""
+    train = rebuilt.splits.train
+    if isinstance(train, ImageFolderDataset):
+        return str(train.root / train.split)
+    return None
 
 
 def _target_of(targets: tuple[Target, ...], name: str) -> Target:

@@ -160,6 +160,27 @@ def test_a_tolerance_of_zero_passes_identical_targets_and_any_drop_fails(run_dir
     assert report.passed and report.targets[0].divergence is None
 
 
+def test_int8_targets_calibrate_on_the_training_split_by_default(run_dir, colour_data, tmp_path, monkeypatch):
+    # Until the int8 export exists: an int8 target's call is recorded, then run as fp32 so the report completes.
+    calls = []
+    real = exporting.export_checkpoint
+
+    def record(checkpoint, out_dir, **kwargs):
+        calls.append(kwargs)
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("calibration", "calibration_images")}
+        return real(checkpoint, out_dir, **{**kwargs, "precision": "fp32"})
+
+    monkeypatch.setattr("paddletrain.ship.PRECISIONS", (*exporting.PRECISIONS, "int8"))
+    monkeypatch.setattr(exporting, "export_checkpoint", record)
+    int8 = tuple(t for t in TARGETS if t.name == "paddle-int8")
+    report = compare_targets(f"{run_dir}:best", tmp_path, calibration_images=32, targets=int8, **FAST)
+    assert report.targets[0].status == "ok"
+    assert calls[0]["precision"] == "int8" and calls[0]["calibration_images"] == 32
+    assert calls[0]["calibration"] == str(colour_data / "train")  # never the validation set being scored
+    compare_targets(f"{run_dir}:best", tmp_path, calibration=str(tmp_path), targets=int8, **FAST)
+    assert calls[1]["calibration"] == str(tmp_path)
+
+
 @pytest.fixture(scope="module")
 def chain_model():
     paddle.seed(0)
