@@ -434,12 +434,7 @@ def compare_targets(checkpoint: str, out_dir: str | Path, val: str | None = None
                         tolerance, list(results.values()))
     for name, predictor in predictors.items():
         result = results[name]
-        parity = exporting.compare_logits(outputs[name], reference, layer_tolerance(result.precision), threshold)
-        result.score = score(outputs[name], labels, threshold)
-        result.delta_points = 100.0 * (result.score - reference_score)
-        result.agreement = parity.top1_agreement if threshold is None else parity.decision_agreement
-        result.relative_logit_error = parity.relative_error
-        result.size_bytes = model_size(predictor)
+        _score_target(result, predictor, outputs[name], reference, labels, threshold, reference_score)
         for key, value in timings[name].items():
             setattr(result, key, value)
         if result.agreement < min_agreement or result.delta_points < -tolerance:
@@ -447,6 +442,17 @@ def compare_targets(checkpoint: str, out_dir: str | Path, val: str | None = None
                                             threshold, divergence_images, _target_of(targets, name), cpu_threads)
     write_report(report, out)
     return report
+
+
+def _score_target(result: TargetResult, predictor: ExportedModel, output: np.ndarray, reference: np.ndarray,
+                  labels: np.ndarray, threshold: float | None, reference_score: float) -> None:
+    """Fill ``result``'s accuracy, agreement, logit error and size from the target's logits on the whole set."""
+    parity = exporting.compare_logits(output, reference, layer_tolerance(result.precision), threshold)
+    result.score = score(output, labels, threshold)
+    result.delta_points = 100.0 * (result.score - reference_score)
+    result.agreement = parity.top1_agreement if threshold is None else parity.decision_agreement
+    result.relative_logit_error = parity.relative_error
+    result.size_bytes = model_size(predictor)
 
 
 def default_calibration(rebuilt: Any) -> str | None:
@@ -510,7 +516,8 @@ def _divergence(model: paddle.nn.Layer, dataset: Any, preprocessing: Preprocessi
     if threshold is None:
         disagree = output.argmax(1) != reference.argmax(1)
     else:
-        disagree = ((output > 0) != (reference > 0)).any(1)
+        boundary = np.log(threshold / (1.0 - threshold))  # sigmoid(logit) > threshold  <=>  logit > boundary
+        disagree = ((output > boundary) != (reference > boundary)).any(1)
     error = np.linalg.norm(output - reference, axis=1)
     order = np.lexsort((-error, ~disagree))  # disagreements first, each group by its logit error
     _, inputs = next(_batches(dataset, preprocessing, count, [int(i) for i in order[:count]]))

@@ -155,7 +155,7 @@ def layer_chain_index(link: str) -> int:
     return layer_chain(create_model("resnet20", num_classes=2)).index(link)
 
 
-def test_a_tolerance_of_zero_passes_identical_targets_and_any_drop_fails(run_dir, tmp_path):
+def test_a_tolerance_of_zero_passes_a_target_identical_to_the_checkpoint(run_dir, tmp_path):
     report = compare_targets(f"{run_dir}:best", tmp_path, tolerance=0.0, targets=PADDLE_ONLY, **FAST)
     assert report.passed and report.targets[0].divergence is None
 
