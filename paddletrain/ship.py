@@ -67,6 +67,9 @@ REPORT_MD = "report.md"
 THROUGHPUT_BATCHES = (8, 32)
 # Consecutive timed calls of one target before the next takes its turn (see time_targets).
 ROUND_CALLS = 5
+# The export's preprocessing is built from training's eval transform classes and must reproduce it exactly, as
+# export's parity check requires.
+PREPROCESS_TOLERANCE = 1e-6
 # int8 keeps 7 bits of magnitude (u = 2^-7); a layer's output is judged by the rule export.TOLERANCE applies to
 # bf16 and fp16 (32 unit roundoffs) until export.TOLERANCE has an int8 entry of its own (branch int8).
 INT8_LAYER_TOLERANCE = 32 * 2.0 ** -7
@@ -240,6 +243,9 @@ class ShipReport:
     reference_score: float
     tolerance: float
     targets: list[TargetResult]
+    # Largest |preprocess.json pipeline - training eval transform| over the scored images: the targets and the
+    # checkpoint here share the former, so a mismatch (BGR, other resize) would otherwise go unseen.
+    preprocess_max_diff: float = 0.0
 
     def dropped(self) -> list[TargetResult]:
         """Targets that drop more than ``tolerance`` points below the checkpoint, or failed to export."""
@@ -247,8 +253,12 @@ class ShipReport:
                 if t.status == "failed" or (t.status == "ok" and t.delta_points < -self.tolerance)]
 
     @property
+    def preprocessing_matches(self) -> bool:
+        return self.preprocess_max_diff <= PREPROCESS_TOLERANCE
+
+    @property
     def passed(self) -> bool:
-        return not self.dropped()
+        return not self.dropped() and self.preprocessing_matches
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -275,7 +285,8 @@ class ShipReport:
         rows = self.rows()
         lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
         lines += ["| " + " | ".join(row) + " |" for row in rows[1:]]
-        verdict = "PASS" if self.passed else "FAIL: " + ", ".join(t.target for t in self.dropped())
+        failures = [t.target for t in self.dropped()] + ([] if self.preprocessing_matches else ["preprocessing"])
+        verdict = "PASS" if self.passed else "FAIL: " + ", ".join(failures)
         return (f"{self.checkpoint} on {self.val} ({self.num_images} images), tolerance {self.tolerance:g} "
                 f"points: {verdict}\n\n" + "\n".join(lines) + "\n")
 
@@ -329,13 +340,15 @@ def _folder_dataset(folder: Path, classes: list[str], in_chans: int) -> LabelLis
     return LabelListDataset(index, classes, in_chans=in_chans)
 
 
-def _batches(dataset: Any, preprocessing: Preprocessing, batch_size: int,
-             indices: list[int] | None = None) -> Iterator[tuple[list[int], np.ndarray]]:
-    """``(indices, inputs)`` of the dataset's images through the export's preprocessing, ``batch_size`` a time."""
+def _batches(dataset: Any, batch_size: int, indices: list[int] | None = None) -> Iterator[list[Any]]:
+    """The dataset's decoded images (``indices``, default all), ``batch_size`` a time."""
     order = list(range(len(dataset))) if indices is None else indices
     for start in range(0, len(order), batch_size):
-        chosen = order[start:start + batch_size]
-        yield chosen, np.stack([preprocessing(dataset.load_image(i)) for i in chosen])
+        yield [dataset.load_image(i) for i in order[start:start + batch_size]]
+
+
+def _stack(images: list[Any], transform: Callable[[Any], np.ndarray]) -> np.ndarray:
+    return np.stack([transform(image) for image in images])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -424,14 +437,14 @@ def compare_targets(checkpoint: str, out_dir: str | Path, val: str | None = None
     results, predictors = _export_all(checkpoint, out, targets, options)
     preprocessing = Preprocessing(rebuilt.preprocessing)  # what each export's preprocess.json holds
     threshold = rebuilt.multilabel_threshold
-    reference, outputs = _run_all(rebuilt.model, predictors, dataset, preprocessing, batch_size)
+    reference, outputs, preprocess_diff = _run_all(rebuilt, predictors, dataset, preprocessing, batch_size)
     labels = _targets_of(dataset)
     reference_score = score(reference, labels, threshold)
-    sample = next(_batches(dataset, preprocessing, max(THROUGHPUT_BATCHES)))[1]
+    sample = _stack(next(_batches(dataset, max(THROUGHPUT_BATCHES))), preprocessing)
     timings = time_targets(predictors, sample, timing_runs)
     metric = "mAP" if threshold is not None else "top1"
     report = ShipReport(str(locate_checkpoint(checkpoint)), val_name, len(dataset), metric, reference_score,
-                        tolerance, list(results.values()))
+                        tolerance, list(results.values()), preprocess_diff)
     for name, predictor in predictors.items():
         result = results[name]
         _score_target(result, predictor, outputs[name], reference, labels, threshold, reference_score)
@@ -497,16 +510,21 @@ def _export_all(checkpoint: str, out: Path, targets: tuple[Target, ...],
     return results, predictors
 
 
-def _run_all(model: paddle.nn.Layer, predictors: dict[str, ExportedModel], dataset: Any,
-             preprocessing: Preprocessing, batch_size: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """The checkpoint's logits and every target's on the whole validation set, the same inputs for all."""
+def _run_all(rebuilt: Any, predictors: dict[str, ExportedModel], dataset: Any, preprocessing: Preprocessing,
+             batch_size: int) -> tuple[np.ndarray, dict[str, np.ndarray], float]:
+    """The checkpoint's logits and every target's on the whole validation set, the same inputs (the export's
+    preprocessing) for all; and how far that preprocessing is from training's eval transform on these images."""
     reference: list[np.ndarray] = []
     outputs: dict[str, list[np.ndarray]] = {name: [] for name in predictors}
-    for _, inputs in _batches(dataset, preprocessing, batch_size):
-        reference.append(exporting.reference_logits(model, inputs))
+    preprocess_diff = 0.0
+    for images in _batches(dataset, batch_size):
+        inputs = _stack(images, preprocessing)
+        preprocess_diff = max(preprocess_diff, float(np.abs(inputs - _stack(images, rebuilt.eval_transform)).max()))
+        reference.append(exporting.reference_logits(rebuilt.model, inputs))
         for name, predictor in predictors.items():
             outputs[name].append(predictor.predict(inputs))
-    return np.concatenate(reference), {name: np.concatenate(chunks) for name, chunks in outputs.items()}
+    outputs = {name: np.concatenate(chunks) for name, chunks in outputs.items()}
+    return np.concatenate(reference), outputs, preprocess_diff
 
 
 def _divergence(model: paddle.nn.Layer, dataset: Any, preprocessing: Preprocessing, output: np.ndarray,
@@ -520,7 +538,7 @@ def _divergence(model: paddle.nn.Layer, dataset: Any, preprocessing: Preprocessi
         disagree = ((output > boundary) != (reference > boundary)).any(1)
     error = np.linalg.norm(output - reference, axis=1)
     order = np.lexsort((-error, ~disagree))  # disagreements first, each group by its logit error
-    _, inputs = next(_batches(dataset, preprocessing, count, [int(i) for i in order[:count]]))
+    inputs = _stack(next(_batches(dataset, count, [int(i) for i in order[:count]])), preprocessing)
     tolerance = layer_tolerance(target.precision)
     try:
         found = find_divergence(model, inputs, lambda layer, size, x, scratch: target.run_layer(
@@ -562,12 +580,15 @@ def run(cfg: DictConfig, default_out_dir: str | None = None) -> int:
         return ExitCode.USER_ERROR
     print(report.table())
     print(f"\nreport: {Path(out_dir) / REPORT_JSON}, {Path(out_dir) / REPORT_MD}")
-    if not report.passed:
+    if not report.preprocessing_matches:
+        log.error("preprocess.json's pipeline differs from training's eval transform by up to %.2e on these images "
+                  "(allowed %.0e): every target is fed otherwise than the checkpoint was validated",
+                  report.preprocess_max_diff, PREPROCESS_TOLERANCE)
+    if report.dropped():
         log.error("%s", "; ".join(f"{t.target} " + (f"failed: {t.reason}" if t.status == "failed" else
                                                     f"drops {-t.delta_points:.2f} points (tolerance "
                                                     f"{report.tolerance:g})") for t in report.dropped()))
-        return ExitCode.BAD_RESULT
-    return ExitCode.OK
+    return ExitCode.OK if report.passed else ExitCode.BAD_RESULT
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="ship")

@@ -264,6 +264,25 @@ def test_a_label_list_and_a_folder_score_the_same_images_as_the_split(shipped, r
                         val_root=str(colour_data), targets=())
 
 
+def test_a_preprocess_json_that_differs_from_training_fails_the_report(run_dir, tmp_path, monkeypatch):
+    # Targets and checkpoint share the export's preprocessing; the report also holds it against training's eval
+    # transform, here made to feed BGR as a mistaken pipeline would.
+    real = exporting._rebuild
+
+    def bgr_trained(*args, **kwargs):
+        rebuilt = real(*args, **kwargs)
+        transform = rebuilt.eval_transform
+        rebuilt.eval_transform = lambda image: transform(image)[::-1].copy()
+        return rebuilt
+
+    sound = compare_targets(f"{run_dir}:best", tmp_path / "sound", targets=())
+    assert sound.preprocess_max_diff == 0.0 and sound.passed
+    monkeypatch.setattr(exporting, "_rebuild", bgr_trained)
+    report = compare_targets(f"{run_dir}:best", tmp_path / "bgr", targets=())
+    assert report.preprocess_max_diff > 0.1 and not report.preprocessing_matches and not report.passed
+    assert "FAIL: preprocessing" in (tmp_path / "bgr" / "report.md").read_text()
+
+
 def test_a_folder_of_other_classes_and_a_missing_val_are_one_clear_error(run_dir, tmp_path):
     (tmp_path / "val" / "green").mkdir(parents=True)
     with pytest.raises(UserError, match=r"class folders \['green'\] are not classes of the checkpoint"):
