@@ -99,7 +99,8 @@ class ShipConfig(RuntimeConfig):
     # layer is looked for.
     min_agreement: float = allowed(0.99, ge=0, le=1)
     # Calibration images of int8 targets: a folder or a label list. None: the training split of the checkpoint's
-    # dataset (never the validation set being scored, which would flatter int8).
+    # dataset (<root>/train of an image folder; otherwise the int8 export's own default), never the validation set
+    # being scored, which would flatter int8.
     calibration: str | None = None
     calibration_images: int = allowed(200, ge=1)
     # Images per predictor call while scoring the validation set.
@@ -372,8 +373,8 @@ def time_targets(predictors: dict[str, ExportedModel], sample: np.ndarray, runs:
 
     Targets take turns (rounds of :data:`ROUND_CALLS` timed calls each, ``runs`` timed calls in all), so a busy
     machine slows them alike. Each turn starts with an untimed call: the runtime that ran before keeps its threads
-    spinning for a while (onnxruntime and OpenMP both do), which measured up to 4x on the next runtime's first
-    call on 2 cores. Throughput uses the median call time.
+    spinning for a while (onnxruntime and OpenMP both do), which made the next runtime's first call 4-5x slower
+    on 2 cores (resnet20 at 16 px, Paddle Inference after onnxruntime). Throughput uses the median call time.
     """
     timings: dict[str, dict[int, list[float]]] = {name: {b: [] for b in (1, *THROUGHPUT_BATCHES)}
                                                   for name in predictors}
