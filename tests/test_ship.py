@@ -32,9 +32,13 @@ COLOURS = {"red": (200, 40, 40), "blue": (40, 40, 200)}
 
 
 def _write_colour_folder(root: Path) -> None:
-    """Two classes a resnet20 learns in two epochs: noisy reddish and bluish 16x16 images (12 train, 6 val each)."""
+    """Two classes a resnet20 learns in three epochs: noisy reddish and bluish 16x16 images (24 train, 6 val each).
+
+    Measured over training seeds 0-5: best val top-1 1.0 for every seed (with 12 training images per class, two
+    epochs and the default warmup, 0.5-1.0), so the report's reference is far above chance and a broken target
+    has points to lose."""
     rng = np.random.default_rng(0)
-    for split, count in (("train", 12), ("val", 6)):
+    for split, count in (("train", 24), ("val", 6)):
         for name, colour in COLOURS.items():
             folder = root / split / name
             folder.mkdir(parents=True)
@@ -45,7 +49,8 @@ def _write_colour_folder(root: Path) -> None:
 
 def _colour_fit(root: Path) -> list[str]:
     return [f"data.root={root}", "data.name=imagefolder", "data.image_size=16", "data.batch_size=8",
-            "data.num_workers=0", "data.train_transform=small", "data.eval_transform=small", "trainer.max_epochs=2",
+            "data.num_workers=0", "data.train_transform=small", "data.eval_transform=small", "trainer.max_epochs=3",
+            "sched.warmup_epochs=0",
             "trainer.cpu_threads=1", "callbacks.progress_bar.enabled=false", "callbacks.visualdl=null"]
 
 
@@ -138,6 +143,8 @@ def _break_layer(monkeypatch, name: str = BROKEN) -> None:
 
 
 def test_a_target_that_drops_exits_3_and_names_its_first_diverging_layer(run_dir, tmp_path, monkeypatch, capsys):
+    # Measured over training seeds 0-5 of this run: the broken target scored 0.0-0.5 against the checkpoint's 1.0
+    # (a drop of 50-100 points, agreement 0-50%), and bisection named BROKEN every time.
     _break_layer(monkeypatch)
     monkeypatch.setattr("paddletrain.ship.TARGETS", PADDLE_ONLY)
     cfg = OmegaConf.merge(OmegaConf.structured(ShipConfig),
