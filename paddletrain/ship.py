@@ -22,6 +22,7 @@ Exit status: 0 when every exported target is within ``tolerance`` points of the 
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import sys
@@ -133,8 +134,6 @@ def _onnx_extra() -> str | None:
 
 
 def _importable(module: str) -> bool:
-    import importlib.util
-
     return importlib.util.find_spec(module) is not None
 
 
