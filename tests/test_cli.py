@@ -49,6 +49,11 @@ MISTAKES = {
         "wrong type": (["topk=abc"], "topk: Value 'abc' of type 'str' could not be converted to Integer"),
         "bad choice": (["backend=xyz"], "backend='xyz' is not allowed; choose one of: "),
     },
+    "ship": {
+        "misspelt key": (["tolerence=2"], "unknown config key tolerence (not in the schema; did you mean tolerance?)"),
+        "wrong type": (["batch_size=abc"], "batch_size: Value 'abc' of type 'str' could not be converted to Integer"),
+        "bad choice": (["device=tpu"], "device='tpu' is not allowed; choose one of: "),
+    },
 }
 CASES = [(command, kind) for command, kinds in MISTAKES.items() for kind in kinds]
 
