@@ -6,8 +6,9 @@ import io
 import re
 from pathlib import Path
 
-from paddletrain.distributed import OUTCOME_MARKER
-from paddletrain.launcher import _LogTail, shown_on_console
+from paddletrain.distributed import OUTCOME_MARKER, RankOutcome
+from paddletrain.errors import ExitCode
+from paddletrain.launcher import JobOutcome, Launcher, NodeSpec, _LogTail, decide, first_failed_rank, shown_on_console
 from tests.conftest import TINY, run_module
 
 RANK_LOG = f"""\
@@ -63,3 +64,37 @@ def test_two_ranks_print_one_line_each_and_keep_the_launcher_log(tmp_path):
     assert "[rank 0] Summary:" in output
     launcher_log = (run_dir / "launch" / "launcher.log").read_text()
     assert "LAUNCH INFO" in launcher_log
+
+
+PADDLE_REPORT = ("LAUNCH ERROR 2026-11-26 00:12:49,652 Container failed !!!\n"
+                 "Container rank 1 status failed cmd ['python', '-u', 'fit.py', 'a=1'] code -9 log /r/workerlog.1\n")
+
+
+def test_the_first_rank_paddle_saw_fail_is_read_with_its_status_as_a_global_rank():
+    assert first_failed_rank(PADDLE_REPORT, NodeSpec(2)) == (1, -9)
+    assert first_failed_rank(PADDLE_REPORT, NodeSpec(2, nnodes=2, node_rank=1)) == (3, -9)
+    assert first_failed_rank("LAUNCH INFO Pod completed\n", NodeSpec(2)) is None
+
+
+def test_a_rank_that_left_no_report_is_named_with_its_signal(tmp_path):
+    outcomes = {0: RankOutcome(0, ExitCode.RANK_LOST, "lost contact", 1.0, lost_ranks=[1])}
+    verdict = decide(NodeSpec(2), outcomes, {1: "training...\n"}, None, 1, tmp_path / "launcher.log",
+                     exit_codes={1: -9})
+    assert verdict.code == ExitCode.RANK_LOST
+    assert verdict.message.startswith("rank 1 ended without a report (killed by SIGKILL; see its workerlog)")
+
+
+class StubWatchdog:
+    def describe(self) -> str:
+        return "rank 1 did not arrive: rank 0 waited 30 s in step 2 of epoch 0"
+
+
+def test_a_lost_peer_that_was_alive_is_a_timeout_and_a_killed_one_is_not(tmp_path):
+    launcher = Launcher(NodeSpec(2), tmp_path, watchdog=StubWatchdog())
+    lost = JobOutcome(ExitCode.RANK_LOST, "rank 0 lost contact with rank 1")
+    # Rank 0 failed first, reporting the lost peer itself (exit 4): gloo gave up waiting for a live rank 1.
+    timed_out = launcher._stall_verdict(lost, (0, int(ExitCode.RANK_LOST)))
+    assert timed_out == JobOutcome(ExitCode.TIMED_OUT, "rank 1 did not arrive: rank 0 waited 30 s in step 2 of "
+                                                       "epoch 0; the collective's own timeout ended the wait")
+    # Rank 1 was killed first: it was lost, whatever the heartbeats say.
+    assert launcher._stall_verdict(lost, (1, -9)) == lost
