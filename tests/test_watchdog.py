@@ -136,3 +136,21 @@ def test_a_rank_sleeping_before_an_all_reduce_ends_the_job_within_the_timeout_na
     waited = int(re.search(r"rank 0 waited (\d+) s", last).group(1))
     assert timeout - 1 <= waited <= timeout + 2, last  # rank 1's clock started a moment before rank 0's
     assert elapsed < 200, elapsed
+
+
+@pytest.mark.slow  # gloo's own 30 s, plus a launch: about 90 s on the 2 busy cores it was written on
+@pytest.mark.timeout(400)
+def test_gloos_fixed_30_s_timeout_is_reported_as_a_hang_naming_the_late_rank(tmp_path):
+    """The default timeout (30 min) is longer than gloo's fixed 30 s: gloo ends the wait, rank 0 reports a lost
+    peer, and the launcher, seeing that peer was alive, reports the hang with the heartbeats' line."""
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    fault = "+callbacks.fault={_target_:tests.scripts.faults.SleepBeforeStep,rank:1,step:2,seconds:45}"
+    result = run_module("paddletrain.fit", [*TINY, "trainer.devices=2", "callbacks.visualdl=null", fault,
+                                            f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=env, timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == ExitCode.TIMED_OUT, output[-4000:]
+    last = output.strip().splitlines()[-1]
+    assert "rank 1 did not arrive: rank 0 waited" in last and "the collective's own timeout ended the wait" in last
+    waited = int(re.search(r"rank 0 waited (\d+) s", last).group(1))
+    assert 29 <= waited <= 40, last  # gloo's 30 s, read by the launcher a moment later
+    assert "TIMEOUT" in (tmp_path / "run" / "launch" / "workerlog.0").read_text()
