@@ -220,6 +220,7 @@ class Launcher:
         # Ends the job when the ranks stop making progress (paddletrain.watchdog); its line once it did.
         self.watchdog = watchdog
         self.stalled: str | None = None
+        self._ended: dict[int, float] = {}  # global rank -> when this launcher first saw it gone
         self.log_dir = Path(log_dir)
         self.plan = plan
         self.stop_signum: int | None = None
@@ -271,6 +272,7 @@ class Launcher:
                     self._request_stop(stop_request.signum)
                 self._supervise(tail)
             code = self._proc.returncode
+            self._note_ended()
             self._reap(tail)
             tail.pump()
         finally:
@@ -284,7 +286,7 @@ class Launcher:
             first_failed = first_failed_rank(handle.read(), self.spec)
         outcome = decide(self.spec, outcomes, silent, self.stop_signum, code, launcher_log, _endpoints(self.log_dir),
                          exit_codes=dict([first_failed]) if first_failed else None)
-        return self._stall_verdict(outcome, first_failed)
+        return self._stall_verdict(outcome)
 
     # ------------------------------------------------------------------ supervision
     def _supervise(self, tail: _LogTail) -> None:
@@ -298,6 +300,7 @@ class Launcher:
                 idle = time.monotonic() - max(last_rank_seen, self._stop_at)
                 if not alive and idle > NO_RANK_GRACE and self._proc.poll() is None:
                     self._proc.kill()  # still starting or waiting for other nodes: nothing to save
+            self._note_ended()
             self._watch()
             tail.pump()
             if self._proc.poll() is not None:
@@ -368,18 +371,26 @@ class Launcher:
             except psutil.Error:  # gone already
                 pass
 
-    def _stall_verdict(self, outcome: JobOutcome, first_failed: tuple[int, int] | None) -> JobOutcome:
-        """The watchdog's line when the job stalled. Also when a rank reported a lost peer while no rank was
-        killed (the first to fail exited by itself): gloo gave up waiting (after its fixed 30 s) for a peer that
-        was alive but late, and the heartbeats say which."""
+    def _note_ended(self) -> None:
+        now = time.monotonic()
+        for pid, process in self._ranks.items():
+            if self._rank_ids[pid] not in self._ended and not _running(process):
+                self._ended[self._rank_ids[pid]] = now
+
+    def _stall_verdict(self, outcome: JobOutcome) -> JobOutcome:
+        """The watchdog's line when the job stalled. Also for a lost peer when the ranks that ended first were all
+        waiting, not late: gloo gave up (after its fixed 30 s) on a peer that was alive, and the heartbeats say
+        which. (A killed rank ends first, and its peers within the same poll.)"""
         if self.stalled is not None:
             return JobOutcome(ExitCode.TIMED_OUT, self.stalled)
-        peer_alive = first_failed is not None and first_failed[1] == ExitCode.RANK_LOST
-        if outcome.code == ExitCode.RANK_LOST and peer_alive and self.watchdog is not None:
-            stalled = self.watchdog.describe()
-            if stalled is not None:
-                return JobOutcome(ExitCode.TIMED_OUT, f"{stalled}; the collective's own timeout ended the wait")
-        return outcome
+        if outcome.code != ExitCode.RANK_LOST or self.watchdog is None or not self._ended:
+            return outcome
+        first = min(self._ended.values())
+        ended_first = {rank_id for rank_id, at in self._ended.items() if at == first}
+        stalled = self.watchdog.describe(ended_first)
+        if stalled is None:
+            return outcome
+        return JobOutcome(ExitCode.TIMED_OUT, f"{stalled}; the collective's own timeout ended the wait")
 
     # ------------------------------------------------------------------ signals
     def _on_signal(self, signum: int, frame: Any) -> None:

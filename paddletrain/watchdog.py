@@ -122,14 +122,15 @@ class RankState:
 
 
 def stall_line(states: dict[int, RankState], now: float, timeout: float, expected: Iterable[int] = (),
-               force: bool = False) -> str | None:
+               ended_first: set[int] | None = None) -> str | None:
     """One line naming the ranks that did not arrive and where the others wait, or None while all is moving.
 
-    The job counts as stalled when a rank's heartbeat has not changed for ``timeout`` seconds (``force``: judge
-    now, whatever the ages: the job already ended on a timeout of Paddle's). ``expected``: ranks that should
-    have a heartbeat; one without any, while others train, is still starting. Returns None when nothing is
-    stalled, or, with ``force``, when every rank is at the same position (nobody is known to be late).
+    The job counts as stalled when a rank's heartbeat has not changed for ``timeout`` seconds. ``expected``:
+    ranks that should have a heartbeat; one without any, while others train, is still starting.
+    ``ended_first``: judge now, whatever the ages, a job that already ended on a lost peer, these ranks ending
+    first: a hang only if some rank was late and none of them was (a rank killed while late is lost, not hung).
     """
+    force = ended_first is not None
     if not states:
         return None
     stuck = [r for r, s in states.items() if now - s.since >= timeout]
@@ -142,13 +143,13 @@ def stall_line(states: dict[int, RankState], now: float, timeout: float, expecte
     late = {r: f"last seen in {s.where}, {now - s.since:.0f} s ago" for r, s in sorted(states.items())
             if s.position < ahead}
     late.update({r: "not training yet (still starting)" for r in expected if r not in states})
+    if force and (not late or ended_first & set(late)):
+        return None
     if late:
         first = states[waiting[0]]
         details = "; ".join(f"rank {r} {text}" for r, text in sorted(late.items()))
         return (f"{_ranks(late)} did not arrive: {_ranks(waiting)} waited {now - first.since:.0f} s in "
                 f"{first.where}{limit}; {details}")
-    if force:
-        return None
     stalled = states[stuck[0]]
     return f"{_ranks(stuck)} made no progress for {now - stalled.since:.0f} s in {stalled.where}{limit}"
 
@@ -187,10 +188,11 @@ class Watchdog:
         self._read()
         return stall_line(self._states, self.clock(), self.timeout, self._waiting_for())
 
-    def describe(self) -> str | None:
-        """After the job ended on a collective's own timeout: who was late and where the others waited."""
+    def describe(self, ended_first: set[int]) -> str | None:
+        """After the job ended on a lost peer, ``ended_first`` ending first: who was late and where the others
+        waited, when it was a hang (:func:`stall_line`)."""
         self._read()
-        return stall_line(self._states, self.clock(), self.timeout, self._waiting_for(), force=True)
+        return stall_line(self._states, self.clock(), self.timeout, self._waiting_for(), ended_first=ended_first)
 
     def _waiting_for(self) -> list[int]:
         return [r for r in self.expected if r not in self._done]

@@ -5,10 +5,12 @@ from __future__ import annotations
 import io
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 from paddletrain.distributed import OUTCOME_MARKER, RankOutcome
 from paddletrain.errors import ExitCode
 from paddletrain.launcher import JobOutcome, Launcher, NodeSpec, _LogTail, decide, first_failed_rank, shown_on_console
+from paddletrain.watchdog import Heartbeat, Watchdog
 from tests.conftest import TINY, run_module
 
 RANK_LOG = f"""\
@@ -84,17 +86,20 @@ def test_a_rank_that_left_no_report_is_named_with_its_signal(tmp_path):
     assert verdict.message.startswith("rank 1 ended without a report (killed by SIGKILL; see its workerlog)")
 
 
-class StubWatchdog:
-    def describe(self) -> str:
-        return "rank 1 did not arrive: rank 0 waited 30 s in step 2 of epoch 0"
-
-
-def test_a_lost_peer_that_was_alive_is_a_timeout_and_a_killed_one_is_not(tmp_path):
-    launcher = Launcher(NodeSpec(2), tmp_path, watchdog=StubWatchdog())
+def test_a_lost_peer_is_a_hang_only_when_the_ranks_that_ended_first_were_waiting(tmp_path):
+    watchdog = Watchdog([tmp_path], timeout=1800, expected=[0, 1])
+    watchdog.reset()
+    Heartbeat(tmp_path, 1).on_train_batch_end(SimpleNamespace(epoch=0, global_step=1), None, None, 0)
+    Heartbeat(tmp_path, 0).on_train_batch_start(SimpleNamespace(epoch=0, global_step=1), None, 1)
     lost = JobOutcome(ExitCode.RANK_LOST, "rank 0 lost contact with rank 1")
-    # Rank 0 failed first, reporting the lost peer itself (exit 4): gloo gave up waiting for a live rank 1.
-    timed_out = launcher._stall_verdict(lost, (0, int(ExitCode.RANK_LOST)))
-    assert timed_out == JobOutcome(ExitCode.TIMED_OUT, "rank 1 did not arrive: rank 0 waited 30 s in step 2 of "
-                                                       "epoch 0; the collective's own timeout ended the wait")
-    # Rank 1 was killed first: it was lost, whatever the heartbeats say.
-    assert launcher._stall_verdict(lost, (1, -9)) == lost
+    launcher = Launcher(NodeSpec(2), tmp_path, watchdog=watchdog)
+    # Rank 0 ended first (gloo gave up on rank 1, which was alive but late): a hang.
+    launcher._ended = {0: 10.0, 1: 12.0}
+    verdict = launcher._stall_verdict(lost)
+    assert verdict.code == ExitCode.TIMED_OUT
+    assert verdict.message.startswith("rank 1 did not arrive: rank 0 waited 0 s in step 2 of epoch 0 (batch 1: ")
+    assert verdict.message.endswith("; the collective's own timeout ended the wait")
+    # The late rank ended first, or in the same poll as the others: it was lost (killed), not late.
+    for ended in ({1: 10.0, 0: 12.0}, {1: 10.0, 0: 10.0}):
+        launcher._ended = ended
+        assert launcher._stall_verdict(lost) == lost
