@@ -6,6 +6,9 @@ with ``trainer.resume=auto``: from the newest complete checkpoint in the run dir
 saved, so the final weights equal those of the same run left alone. Each restart is logged in one line with its
 cause; when the restarts are used up the job ends with the last cause and the count.
 
+Like torchrun's ``--max-restarts`` every rank is stopped and restarted, not only the lost one (the group is
+formed anew); unlike torchrun, only endings a retry can pass are restarted (below).
+
 Why here and not Paddle's own ``--max_restart``/``--elastic_level``: Paddle restarts the ranks with the very same
 command line (they would start from scratch, or from the checkpoint the user named, not the newest one), it
 restarts on any failure, a bad config or a corrupt image included, which would fail again the same way, and it
