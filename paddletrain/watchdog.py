@@ -190,9 +190,12 @@ class Watchdog:
 
     def describe(self, ended_first: set[int]) -> str | None:
         """After the job ended on a lost peer, ``ended_first`` ending first: who was late and where the others
-        waited, when it was a hang (:func:`stall_line`)."""
+        waited, when it was a hang (:func:`stall_line`). Ranks of other nodes count as ending first: this launcher
+        cannot see whether they were killed."""
         self._read()
-        return stall_line(self._states, self.clock(), self.timeout, self._waiting_for(), ended_first=ended_first)
+        unseen = set(self._states) - set(self.expected)
+        return stall_line(self._states, self.clock(), self.timeout, self._waiting_for(),
+                          ended_first=set(ended_first) | unseen)
 
     def _waiting_for(self) -> list[int]:
         return [r for r in self.expected if r not in self._done]

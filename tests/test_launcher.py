@@ -103,3 +103,8 @@ def test_a_lost_peer_is_a_hang_only_when_the_ranks_that_ended_first_were_waiting
     for ended in ({1: 10.0, 0: 12.0}, {1: 10.0, 0: 10.0}):
         launcher._ended = ended
         assert launcher._stall_verdict(lost) == lost
+    # The late rank is on another node (its heartbeat is on the shared run directory): nobody here saw how it
+    # ended, so it stays lost.
+    other_node = Launcher(NodeSpec(1), tmp_path, watchdog=Watchdog([tmp_path], timeout=1800, expected=[0]))
+    other_node._ended = {0: 10.0}
+    assert other_node._stall_verdict(lost) == lost
