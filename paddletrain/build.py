@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, fields
@@ -50,6 +51,7 @@ from paddletrain.state_checks import check_state_matches
 from paddletrain.summary import write_summary
 from paddletrain.trainer import Trainer, count_batches
 from paddletrain.validation import DEFAULT_MONITOR, take_built_callbacks, validate_once
+from paddletrain.watchdog import Heartbeat
 
 log = logging.getLogger("paddletrain")
 
@@ -273,6 +275,14 @@ def build_callbacks(cfg: DictConfig) -> list[Callback]:
     return instantiate_callbacks(cfg.get("callbacks") or {}, built=take_built_callbacks())
 
 
+def heartbeat(rank: int) -> list[Callback]:
+    """The watchdog's heartbeat (:mod:`paddletrain.watchdog`) for a rank that paddletrain's launcher supervises."""
+    log_dir = os.environ.get("PADDLE_LOG_DIR")
+    if not (distributed.is_launched() and distributed.under_paddletrain_launcher() and log_dir):
+        return []
+    return [Heartbeat(log_dir, rank)]
+
+
 def saves_checkpoints(cfg: DictConfig) -> bool:
     """Whether the run's callbacks write checkpoints (a stop request then saves one)."""
     return (cfg.get("callbacks") or {}).get("checkpoint") is not None
@@ -291,7 +301,8 @@ _RUN_PLUMBING = ("hydra", "name", "tags", "imports", "trainer.resume", "trainer.
                  "trainer.node_rank", "trainer.master", "trainer.trust_pickle", "model.trust_pickle", "data.root",
                  "data.download", "data.num_workers", "data.use_shared_memory", "data.persistent_workers",
                  "callbacks.progress_bar", "callbacks.visualdl", "callbacks.checkpoint",
-                 "trainer.distill.unlabeled_root", "trainer.distill.trust_pickle")
+                 "trainer.distill.unlabeled_root", "trainer.distill.trust_pickle", "trainer.max_restarts",
+                 "trainer.collective_timeout")
 _ABSENT = object()
 
 
@@ -371,7 +382,8 @@ def build_run(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = ()
         loss_fn=loss_fn, precision=precision, meters=build_meters(cfg, num_classes, world_size),
         batch_transform=build_mixup(cfg, num_classes, seed=t.seed, rank=rank),
         distiller=build_distiller(cfg, num_classes, data.in_chans, precision, hard_loss=loss_fn),
-        callbacks=[*configured, *callbacks], limits=limits, num_classes=len(data.classes), class_names=data.classes,
+        callbacks=[*configured, *callbacks, *heartbeat(rank)], limits=limits, num_classes=len(data.classes),
+        class_names=data.classes,
         run_dir=str(run_dir), hparams=run_hparams(cfg), sync_bn=cfg.model.sync_bn,
         find_unused_parameters=t.find_unused_parameters,
         checkpoint_extras={"config": resolved, "run": facts},

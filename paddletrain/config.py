@@ -349,6 +349,12 @@ class TrainerConfig:
     # Where the job's shape comes from: auto (SLURM's variables when srun started this process, else the keys
     # above), slurm (SLURM's, an error without them) or none (the keys above only). docs/distributed.md#slurm.
     cluster: str = allowed("auto", choices=CLUSTERS)
+    # A lost rank (killed, crashed, unreachable) or a hang stops every rank and restarts the job from the newest
+    # checkpoint (trainer.resume=auto), at most this many times; 0: the job ends (docs/distributed.md).
+    max_restarts: int = allowed(0, ge=0, le=1000)
+    # Seconds a collective may wait for the other ranks, and a rank may go without progress, before the job is
+    # ended with exit 5 naming the ranks that did not arrive (docs/distributed.md#no-silent-hangs).
+    collective_timeout: float = allowed(1800.0, gt=0)
     find_unused_parameters: bool = False
     seed: int = allowed(42, ge=0, le=MAX_SEED)
     # Deterministic cuDNN algorithms on GPUs (slower); CPU kernels are deterministic already.

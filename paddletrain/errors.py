@@ -24,6 +24,9 @@ class ExitCode(enum.IntEnum):
     BAD_RESULT = 3
     # A process of a distributed job was lost (killed, crashed, its machine gone): the line names the rank.
     RANK_LOST = 4
+    # A distributed job stopped making progress: a collective waited, or a rank made no step, for longer than
+    # trainer.collective_timeout; the line names the ranks that did not arrive and where the others waited.
+    TIMED_OUT = 5
     # Stopped on request, after saving when checkpointing is enabled: 128 + the signal, the shell's convention.
     INTERRUPTED_SIGINT = 128 + signal.SIGINT  # 130
     INTERRUPTED_SIGTERM = 128 + signal.SIGTERM  # 143

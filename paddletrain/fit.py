@@ -34,8 +34,10 @@ from paddletrain.config import register_configs  # noqa: E402
 from paddletrain.errors import ExitCode, TrainingInterrupted  # noqa: E402
 from paddletrain.launcher import Launcher, NodeSpec  # noqa: E402
 from paddletrain.processes import stop_request  # noqa: E402
+from paddletrain.restart import run_with_restarts  # noqa: E402
 from paddletrain.rundir import discard_failed_start, hold_run_dir  # noqa: E402
 from paddletrain.validation import VALIDATED_ENV, validate_once, validated_marker  # noqa: E402
+from paddletrain.watchdog import Watchdog  # noqa: E402
 
 log = logging.getLogger("paddletrain")
 
@@ -184,11 +186,24 @@ def launch_workers(cfg: DictConfig, run_dir: Path, spec: NodeSpec) -> None:
             root.removeHandler(handler)
     plan = ("the ranks finish their current step, save a checkpoint and stop" if saves_checkpoints(cfg) else
             "the ranks finish their current step and stop (no checkpoint will be saved: checkpointing is off)")
-    outcome = Launcher(spec, log_dir, plan).run(Path(__file__), args)
-    if outcome.code == ExitCode.OK:
+    t = cfg.trainer
+    # NCCL's own collective timeout (milliseconds; gloo has a fixed one) backs up the watchdog, which speaks first
+    # because it names the ranks that did not arrive.
+    os.environ.setdefault("PADDLE_PG_TIMEOUT", str(int(2000 * t.collective_timeout)))
+    # Other nodes' heartbeats are read too when the run directory is shared (it should be: docs/distributed.md).
+    watched = [log_dir, *sorted(p for p in log_dir.parent.glob("node*") if p != log_dir)] if spec.nnodes > 1 else [
+        log_dir]
+    watchdog = Watchdog(watched, t.collective_timeout, expected=spec.global_ranks())
+
+    def attempt(rank_args: list[str]) -> tuple[int, str]:
+        outcome = Launcher(spec, log_dir, plan, watchdog=watchdog).run(Path(__file__), rank_args)
+        return outcome.code, outcome.message
+
+    code, message = run_with_restarts(attempt, args, t.max_restarts, run_dir / "checkpoints")
+    if code == ExitCode.OK:
         return
     # A rank's bad-input error is a failed start of the whole job (its one line says why).
-    finish(outcome.code, outcome.message, run_dir=run_dir if outcome.code == ExitCode.USER_ERROR else None)
+    finish(code, message, run_dir=run_dir if code == ExitCode.USER_ERROR else None)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ import psutil
 from paddletrain.distributed import OUTCOME_MARKER, RankOutcome, lost_peers
 from paddletrain.errors import ExitCode, describe_ranks
 from paddletrain.processes import LAUNCHER_ENV, REPEAT_WINDOW, STOP_SIGNALS, exit_now, stop_request
+from paddletrain.watchdog import Watchdog
 
 log = logging.getLogger("paddletrain")
 
@@ -74,11 +75,12 @@ class NodeSpec:
 
 def decide(spec: NodeSpec, outcomes: dict[int, RankOutcome], ended_without_outcome: dict[int, str],
            stop_signum: int | None, launcher_code: int | None, launcher_log: Path,
-           endpoints: list[str] | None = None) -> JobOutcome:
+           endpoints: list[str] | None = None, exit_codes: dict[int, int] | None = None) -> JobOutcome:
     """The job's outcome as seen from this node.
 
     ``outcomes``: what ranks reported; ``ended_without_outcome``: this node's ranks that left none, with their
-    log since the start (a rank killed, or aborted inside a collective); ``endpoints``: every rank's address.
+    log since the start (a rank killed, or aborted inside a collective); ``endpoints``: every rank's address;
+    ``exit_codes``: the status Paddle's launcher reported for a rank (:func:`first_failed_rank`).
     A real failure (bad input, diverged, unexpected) wins; then a stop this launcher forwarded; then a lost rank;
     then a stop that came from elsewhere (another node's rank received the signal).
     """
@@ -92,7 +94,7 @@ def decide(spec: NodeSpec, outcomes: dict[int, RankOutcome], ended_without_outco
         detail = (interrupted[0].message if interrupted else
                   f"Stopped by {name} before training started; nothing to save")
         return JobOutcome(ExitCode.interrupted(stop_signum), detail)
-    lost = _lost_rank_line(outcomes, ended_without_outcome, endpoints)
+    lost = _lost_rank_line(outcomes, ended_without_outcome, endpoints, exit_codes or {})
     if lost is not None:
         return JobOutcome(ExitCode.RANK_LOST, lost)
     if interrupted:
@@ -105,7 +107,7 @@ def decide(spec: NodeSpec, outcomes: dict[int, RankOutcome], ended_without_outco
 
 
 def _lost_rank_line(outcomes: dict[int, RankOutcome], silent: dict[int, str],
-                    endpoints: list[str] | None) -> str | None:
+                    endpoints: list[str] | None, exit_codes: dict[int, int]) -> str | None:
     """One line naming the rank that was lost and who noticed, or None when no rank was lost."""
     noticed = {o.rank: o.lost_ranks or [] for o in outcomes.values() if o.code == ExitCode.RANK_LOST}
     vanished = []
@@ -117,8 +119,9 @@ def _lost_rank_line(outcomes: dict[int, RankOutcome], silent: dict[int, str],
             vanished.append(rank_id)
     if not noticed and not vanished:
         return None
-    parts = [f"{describe_ranks([r])} ended without a report (killed, or crashed inside Paddle; see its workerlog)"
-             for r in sorted(vanished)]
+    parts = [f"{describe_ranks([r])} ended without a report ("
+             f"{ExitCode.describe(exit_codes[r]) if r in exit_codes else 'killed, or crashed inside Paddle'}; "
+             "see its workerlog)" for r in sorted(vanished)]
     for rank_id, peers in sorted(noticed.items()):
         if peers and set(peers) <= set(vanished):
             parts.append(f"rank {rank_id} stopped because it lost contact with {describe_ranks(peers)}")
@@ -126,6 +129,19 @@ def _lost_rank_line(outcomes: dict[int, RankOutcome], silent: dict[int, str],
             parts.append(f"rank {rank_id} lost contact with {describe_ranks(peers) if peers else 'another rank'} "
                          "(killed, crashed or its machine is unreachable)")
     return "; ".join(parts)
+
+
+# Paddle's launcher's report of the first rank of its pod that failed (it reports only that one).
+_FAILED_CONTAINER = re.compile(r"Container rank (\d+) status failed .* code (-?\d+) log ")
+
+
+def first_failed_rank(launcher_text: str, spec: NodeSpec) -> tuple[int, int] | None:
+    """``(global rank, exit status)`` of the rank Paddle's launcher saw fail first on this node (a negative status:
+    killed by that signal), from its log; None when it reported none."""
+    found = _FAILED_CONTAINER.search(launcher_text)
+    if found is None:
+        return None
+    return spec.node_rank * spec.nproc + int(found.group(1)), int(found.group(2))
 
 
 def _endpoints(log_dir: Path) -> list[str] | None:
@@ -198,8 +214,13 @@ class _LogTail:
 class Launcher:
     """Run one node's share of a job under ``paddle.distributed.launch`` and report its outcome (module docstring)."""
 
-    def __init__(self, spec: NodeSpec, log_dir: Path, plan: str = "stopping after the current step") -> None:
+    def __init__(self, spec: NodeSpec, log_dir: Path, plan: str = "stopping after the current step",
+                 watchdog: Watchdog | None = None) -> None:
         self.spec = spec
+        # Ends the job when the ranks stop making progress (paddletrain.watchdog); its line once it did.
+        self.watchdog = watchdog
+        self.stalled: str | None = None
+        self._ended: dict[int, float] = {}  # global rank -> when this launcher first saw it gone
         self.log_dir = Path(log_dir)
         self.plan = plan
         self.stop_signum: int | None = None
@@ -226,10 +247,13 @@ class Launcher:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for old in self.log_dir.glob("outcome.*.json"):
             old.unlink()
+        if self.watchdog is not None:
+            self.watchdog.reset()
         # Paddle names the logs by local rank and appends to them: remember where this run's lines start.
         logs = [_LogTail(self.log_dir / f"workerlog.{i}", sys.stdout) for i in range(self.spec.nproc)]
         tail = logs[0]
         launcher_log = self.log_dir / "launcher.log"
+        launcher_start = launcher_log.stat().st_size if launcher_log.exists() else 0  # it is appended to
         cmd = self.command(script, args)
         log.info("Launching %d process(es) on node %d of %d; logs in %s", self.spec.nproc, self.spec.node_rank,
                  self.spec.nnodes, self.log_dir)
@@ -248,6 +272,7 @@ class Launcher:
                     self._request_stop(stop_request.signum)
                 self._supervise(tail)
             code = self._proc.returncode
+            self._note_ended()
             self._reap(tail)
             tail.pump()
         finally:
@@ -256,7 +281,12 @@ class Launcher:
         outcomes = RankOutcome.read_all(self.log_dir)
         silent = {rank_id: logs[i].text_since_start() for i, rank_id in enumerate(self.spec.global_ranks())
                   if rank_id not in outcomes and logs[i].text_since_start()}
-        return decide(self.spec, outcomes, silent, self.stop_signum, code, launcher_log, _endpoints(self.log_dir))
+        with open(launcher_log, errors="replace") as handle:
+            handle.seek(launcher_start)
+            first_failed = first_failed_rank(handle.read(), self.spec)
+        outcome = decide(self.spec, outcomes, silent, self.stop_signum, code, launcher_log, _endpoints(self.log_dir),
+                         exit_codes=dict([first_failed]) if first_failed else None)
+        return self._stall_verdict(outcome)
 
     # ------------------------------------------------------------------ supervision
     def _supervise(self, tail: _LogTail) -> None:
@@ -270,6 +300,8 @@ class Launcher:
                 idle = time.monotonic() - max(last_rank_seen, self._stop_at)
                 if not alive and idle > NO_RANK_GRACE and self._proc.poll() is None:
                     self._proc.kill()  # still starting or waiting for other nodes: nothing to save
+            self._note_ended()
+            self._watch()
             tail.pump()
             if self._proc.poll() is not None:
                 return
@@ -322,6 +354,43 @@ class Launcher:
                 process.kill()
             except Exception:  # it stopped meanwhile
                 pass
+
+    # ------------------------------------------------------------------ hangs (paddletrain.watchdog)
+    def _watch(self) -> None:
+        """Kill this node's ranks once the watchdog finds the job stalled: they are stuck where no signal handler
+        runs (inside a collective), and the other nodes' watchdogs do the same with theirs."""
+        if self.watchdog is None or self.stalled is not None or self.stop_signum is not None:
+            return
+        self.stalled = self.watchdog.poll()
+        if self.stalled is None:
+            return
+        log.error("No progress for trainer.collective_timeout=%g s: stopping every rank", self.watchdog.timeout)
+        for process in self._ranks.values():
+            try:
+                process.kill()
+            except psutil.Error:  # gone already
+                pass
+
+    def _note_ended(self) -> None:
+        now = time.monotonic()
+        for pid, process in self._ranks.items():
+            if self._rank_ids[pid] not in self._ended and not _running(process):
+                self._ended[self._rank_ids[pid]] = now
+
+    def _stall_verdict(self, outcome: JobOutcome) -> JobOutcome:
+        """The watchdog's line when the job stalled. Also for a lost peer when the ranks that ended first were all
+        waiting, not late: gloo gave up (after its fixed 30 s) on a peer that was alive, and the heartbeats say
+        which. (A killed rank ends first, and its peers within the same poll.)"""
+        if self.stalled is not None:
+            return JobOutcome(ExitCode.TIMED_OUT, self.stalled)
+        if outcome.code != ExitCode.RANK_LOST or self.watchdog is None or not self._ended:
+            return outcome
+        first = min(self._ended.values())
+        ended_first = {rank_id for rank_id, at in self._ended.items() if at == first}
+        stalled = self.watchdog.describe(ended_first)
+        if stalled is None:
+            return outcome
+        return JobOutcome(ExitCode.TIMED_OUT, f"{stalled}; the collective's own timeout ended the wait")
 
     # ------------------------------------------------------------------ signals
     def _on_signal(self, signum: int, frame: Any) -> None:

@@ -17,9 +17,9 @@ log = logging.getLogger("paddletrain")
 
 
 # Keys a resumed run may change without changing what it trains, so a difference in them is not reported: how
-# to resume and what to trust, where and how fast the process runs, where the data lives, the pretrained weights
-# (the checkpoint's replace them), what is shown and logged, and the batch and world size (the run record's own
-# warning names those).
+# to resume and what to trust, where and how fast the process runs, how it restarts and times out, where the
+# data lives, the pretrained weights (the checkpoint's replace them), what is shown and logged, and the batch and
+# world size (the run record's own warning names those).
 RESUME_IGNORED = (
     "trainer.resume", "trainer.trust_pickle", "model.trust_pickle",
     "trainer.device", "trainer.cpu_threads", "trainer.node_rank", "trainer.master",
@@ -27,6 +27,7 @@ RESUME_IGNORED = (
     "data.root", "data.download", "model.pretrained",
     "callbacks.progress_bar", "callbacks.visualdl", "callbacks.lr_monitor", "callbacks.profiler", "name", "tags",
     "data.batch_size", "trainer.devices", "trainer.num_nodes",
+    "trainer.max_restarts", "trainer.collective_timeout",
 )
 # A resumed run's warning names at most this many keys (then "and N more").
 MAX_KEYS_SHOWN = 8
