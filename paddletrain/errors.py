@@ -5,6 +5,7 @@ Entry points print an exception's message as one clear line, no traceback, and e
 from __future__ import annotations
 
 import enum
+import re
 import signal
 
 
@@ -80,7 +81,12 @@ class TrainingInterrupted(Exception):
     rank that received the signal (None in a single process); ``checkpoint`` what was saved on the way out.
     """
 
-    def __init__(self, signum: int, step: int | None = None, rank: int | None = None) -> None:
+    def __init__(self, signum: int | str, step: int | None = None, rank: int | None = None) -> None:
+        if isinstance(signum, str):
+            # A signal that lands inside a config access: OmegaConf re-raises the exception as
+            # type(exc)(its message + the key), so the signal is read back from the message.
+            named = re.search(r"interrupted by (SIG[A-Z0-9]+)", signum)
+            signum = signal.Signals[named.group(1)] if named else signal.SIGTERM
         self.signum = int(signum)
         self.step = step
         self.rank = rank

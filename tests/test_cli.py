@@ -202,3 +202,21 @@ def test_sigterm_stops_a_command_with_one_line_and_143(export_dir, tmp_path):
     assert proc.wait(timeout=60) == ExitCode.INTERRUPTED_SIGTERM, lines
     assert lines[-1].endswith("[paddletrain][WARNING] - Stopped by SIGTERM"), lines
     assert not any("Traceback" in line or "Aborted" in line for line in lines), lines
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_inside_a_config_access_keeps_its_exit_code(signum, monkeypatch):
+    """OmegaConf re-raises an exception from inside a key access as type(exc)(message): a signal handler's
+    TrainingInterrupted that lands there (found by the SIGTERM test above, under load) must still end the command
+    as that signal, not as a ValueError."""
+    from omegaconf import DictConfig, OmegaConf
+
+    cfg = OmegaConf.create({"batch_size": 4})
+
+    def signal_lands_here(*_args, **_kwargs):
+        raise TrainingInterrupted(signum)
+
+    monkeypatch.setattr(DictConfig, "_get_node", signal_lands_here)
+    with pytest.raises(TrainingInterrupted) as caught:
+        cfg.batch_size  # noqa: B018  (the access is the point)
+    assert caught.value.signum == signum and caught.value.exit_code == ExitCode.interrupted(signum)

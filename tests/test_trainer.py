@@ -97,8 +97,8 @@ def test_gradient_clipping_bounds_the_update():
 @pytest.mark.parametrize("clip", [0.0, -1.0])
 def test_a_bad_clip_norm_is_refused_when_the_trainer_is_built_not_at_each_step(clip):
     model = linear_model()
-    with pytest.raises(ValueError, match=r"grad_clip_norm must be > 0 or None"):
-        Trainer(model, sgd(model, lr=1.0), max_epochs=1, grad_clip_norm=clip)
+    with pytest.raises(ValueError, match=r"grad_clip_norm must be a finite number > 0 or None"):
+        Trainer(model, sgd(model, lr=1.0), limits=Limits(max_epochs=1, grad_clip_norm=clip))
 
 
 class Recorder(Callback):
