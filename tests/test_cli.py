@@ -212,11 +212,16 @@ def test_a_stop_signal_inside_a_config_access_keeps_its_exit_code(signum, monkey
     from omegaconf import DictConfig, OmegaConf
 
     cfg = OmegaConf.create({"batch_size": 4})
+    get_node = DictConfig._get_node
+    calls = []
 
-    def signal_lands_here(*_args, **_kwargs):
-        raise TrainingInterrupted(signum)
+    def signal_lands_in_the_first_lookup(self, *args, **kwargs):
+        calls.append(args)
+        if len(calls) == 1:
+            raise TrainingInterrupted(signum)
+        return get_node(self, *args, **kwargs)
 
-    monkeypatch.setattr(DictConfig, "_get_node", signal_lands_here)
+    monkeypatch.setattr(DictConfig, "_get_node", signal_lands_in_the_first_lookup)
     with pytest.raises(TrainingInterrupted) as caught:
         cfg.batch_size  # noqa: B018  (the access is the point)
     assert caught.value.signum == signum and caught.value.exit_code == ExitCode.interrupted(signum)
