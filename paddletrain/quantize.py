@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from paddletrain.errors import UserError
+from paddletrain.inputs import resolve_inputs
 
 log = logging.getLogger("paddletrain")
 
@@ -34,6 +35,8 @@ log = logging.getLogger("paddletrain")
 QUANT_ALGOS = ("KL", "hist", "mse", "avg", "abs_max")
 # onnxruntime calibrates with its own methods; these are the counterparts of Paddle's (mse and avg have none).
 ONNX_CALIBRATION = {"abs_max": "MinMax", "KL": "Entropy", "hist": "Percentile"}
+# onnxruntime's two int8 graph forms; QDQ measured faster on an AVX2 CPU (docs/inference.md, "int8").
+ONNX_QUANT_FORMAT = "QDQ"
 # Paddle's hist keeps the 99.999th percentile of |activation|; onnxruntime's Percentile gets the same.
 HIST_PERCENT = 0.99999
 CALIBRATION_BATCH = 8
@@ -52,8 +55,6 @@ def calibration_files(spec: str | Path) -> list[str]:
     A list file holds one path a line, relative to the list's folder; a label column after the path (a
     PaddleClas ``path label`` list) is ignored, so a training list works as it is.
     """
-    from paddletrain.predict import resolve_inputs  # on use: predict's module loads Hydra
-
     spec = str(spec)
     if not Path(spec).exists() and not any(c in spec for c in "*?["):
         raise UserError(f"calibration={spec!r} does not exist; pass a folder of images or a list file")
@@ -210,11 +211,11 @@ class _Reader:
 
 
 def quantize_onnx(fp32_onnx: str | Path, target: str | Path, inputs: np.ndarray, algo: str,
-                  keep_ends: bool = True, batch: int | None = None) -> Path:
+                  keep_ends: bool = True, batch: int | None = None, quant_format: str = ONNX_QUANT_FORMAT) -> Path:
     """Quantize the fp32 ``fp32_onnx`` with onnxruntime's static quantization into ``target``.
 
-    Symmetric int8 activations and per-channel int8 weights in QDQ format (measured faster than QOperator on
-    AVX2 CPUs; docs/inference.md), after onnxruntime's ``quant_pre_process`` (shape inference, graph
+    Symmetric int8 activations and per-channel int8 weights in ``quant_format`` (``QDQ`` or ``QOperator``;
+    see ``ONNX_QUANT_FORMAT``), after onnxruntime's ``quant_pre_process`` (shape inference, graph
     optimisation), calibrated on ``inputs`` with the onnxruntime counterpart of ``algo``.
     """
     import onnx  # installed with onnxruntime's quantization tools (the onnx extra)
@@ -235,7 +236,7 @@ def quantize_onnx(fp32_onnx: str | Path, target: str | Path, inputs: np.ndarray,
             extra["CalibPercentile"] = 100 * HIST_PERCENT
         quantization.quantize_static(
             str(prepared), str(target), _Reader(name, _batches(inputs, batch)),
-            quant_format=quantization.QuantFormat.QDQ, per_channel=True,
+            quant_format=getattr(quantization.QuantFormat, quant_format), per_channel=True,
             activation_type=quantization.QuantType.QInt8, weight_type=quantization.QuantType.QInt8,
             nodes_to_exclude=exclude, calibrate_method=getattr(quantization.CalibrationMethod, ONNX_CALIBRATION[algo]),
             extra_options=extra)
