@@ -61,6 +61,7 @@ def main() -> None:
     parser.add_argument("--calibration-images", type=int, default=128)
     parser.add_argument("--algos", default="hist,abs_max,mse,avg", help=f"of {','.join(QUANT_ALGOS)}")
     parser.add_argument("--onnx", action="store_true", help="also onnxruntime int8, QDQ and QOperator")
+    parser.add_argument("--onnx-only", action="store_true", help="only the onnxruntime rows")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--windows", type=int, default=5)
     parser.add_argument("--max-images", type=int, default=10_000)
@@ -76,9 +77,9 @@ def main() -> None:
     common = dict(calibration=args.calibration, calibration_images=args.calibration_images, check=False)
     with tempfile.TemporaryDirectory() as tmp:
         fp32_dir = export_checkpoint(args.checkpoint, Path(tmp) / "fp32", check=False,
-                                     format="onnx" if args.onnx else "paddle").out_dir
+                                     format="onnx" if args.onnx or args.onnx_only else "paddle").out_dir
         fp32 = Predictor(fp32_dir)
-        for algo in args.algos.split(","):
+        for algo in [] if args.onnx_only else args.algos.split(","):
             for keep_ends in (True, False):
                 name = f"paddle int8 {algo}{'' if keep_ends else ', every layer int8'}"
                 start = _now()
@@ -90,7 +91,7 @@ def main() -> None:
                 rows.append(_row(name, int8.predict(inputs), reference, labels, _speed(fp32, int8, batch,
                                                                                           args.windows), seconds))
                 print(json.dumps(rows[-1]), flush=True)
-        if args.onnx:
+        if args.onnx or args.onnx_only:
             rows += _onnx_rows(args, fp32_dir, Path(tmp), inputs, reference, labels, batch)
     result = {"checkpoint": args.checkpoint, "images": len(labels), "batch": args.batch, "rows": rows}
     if args.out:
