@@ -285,7 +285,8 @@ def export_model(model: paddle.nn.Layer, out_dir: str | Path, input_size: tuple[
     try:
         spec = paddle.static.InputSpec([batch, *map(int, input_size)], "float32", INPUT_NAME)
         if precision == "int8":
-            quantize_paddle(model, out, spec, calibration, quant_algo, quant_keep_ends, batch)
+            with _stdout_to_stderr():  # stdout carries the export's JSON summary
+                quantize_paddle(model, out, spec, calibration, quant_algo, quant_keep_ends, batch)
         else:
             static = paddle.jit.to_static(model, input_spec=[spec], full_graph=True)
             paddle.jit.save(static, str(out / MODEL_PREFIX))
@@ -669,7 +670,9 @@ def _export_quantized_onnx(rebuilt: _Rebuilt, out: Path, batch: int | None, inpu
     with tempfile.TemporaryDirectory(prefix="paddletrain-onnx-fp32-") as tmp:
         fp32_dir = export_model(rebuilt.exportable, tmp, input_size=tuple(rebuilt.preprocessing["input_size"]),
                                 batch=batch, preprocessing=rebuilt.preprocessing)
-        return quantize_onnx(export_onnx(fp32_dir), out / ONNX_FILE, inputs, algo, keep_ends, batch)
+        fp32_onnx = export_onnx(fp32_dir)
+        with _stdout_to_stderr():  # onnxruntime's calibration prints its progress
+            return quantize_onnx(fp32_onnx, out / ONNX_FILE, inputs, algo, keep_ends, batch)
 
 
 def _report(result: ExportResult) -> None:

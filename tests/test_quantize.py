@@ -202,7 +202,8 @@ def test_cli_exports_int8_and_predict_runs_it(trained, calibration_dir, tmp_path
                                                *(f"{key}={value}" for key, value in LOOSE.items()),
                                                f"hydra.run.dir={tmp_path / 'h1'}"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    [line] = result.stdout.splitlines()  # quantization's own progress went to stderr
+    summary = json.loads(line)
     assert summary["precision"] == "int8" and summary["quant_algo"] == "abs_max"
     assert summary["calibration_images"] == 8 and summary["parity"]["passed"]
     preds = tmp_path / "preds.jsonl"
