@@ -36,8 +36,9 @@ ONNX_FILE = f"{MODEL_PREFIX}.onnx"
 BACKENDS = ("auto", "paddle", "onnx")
 PREPROCESS_FILE = "preprocess.json"
 PREPROCESS_FORMAT_VERSION = 1
-# fp16 runs on GPUs; bf16 on CPUs through oneDNN (fast with AVX512-BF16 or AMX, emulated and slow without).
-PRECISIONS = ("fp32", "fp16", "bf16")
+# fp16 runs on GPUs; bf16 on CPUs through oneDNN (fast with AVX512-BF16 or AMX, emulated and slow without);
+# int8 on CPUs through oneDNN, from a graph quantized at export (paddletrain.quantize), not from an fp32 one.
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 RESIZE_MODES = ("shorter_side", "exact")
 # oneDNN keeps one compiled kernel set per input shape; a bounded cache stops a varying last batch from
 # growing memory without limit.
@@ -140,6 +141,29 @@ def check_precision_runs_on(precision: str, device: str, use_mkldnn: bool = True
     if precision == "bf16" and cpu_bf16_support() == "none":
         raise UserError("precision=bf16: this CPU has no bfloat16 support in oneDNN (it needs AVX-512); use "
                         "precision=fp32")
+    if precision == "int8":
+        _check_int8_runs_on(device, use_mkldnn)
+
+
+def _check_int8_runs_on(device: str, use_mkldnn: bool) -> None:
+    from paddle.base import core  # on use: importing this module must not load Paddle
+
+    if device == "gpu":
+        raise UserError("precision=int8 is the CPU (oneDNN) setting here; on a GPU use precision=fp16")
+    if not use_mkldnn:
+        raise UserError("precision=int8 runs through oneDNN: it cannot be combined with use_mkldnn=false")
+    if not core.supports_int8():
+        raise UserError("precision=int8: this CPU has no int8 support in oneDNN (it needs AVX2 or newer); use "
+                        "precision=fp32")
+
+
+def check_precision_matches_export(precision: str, exported: str, model_dir: Path) -> None:
+    """int8 is a property of the graph, not a runtime switch: it runs only an int8 export, and an int8 export only
+    in int8 (its weights are stored quantized)."""
+    if "int8" in (precision, exported) and precision != exported:
+        raise UserError(f"precision={precision} but {model_dir / PREPROCESS_FILE} says the export is {exported}; "
+                        "int8 is chosen at export (python -m paddletrain.export ... precision=int8 "
+                        "calibration=<images>), so leave precision unset to run what was exported")
 
 
 def _resolve_device(device: str) -> str:
@@ -296,8 +320,9 @@ class Predictor(ExportedModel):
         self._read_export(Path(model_dir), labels)
 
         precision = precision or self.metadata.get("precision", "fp32")
-        # bf16 is the CPU precision, so device=auto runs a bf16 export on the CPU even where there is a GPU.
-        resolved = "cpu" if device == "auto" and precision == "bf16" else _resolve_device(device)
+        check_precision_matches_export(precision, self.metadata.get("precision", "fp32"), self.model_dir)
+        # bf16 and int8 are CPU precisions, so device=auto runs such an export on the CPU even beside a GPU.
+        resolved = "cpu" if device == "auto" and precision in ("bf16", "int8") else _resolve_device(device)
         if resolved == "cpu" and tensorrt:
             raise UserError("tensorrt=true needs a GPU (Paddle Inference runs TensorRT only there); this "
                             "predictor runs on the CPU: use tensorrt=false")
@@ -323,6 +348,10 @@ class Predictor(ExportedModel):
                 config.set_mkldnn_cache_capacity(MKLDNN_SHAPE_CACHE)
                 if precision == "bf16":
                     config.enable_mkldnn_bfloat16()
+                elif precision == "int8":
+                    # Turns the graph's quantize/dequantize pairs into oneDNN int8 kernels; without it they
+                    # would be simulated in fp32, slower than the fp32 graph.
+                    config.enable_mkldnn_int8()
             else:
                 config.disable_mkldnn()
         try:
@@ -386,7 +415,8 @@ class OnnxPredictor(ExportedModel):
             is read from its folder).
         device: ``auto``/``cpu`` (onnxruntime's CPU provider), or ``gpu`` (its CUDA provider, when installed).
         cpu_threads: onnxruntime's intra-op threads; ``None`` = every core this process may use.
-        precision: ``None`` or ``fp32``: the ONNX graph runs as exported.
+        precision: ``None``, or the export's own (``fp32``, or ``int8`` for an int8 export): the ONNX graph
+            runs as exported.
         labels: a text file of class names replacing the export's.
     """
 
@@ -401,9 +431,12 @@ class OnnxPredictor(ExportedModel):
             raise UserError(f"{onnx_file} is not an ONNX model; export one with `python -m paddletrain.export "
                             f"checkpoint=<dir> format=onnx`")
         self._read_export(onnx_file.parent, labels)
-        if precision not in (None, "fp32"):
-            raise UserError(f"precision={precision}: the ONNX backend runs the graph as exported (fp32); use the "
-                            "Paddle backend (backend=paddle) for fp16/bf16")
+        exported = self.metadata.get("precision", "fp32")
+        # An int8 export's model.onnx is quantized; any other export's is fp32 (bf16/fp16 are runtime settings).
+        graph_precision = "int8" if exported == "int8" else "fp32"
+        if precision not in (None, graph_precision):
+            raise UserError(f"precision={precision}: the ONNX backend runs the graph as exported "
+                            f"({graph_precision}); use the Paddle backend (backend=paddle) for fp16/bf16")
         if device not in DEVICES:
             raise UserError(f"device={device!r} is not one of {', '.join(DEVICES)}")
         available = onnxruntime.get_available_providers()
@@ -423,7 +456,7 @@ class OnnxPredictor(ExportedModel):
             raise UserError(f"onnxruntime cannot load {onnx_file}: {exc}") from exc
         self.onnx_file = onnx_file
         self._input_name = self._session.get_inputs()[0].name
-        self.runtime = _Runtime("gpu" if use_gpu else "cpu", "fp32", threads, False, False)
+        self.runtime = _Runtime("gpu" if use_gpu else "cpu", graph_precision, threads, False, False)
         self._check_outputs()
 
     def _run(self, batch: np.ndarray) -> np.ndarray:

@@ -283,3 +283,13 @@ def test_index_reports_parse_memory_workers_and_the_scan_cache():
     assert all(row["uss_start_mb"] > 0 for row in result["pipeline"])
     assert [g["goal"] for g in result["goals"]] == ["each worker's USS grows < 10% of the index over an epoch"]
     json.dumps(result)
+
+
+def test_inference_times_an_int8_predictor_against_the_fp32_one_when_asked():
+    cfg = InferenceBenchConfig(model="tiny", image_size=16, num_classes=10, batch_sizes=[8], images_per_window=8,
+                               windows=2, predict_images=0, cpu_threads=1, precisions=["fp32", "int8"])
+    result = run_inference(cfg)
+    [row] = result["rows"]
+    assert row["predictor_int8_vs_fp32"] > 0 and row["predictor_int8_images_per_s"] > 0
+    [goal] = [g for g in result["goals"] if "int8" in g["goal"] and "predictor (fp32)" in g["goal"]]
+    assert goal["measured"] == row["predictor_int8_vs_fp32"] and goal["met"] == (goal["measured"] >= 2.0)

@@ -26,6 +26,7 @@ from paddletrain.export import (
     check_parity,
     compare_logits,
     export_checkpoint,
+    export_model,
     parse_batch,
     reference_logits,
     run,
@@ -310,3 +311,12 @@ def test_cli_onnx_export_at_batch_1_keeps_stdout_to_the_json_summary(checkpoint,
     summary = json.loads(line)
     assert summary["onnx_parity"]["passed"] and summary["onnx_parity"]["top1_flips"] == 0
     assert "model.onnx" in summary["files"] and "Paddle2ONNX" in result.stderr
+
+
+def test_int8_needs_calibration_inputs_and_only_int8_takes_them(tmp_path):
+    model = create_model("resnet20", num_classes=2)
+    with pytest.raises(UserError, match="calibration inputs are needed for precision=int8"):
+        export_model(model, tmp_path / "a", input_size=(3, 8, 8), precision="int8")
+    with pytest.raises(UserError, match="calibration inputs are needed for precision=int8"):
+        export_model(model, tmp_path / "b", input_size=(3, 8, 8), calibration=np.zeros((2, 3, 8, 8), np.float32))
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

@@ -150,6 +150,7 @@ def test_type_checking_imports_and_a_childs_own_parents_are_not_cycles(tmp_path)
 OPTIONAL = {
     "paddle2onnx": "the onnx extra (pip install -e '.[onnx]')",
     "onnxruntime": "the onnx extra (pip install -e '.[onnx]')",
+    "onnx": "the onnx extra (pip install -e '.[onnx]'; int8 ONNX export reads the graph with it)",
     "paddleclas": "pip install --no-deps paddleclas (.ci/run does, for the weight-conversion parity tests)",
     "paddlehub": "pip install paddlehub (PaddleHub weight sources)",
     "playwright": "pip install playwright (examples/visualdl_screenshots.py)",

@@ -190,3 +190,15 @@ def test_an_nhwc_graph_under_onednn_fails_with_the_workaround_named(tmp_path):
 def test_an_unknown_precision_names_the_choices(exported):
     with pytest.raises(UserError, match="precision='int4' is not one of fp32, fp16, bf16"):
         Predictor(exported, device="cpu", precision="int4")
+
+
+def test_int8_is_chosen_at_export_not_at_run_time(exported):
+    with pytest.raises(UserError, match="int8 is chosen at export"):
+        Predictor(exported, precision="int8")
+
+
+@pytest.mark.parametrize("device, use_mkldnn, message", [("gpu", True, "on a GPU use precision=fp16"),
+                                                          ("cpu", False, "runs through oneDNN")])
+def test_int8_is_refused_where_it_cannot_run(device, use_mkldnn, message):
+    with pytest.raises(UserError, match=message):
+        check_precision_runs_on("int8", device, use_mkldnn)

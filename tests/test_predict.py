@@ -211,3 +211,25 @@ def test_decode_workers_and_predictor_threads_share_the_cores(monkeypatch, cores
     assert default_num_workers() == workers
     assert default_predictor_threads(workers) == threads
     assert default_predictor_threads(0) == cores  # decoding in the main process leaves every core
+
+
+
+def test_predict_runs_an_int8_export_in_int8_as_it_recorded(images, tmp_path):
+    from paddletrain.config import DataConfig
+    from paddletrain.data import preprocessing_info
+
+    root, paths = images
+    model = create_model("resnet20", num_classes=len(LABELS))
+    calibration = np.random.default_rng(0).standard_normal((8, 3, SIZE, SIZE)).astype(np.float32)
+    info = preprocessing_info(OmegaConf.structured(DataConfig(image_size=SIZE)))
+    int8_dir = export_model(model, tmp_path / "int8", input_size=(3, SIZE, SIZE), preprocessing=info, labels=LABELS,
+                            precision="int8", calibration=calibration)
+    int8 = Predictor(int8_dir, device="cpu", cpu_threads=1)
+    assert int8.runtime.precision == "int8"
+    out = tmp_path / "preds.jsonl"
+    cfg = OmegaConf.structured(PredictConfig(model_dir=str(int8_dir), input=paths[0], output=str(out),
+                                             num_workers=0, progress_bar=False))
+    assert run(cfg) == 0
+    [line] = [json.loads(text) for text in out.read_text().splitlines()]
+    top1, _ = expected_top1(int8, paths[0])
+    assert line["labels"][0] == LABELS[top1]

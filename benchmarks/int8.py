@@ -1,0 +1,136 @@
+"""Maintainers' int8 measurement: which calibration algorithm, which layers kept fp32, which ONNX form.
+
+For a training checkpoint, exports int8 once per setting (Paddle: each algorithm, with and without the first
+convolution and classifier kept fp32; ONNX: each algorithm onnxruntime has, QDQ and QOperator), then on the
+checkpoint's whole validation split reports each export's top-1 accuracy, its difference from the checkpoint
+(fp32 dygraph) and its top-1 agreement with it, and its speed against the fp32 predictor of the same runtime at
+one batch size (windows interleaved, median of window ratios, so a busy machine slows both alike)::
+
+    python benchmarks/int8.py --checkpoint outputs/<run>:best --calibration <train images> --out int8.json
+
+Not part of the wheel: it compares settings for the defaults in paddletrain.quantize / paddletrain.export.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from paddletrain.bench.common import interleave, paired_ratio, timed
+from paddletrain.export import _rebuild, export_checkpoint, reference_logits
+from paddletrain.inference import OnnxPredictor, Predictor
+from paddletrain.quantize import ONNX_CALIBRATION, QUANT_ALGOS
+
+
+def _inputs(rebuilt: Any, limit: int) -> tuple[np.ndarray, np.ndarray]:
+    val = rebuilt.splits.val
+    picks = range(min(len(val), limit))
+    return (np.stack([rebuilt.eval_transform(val.load_image(i)) for i in picks]),
+            np.asarray([val.targets[i] for i in picks]))
+
+
+def _speed(fp32: Any, int8: Any, batch: np.ndarray, windows: int) -> float:
+    """int8 images/s over fp32 images/s at ``len(batch)``, interleaved windows of ~64 images."""
+    steps = max(1, math.ceil(64 / len(batch)))
+
+    def arm(predictor: Any):
+        return lambda n: timed(lambda: [predictor.predict(batch) for _ in range(n)])
+
+    seconds = interleave({"fp32": arm(fp32), "int8": arm(int8)}, windows, steps, warmup=2)
+    return paired_ratio(seconds["fp32"], seconds["int8"])
+
+
+def _row(name: str, logits: np.ndarray, reference: np.ndarray, labels: np.ndarray, speed: float,
+         seconds: float) -> dict[str, Any]:
+    top1, ref = logits.argmax(1), reference.argmax(1)
+    return {"setting": name, "top1": float(np.mean(top1 == labels)),
+            "delta_points": 100 * float(np.mean(top1 == labels) - np.mean(ref == labels)),
+            "agreement": float(np.mean(top1 == ref)), "speed_vs_fp32": speed, "export_seconds": seconds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--calibration", default=None, help="folder/list; default: the training split")
+    parser.add_argument("--calibration-images", type=int, default=128)
+    parser.add_argument("--algos", default="hist,abs_max,mse,avg", help=f"of {','.join(QUANT_ALGOS)}")
+    parser.add_argument("--onnx", action="store_true", help="also onnxruntime int8, QDQ and QOperator")
+    parser.add_argument("--onnx-only", action="store_true", help="only the onnxruntime rows")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--windows", type=int, default=5)
+    parser.add_argument("--max-images", type=int, default=10_000)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+
+    rebuilt = _rebuild(args.checkpoint, None)
+    inputs, labels = _inputs(rebuilt, args.max_images)
+    reference = reference_logits(rebuilt.model, inputs)
+    rows = [_row("checkpoint (fp32 dygraph)", reference, reference, labels, float("nan"), 0.0)]
+    batch = inputs[:args.batch] if len(inputs) >= args.batch else np.resize(inputs, (args.batch, *inputs.shape[1:]))
+    common = dict(calibration=args.calibration, calibration_images=args.calibration_images, check=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        fp32_dir = export_checkpoint(args.checkpoint, Path(tmp) / "fp32", check=False,
+                                     format="onnx" if args.onnx or args.onnx_only else "paddle").out_dir
+        fp32 = Predictor(fp32_dir)
+        for algo in [] if args.onnx_only else args.algos.split(","):
+            for keep_ends in (True, False):
+                name = f"paddle int8 {algo}{'' if keep_ends else ', every layer int8'}"
+                start = _now()
+                out = export_checkpoint(args.checkpoint, Path(tmp) / name.replace(" ", "_").replace(",", ""),
+                                        precision="int8", quant_algo=algo, quant_keep_ends=keep_ends,
+                                        **common).out_dir
+                seconds = _now() - start
+                int8 = Predictor(out)
+                rows.append(_row(name, int8.predict(inputs), reference, labels, _speed(fp32, int8, batch,
+                                                                                          args.windows), seconds))
+                print(json.dumps(rows[-1]), flush=True)
+        if args.onnx or args.onnx_only:
+            rows += _onnx_rows(args, fp32_dir, Path(tmp), inputs, reference, labels, batch)
+    result = {"checkpoint": args.checkpoint, "images": len(labels), "batch": args.batch, "rows": rows}
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    for row in rows:
+        print(f"| {row['setting']} | {row['top1']:.3f} | {row['delta_points']:+.1f} | {row['agreement']:.3f} | "
+              f"{row['speed_vs_fp32']:.2f} | {row['export_seconds']:.0f} |")
+
+
+def _onnx_rows(args: argparse.Namespace, fp32_dir: Path, tmp: Path, inputs: np.ndarray, reference: np.ndarray,
+               labels: np.ndarray, batch: np.ndarray) -> list[dict[str, Any]]:
+    import paddletrain.quantize as quantize
+
+    fp32 = OnnxPredictor(fp32_dir)
+    rows = [_row("onnxruntime fp32", fp32.predict(inputs), reference, labels, 1.0, 0.0)]
+    for algo in [a for a in args.algos.split(",") if a in ONNX_CALIBRATION]:
+        for form in ("QDQ", "QOperator"):
+            original = quantize.quantize_onnx.__defaults__
+            quantize.quantize_onnx.__defaults__ = (*original[:-1], form)
+            start = _now()
+            try:
+                out = export_checkpoint(args.checkpoint, tmp / f"onnx_{algo}_{form}", format="onnx",
+                                        precision="int8", quant_algo=algo, check=False,
+                                        calibration=args.calibration, calibration_images=args.calibration_images)
+            finally:
+                quantize.quantize_onnx.__defaults__ = original
+            seconds = _now() - start
+            int8 = OnnxPredictor(out.out_dir)
+            rows.append(_row(f"onnxruntime int8 {algo} {form}", int8.predict(inputs), reference, labels,
+                             _speed(fp32, int8, batch, args.windows), seconds))
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def _now() -> float:
+    import time
+
+    return time.perf_counter()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,261 @@
+"""int8 post-training quantization: calibration input, Paddle Inference int8, ONNX int8, and how they are judged."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import paddle
+import pytest
+from omegaconf import OmegaConf
+from PIL import Image
+
+from paddletrain.build import train
+from paddletrain.checkpoint import find_latest
+from paddletrain.data import build_datasets
+from paddletrain.errors import UserError
+from paddletrain.export import ExportConfig, _rebuild, export_checkpoint, judge_quantized, reference_logits, run
+from paddletrain.inference import Predictor, load_predictor
+from paddletrain.quantize import calibration_files, check_calibration_files, choose_calibration_files
+from tests.conftest import TINY, compose_fit, run_module
+
+# Margins for int8 against fp32 on the test model's 64 validation images, measured over 5 seeds of the fixture's
+# run (trainer.seed=0..4, hist, 16 calibration images): top-1 agreement 0.72-0.98, accuracy change -3.1..+6.3
+# points. The model is one epoch on 64 images, near chance (0.13-0.20 top-1), so its logits are near ties that
+# int8 rounding flips; a trained model agrees far better (docs/inference.md: 97% on ants/bees). The bounds
+# leave two more images (3.1 points) beyond the measured extremes.
+MIN_AGREEMENT = 0.69
+MAX_ACCURACY_CHANGE = 0.095
+# The same near-ties make the default parity thresholds (made for trained models) fail on one seed in five
+# (agreement 0.625 on 16 check images), so the fixture's exports are judged at these.
+LOOSE = dict(quant_min_agreement=0.5, quant_max_accuracy_drop=0.25)
+RUN = [*TINY, "data.shapes.num_val=64", "callbacks.visualdl=null"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A resnet20 run on the tiny shapes split and its dataset (rebuilt as export sees them)."""
+    run_dir = tmp_path_factory.mktemp("run")
+    train(compose_fit(RUN), run_dir)
+    return find_latest(run_dir / "checkpoints")
+
+
+@pytest.fixture(scope="module")
+def splits():
+    return build_datasets(compose_fit(RUN).data)
+
+
+@pytest.fixture(scope="module")
+def calibration_dir(splits, tmp_path_factory):
+    """24 training images of the checkpoint's own dataset as PNG files, one folder per class."""
+    root = tmp_path_factory.mktemp("calibration")
+    for i in range(24):
+        folder = root / splits.train.classes[splits.train.targets[i]]
+        folder.mkdir(exist_ok=True)
+        Image.fromarray(splits.train.load_image(i)).save(folder / f"{i}.png")
+    return root
+
+
+@pytest.fixture(scope="module")
+def int8_export(trained, calibration_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("int8")
+    return export_checkpoint(trained, out, precision="int8", calibration=calibration_dir, calibration_images=16,
+                             num_check_images=16, **LOOSE)
+
+
+def test_an_int8_export_is_a_quantized_program_the_predictor_runs_in_int8(int8_export):
+    out = int8_export.out_dir
+    assert {p.name for p in int8_export.files} >= {"model.pdmodel", "model.pdiparams", "preprocess.json"}
+    assert not (out / "model.json").exists()  # the ProgramDesc format: PTQ reads no other in Paddle 3.3
+    assert json.loads((out / "preprocess.json").read_text())["precision"] == "int8"
+    assert b"quantize_linear" in (out / "model.pdmodel").read_bytes()
+    assert len(int8_export.calibration) == 16 and int8_export.quant_algo == "hist"
+    predictor = Predictor(out)
+    assert predictor.runtime.precision == "int8" and predictor.runtime.mkldnn
+    parity = int8_export.parity
+    assert parity.passed and parity.tolerance is None and parity.top1_flips is None
+    assert parity.min_agreement == 0.5 and parity.accuracy is not None
+
+
+def test_int8_keeps_its_accuracy_within_the_margin_measured_over_seeds(trained, int8_export):
+    rebuilt = _rebuild(trained, None)
+    val = rebuilt.splits.val
+    inputs = np.stack([rebuilt.eval_transform(val.load_image(i)) for i in range(len(val))])
+    labels = np.asarray(val.targets)
+    fp32 = reference_logits(rebuilt.model, inputs).argmax(1)
+    int8 = Predictor(int8_export.out_dir).predict(inputs).argmax(1)
+    assert np.mean(fp32 == int8) >= MIN_AGREEMENT
+    assert abs(np.mean(int8 == labels) - np.mean(fp32 == labels)) <= MAX_ACCURACY_CHANGE
+
+
+def _quantized_pattern(model_dir) -> list[bool]:
+    """For each weighted op of the saved int8 program, in order: is its weight quantized (dequantized at run)?"""
+    from paddle.pir_utils import OldIrGuard
+
+    with OldIrGuard():
+        paddle.enable_static()
+        try:
+            program, _, _ = paddle.static.load_inference_model(str(model_dir), paddle.static.Executor(),
+                                                               model_filename="model.pdmodel",
+                                                               params_filename="model.pdiparams")
+        finally:
+            paddle.disable_static()
+    ops = program.global_block().ops
+    persistable = {v.name for v in program.list_vars() if v.persistable}
+    # A quantized weight reaches its op through dequantize_linear; a kept one is read directly.
+    dequantized = {out: op.input("X")[0] for op in ops if op.type == "dequantize_linear" for out in op.output("Y")}
+    pattern = []
+    for op in ops:
+        if op.type in ("conv2d", "depthwise_conv2d", "matmul_v2", "mul"):
+            weight = op.input("Filter" if "conv" in op.type else "Y")[0]
+            pattern.append(weight in dequantized and dequantized[weight] in persistable)
+    return pattern
+
+
+def test_the_first_convolution_and_the_classifier_stay_fp32_unless_asked(trained, int8_export, calibration_dir,
+                                                                         tmp_path):
+    kept = _quantized_pattern(int8_export.out_dir)
+    assert len(kept) > 3 and kept[0] is False and kept[-1] is False and all(kept[1:-1])
+    every = export_checkpoint(trained, tmp_path, precision="int8", check=False, calibration=calibration_dir,
+                              calibration_images=8, quant_keep_ends=False)
+    assert all(_quantized_pattern(every.out_dir))
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing", "does not exist"),
+    ("empty", "no image files"),
+    ("unreadable", "is not a readable image"),
+    ("grey", "grey image"),
+    ("thumbnails", "more than 2x smaller"),
+])
+def test_a_calibration_source_the_model_cannot_use_is_refused_before_any_work(trained, tmp_path, case, message):
+    source = tmp_path / "calib"
+    if case != "missing":
+        source.mkdir()
+    rng = np.random.RandomState(0)
+    if case == "unreadable":
+        Image.fromarray(rng.randint(0, 255, (16, 16, 3), np.uint8)).save(source / "good.png")
+        (source / "bad.png").write_bytes(b"not a png")
+    elif case == "grey":
+        Image.fromarray(rng.randint(0, 255, (16, 16), np.uint8)).save(source / "grey.png")
+    elif case == "thumbnails":
+        Image.fromarray(rng.randint(0, 255, (6, 6, 3), np.uint8)).save(source / "tiny.png")
+    with pytest.raises(UserError, match=message) as caught:
+        export_checkpoint(trained, tmp_path / "out", precision="int8", calibration=source)
+    assert "calibration" in str(caught.value)
+    assert not (tmp_path / "out").exists()  # refused before the export wrote anything
+
+
+def test_a_label_list_calibrates_with_its_label_column_ignored(calibration_dir, tmp_path):
+    images = sorted(calibration_dir.glob("*/*.png"))
+    listing = tmp_path / "calib.txt"
+    listing.write_text("".join(f"{p} {i % 3}\n" for i, p in enumerate(images)))
+    assert calibration_files(listing) == [str(p) for p in images]
+    check_calibration_files(calibration_files(listing), (3, 16, 16), listing)
+
+
+def test_calibration_images_are_spread_over_the_sorted_files():
+    files = [f"{c}/{i}.png" for c in "ab" for i in range(10)]
+    chosen = choose_calibration_files(files, 4)
+    assert len(chosen) == 4 and chosen[0].startswith("a/") and chosen[-1].startswith("b/")
+    assert choose_calibration_files(files, 50) == sorted(files)
+
+
+def test_int8_is_judged_by_agreement_and_accuracy_not_by_a_logit_tolerance():
+    reference = np.eye(4, dtype=np.float32) * 4
+    labels = np.arange(4)
+    scaled = reference * 1.5  # a large logit error but the same decisions: int8 passes
+    report = judge_quantized(scaled, reference, labels, min_agreement=0.9, max_accuracy_drop=0.0)
+    assert report.passed and report.relative_error > 0.3 and report.accuracy_drop == 0.0
+    one_wrong = reference.copy()
+    one_wrong[0] = [0, 4, 0, 0]
+    assert not judge_quantized(one_wrong, reference, labels, 0.9, 0.5).passed  # agreement 0.75 < 0.9
+    assert not judge_quantized(one_wrong, reference, labels, 0.5, 0.2).passed  # accuracy drop 0.25 > 0.2
+    assert judge_quantized(one_wrong, reference, labels, 0.75, 0.25).passed
+
+
+def test_a_multilabel_int8_export_is_judged_by_its_decisions():
+    reference = np.array([[3.0, -3.0], [-3.0, 3.0]], np.float32)
+    labels = np.array([[1, 0], [0, 1]])
+    flipped = np.array([[3.0, 0.5], [-3.0, 3.0]], np.float32)  # one of four decisions changes at 0.5
+    report = judge_quantized(flipped, reference, labels, 0.7, 0.3, threshold=0.5)
+    assert report.passed and report.decision_agreement == 0.75 and report.accuracy_drop == 0.25
+    assert report.top1_agreement is None
+    assert not judge_quantized(flipped, reference, labels, 0.8, 0.3, threshold=0.5).passed
+
+
+def test_the_int8_keys_of_the_export_command_reach_the_export(trained, calibration_dir, tmp_path, capsys):
+    cfg = OmegaConf.structured(ExportConfig(checkpoint=str(trained), out_dir=str(tmp_path), precision="int8",
+                                            calibration=str(calibration_dir), calibration_images=8,
+                                            quant_algo="abs_max", num_check_images=8, **LOOSE))
+    assert run(cfg) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["precision"] == "int8" and summary["quant_algo"] == "abs_max"
+    assert summary["calibration_images"] == 8 and summary["parity"]["passed"]
+
+
+@pytest.mark.slow
+def test_cli_exports_int8_and_predict_runs_it(trained, calibration_dir, tmp_path):
+    out = tmp_path / "export"
+    result = run_module("paddletrain.export", [f"checkpoint={trained}", "precision=int8",
+                                               f"calibration={calibration_dir}", "calibration_images=8",
+                                               "quant_algo=abs_max", "num_check_images=8", f"out_dir={out}",
+                                               *(f"{key}={value}" for key, value in LOOSE.items()),
+                                               f"hydra.run.dir={tmp_path / 'h1'}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    [line] = result.stdout.splitlines()  # quantization's own progress went to stderr
+    summary = json.loads(line)
+    assert summary["precision"] == "int8" and summary["quant_algo"] == "abs_max"
+    assert summary["calibration_images"] == 8 and summary["parity"]["passed"]
+    preds = tmp_path / "preds.jsonl"
+    result = run_module("paddletrain.predict", [f"model_dir={out}", f"input={calibration_dir}", "batch_size=8",
+                                                "num_workers=0", f"output={preds}",
+                                                f"hydra.run.dir={tmp_path / 'h2'}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [json.loads(line) for line in preds.read_text().splitlines()]
+    classes = json.loads((out / "preprocess.json").read_text())["labels"]
+    assert len(lines) == 24 and all(line["labels"][0] in classes for line in lines)
+    # The int8 predictor's top-1 for each file is what predict wrote.
+    predictor = Predictor(out)
+    for line in lines[:4]:
+        logits = predictor.predict(predictor.preprocessing(Image.open(line["path"]))[None])
+        assert classes[int(logits.argmax())] == line["labels"][0]
+
+
+def test_cli_rejects_an_unknown_algorithm_naming_the_choices(trained, tmp_path):
+    result = run_module("paddletrain.export", [f"checkpoint={trained}", "precision=int8", "quant_algo=entropy",
+                                               f"out_dir={tmp_path / 'out'}", f"hydra.run.dir={tmp_path / 'h'}"],
+                        cwd=tmp_path)
+    assert result.returncode != 0 and "quant_algo" in result.stdout + result.stderr
+    assert "hist" in result.stdout + result.stderr and not (tmp_path / "out").exists()
+
+
+def test_calibration_without_int8_is_a_mistake_named(trained, calibration_dir, tmp_path):
+    with pytest.raises(UserError, match="calibration=.*is for precision=int8"):
+        export_checkpoint(trained, tmp_path / "out", calibration=calibration_dir)
+
+
+def _require_onnx_quantization():
+    pytest.importorskip("paddle2onnx", reason="format=onnx needs the onnx extra (pip install paddletrain[onnx])")
+    pytest.importorskip("onnxruntime.quantization",
+                        reason="ONNX int8 needs the onnx extra (pip install paddletrain[onnx]: onnxruntime, ml_dtypes)")
+
+
+def test_onnx_int8_is_quantized_by_onnxruntime_and_verified(trained, calibration_dir, tmp_path):
+    _require_onnx_quantization()
+    import onnx
+
+    result = export_checkpoint(trained, tmp_path, format="onnx", precision="int8", calibration=calibration_dir,
+                               calibration_images=16, num_check_images=16, **LOOSE)
+    assert result.passed and result.onnx_parity.passed and result.onnx_parity.min_agreement == 0.5
+    ops = {node.op_type for node in onnx.load(str(tmp_path / "model.onnx")).graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+    predictor = load_predictor(tmp_path, backend="onnx")
+    assert predictor.runtime.precision == "int8"
+    assert predictor.predict(np.zeros((3, 3, 16, 16), np.float32)).shape == (3, predictor.num_classes)
+
+
+def test_onnx_int8_refuses_an_algorithm_onnxruntime_lacks_before_any_work(trained, tmp_path):
+    _require_onnx_quantization()
+    with pytest.raises(UserError, match="quant_algo=mse has no onnxruntime counterpart"):
+        export_checkpoint(trained, tmp_path / "out", format="onnx", precision="int8", quant_algo="mse")
+    assert not (tmp_path / "out").exists()
