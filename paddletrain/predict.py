@@ -26,6 +26,7 @@ failed (the summary says how many), 2 for a usage error (bad model_dir, no input
 from __future__ import annotations
 
 import glob
+import importlib.util
 import json
 import logging
 import os
@@ -53,6 +54,7 @@ from paddletrain.inference import (
     ExportedModel,
     label_names,
     load_predictor,
+    preferred_backend,
     read_metadata,
     read_task,
     sigmoid,
@@ -78,7 +80,8 @@ class PredictConfig(RuntimeConfig):
     model_dir: str | None = None
     # A training checkpoint, or a run directory with :best/:last: exported (and verified) first, then run.
     checkpoint: str | None = None
-    # auto: Paddle Inference for an export directory with a Paddle graph, onnxruntime for a .onnx model.
+    # auto: onnxruntime for a .onnx model or an export with only model.onnx; for an export with both models, the
+    # faster runtime for its precision on this device (paddletrain.inference.backend_choice); else Paddle Inference.
     backend: str = allowed("auto", choices=BACKENDS)
     # A folder (searched recursively for images), a text file with one path a line, or a glob pattern.
     input: str = MISSING
@@ -118,6 +121,8 @@ class PredictSummary:
     # Time spent inside the predictor only; the rest is decode wait and writing.
     predict_seconds: float
     failures: list[tuple[str, str]] = field(default_factory=list)
+    # The runtime that predicted, its settings and why it was chosen (``ExportedModel.runtime.describe()``).
+    runtime: str = ""
 
     @property
     def images_per_s(self) -> float:
@@ -131,7 +136,7 @@ class PredictSummary:
     def __str__(self) -> str:
         return (f"{self.n_ok}/{self.n_total} images predicted, {self.n_failed} failed, in {self.seconds:.2f} s: "
                 f"{self.images_per_s:.1f} images/s end to end ({self.predictor_images_per_s:.1f} images/s in the "
-                f"predictor)")
+                f"predictor){'; runtime: ' + self.runtime if self.runtime else ''}")
 
 
 def resolve_inputs(spec: str) -> list[str]:
@@ -339,7 +344,8 @@ def predict_files(predictor: ExportedModel, paths: Sequence[str], batch_size: in
             bar.update(len(ok) + len(failed))
         sink.flush()
     return PredictSummary(n_total=len(paths), n_ok=n_ok, n_failed=len(failures),
-                          seconds=time.perf_counter() - start, predict_seconds=predict_seconds, failures=failures)
+                          seconds=time.perf_counter() - start, predict_seconds=predict_seconds, failures=failures,
+                          runtime=predictor.runtime.describe())
 
 
 def _line_writer(predictor: ExportedModel, topk: int, targets: dict | None,
@@ -379,7 +385,14 @@ def _export_for_prediction(cfg: DictConfig, out_dir: Path) -> Path | None:
     """Export ``cfg.checkpoint`` into ``out_dir`` with the parity check; None when the check fails."""
     from paddletrain.export import export_checkpoint  # on use: importing predict must not load Paddle
 
-    fmt = "onnx" if cfg.backend == "onnx" else "paddle"
+    fmt = cfg.backend
+    if fmt == "auto":  # give the export a model.onnx when the runtime predict would then choose is onnxruntime
+        options = {"use_mkldnn": cfg.use_mkldnn, "tensorrt": cfg.tensorrt}
+        fmt = "onnx" if preferred_backend(cfg.precision or "fp32", cfg.device, **options)[0] == "onnx" else "paddle"
+        if fmt == "onnx" and importlib.util.find_spec("paddle2onnx") is None:
+            log.info("paddle2onnx is not installed: exporting for Paddle Inference only (pip install paddletrain[onnx] "
+                     "to let predict use onnxruntime, faster in fp32 on CPUs)")
+            fmt = "paddle"
     result = export_checkpoint(cfg.checkpoint, out_dir, format=fmt, cpu_threads=cfg.cpu_threads,
                                imports=list(cfg.imports))
     report = result.onnx_parity or result.parity
@@ -423,7 +436,7 @@ def run(cfg: DictConfig, default_out_dir: str | None = None) -> int:
         predictor = load_predictor(model, backend=cfg.backend, device=cfg.device, cpu_threads=threads,
                                    precision=cfg.precision, labels=cfg.labels, use_mkldnn=cfg.use_mkldnn,
                                    tensorrt=cfg.tensorrt)
-        log.info("%d input files; %r", len(paths), predictor)
+        log.info("%d input files; %r; runtime: %s", len(paths), predictor, predictor.runtime.describe())
         summary = predict_files(predictor, paths, batch_size=cfg.batch_size, num_workers=workers,
                                 topk=cfg.topk, output=cfg.output, progress=cfg.progress_bar, targets=targets,
                                 threshold=cfg.threshold)
