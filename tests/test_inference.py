@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import sys
 
 import numpy as np
@@ -258,3 +260,51 @@ def test_auto_reads_the_precision_the_export_records(both_models, tmp_path):
     (copy / "preprocess.json").write_text(json.dumps({**meta, "precision": "bf16"}))
     assert choose_backend(copy, device="cpu") == "paddle"
     assert choose_backend(copy, device="cpu", precision="fp32") == "onnx"  # the caller's precision wins
+
+
+PROGRAMDESC_EXPORT = """
+import sys
+import paddle
+from paddletrain.export import export_model
+from paddletrain.models import create_model
+paddle.seed(0)
+export_model(create_model("resnet20", num_classes=4).eval(), sys.argv[1], input_size=(3, 16, 16))
+"""
+
+
+def _run_without_memory_optimisation(model_dir, batch):
+    """The Paddle Inference configuration the Predictor used before it turned memory optimisation on."""
+    from paddle import inference
+
+    config = inference.Config(str(model_dir / "model.pdmodel"), str(model_dir / "model.pdiparams"))
+    config.disable_glog_info()
+    config.set_cpu_math_library_num_threads(1)
+    config.enable_mkldnn()
+    predictor = inference.create_predictor(config)
+    handle = predictor.get_input_handle(predictor.get_input_names()[0])
+    handle.reshape(list(batch.shape))
+    handle.copy_from_cpu(batch)
+    predictor.run()
+    return predictor.get_output_handle(predictor.get_output_names()[0]).copy_to_cpu()
+
+
+def test_a_programdesc_graph_runs_with_memory_optimisation_and_the_same_logits(tmp_path):
+    # Paddle 3 writes PIR (model.json); the older ProgramDesc format (model.pdmodel) is chosen when the process
+    # starts, so the export runs in a fresh process.
+    result = subprocess.run([sys.executable, "-c", PROGRAMDESC_EXPORT, str(tmp_path)], capture_output=True, text=True,
+                            env={**os.environ, "FLAGS_enable_pir_api": "0"}, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert find_graph_file(tmp_path).name == "model.pdmodel"
+    paddle.seed(0)
+    model = create_model("resnet20", num_classes=4).eval()
+    batch = np.random.default_rng(4).standard_normal((3, 3, SIZE, SIZE)).astype(np.float32)
+    predictor = Predictor(tmp_path, device="cpu", cpu_threads=1)
+    assert predictor.runtime.memory_optim and "memory reuse" in predictor.runtime.describe()
+    logits = predictor.predict(batch)
+    assert_close(logits, reference(model, batch))
+    np.testing.assert_allclose(logits, _run_without_memory_optimisation(tmp_path, batch), rtol=0, atol=1e-6)
+
+
+def test_a_pir_graph_runs_without_memory_optimisation(exported):
+    # enable_memory_optim() makes Paddle 3.3 refuse a PIR graph (memory_optimize_pass is not in its pipeline)
+    assert not Predictor(exported, device="cpu", cpu_threads=1).runtime.memory_optim

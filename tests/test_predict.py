@@ -136,6 +136,21 @@ def test_an_onnx_backend_without_onnx_file_and_paddle_only_options_are_refused(o
         load_predictor(onnx_dir / "model.onnx", precision="bf16")
 
 
+def test_predict_names_the_runtime_it_chose_in_its_log_and_summary(onnx_dir, images, tmp_path, caplog):
+    root, paths = images
+    cfg = OmegaConf.structured(PredictConfig(model_dir=str(onnx_dir), input=paths[0], output=str(tmp_path / "p.jsonl"),
+                                             num_workers=0, progress_bar=False, device="cpu"))
+    with caplog.at_level("INFO", logger="paddletrain"):
+        assert run(cfg) == 0
+    # the export has both models and records fp32: onnxruntime, the faster fp32 runtime on CPUs
+    assert "runtime: onnxruntime " in caplog.text and "OnnxPredictor(" in caplog.text
+    assert "backend=auto: onnxruntime runs fp32 faster than Paddle Inference on a CPU" in caplog.text
+    summary = predict_files(load_predictor(onnx_dir, backend="paddle", device="cpu", cpu_threads=1), paths[:2],
+                            num_workers=0, output=tmp_path / "q.jsonl", progress=False)
+    assert summary.runtime.startswith("Paddle Inference ") and "backend=paddle" in summary.runtime
+    assert f"; runtime: {summary.runtime}" in str(summary)
+
+
 def test_model_dir_must_be_an_export_not_a_training_run(images, tmp_path, caplog):
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
     cfg = OmegaConf.structured(PredictConfig(model_dir=str(tmp_path / "run"), input=str(images[0])))
