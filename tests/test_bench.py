@@ -156,7 +156,7 @@ def test_inference_compares_paddle_with_onnxruntime_per_thread_count_and_batch()
     cfg = InferenceBenchConfig(model="tiny", image_size=16, num_classes=10, batch_sizes=[2], images_per_window=2,
                                windows=1, predict_images=0, cpu_threads=1, precisions=["fp32"],
                                runtimes_model="tiny", runtimes_threads=[1, 2], runtimes_batch_sizes=[1, 3],
-                               runtimes_windows=2, warmup=0)
+                               runtimes_windows=2, warmup=0, runtimes_programdesc=True)
     result = run_inference(cfg)
     rows = result["runtimes"]
     assert [(r["batch_size"], r["threads"]) for r in rows] == [(1, 1), (1, 2), (3, 1), (3, 2)]
@@ -164,6 +164,7 @@ def test_inference_compares_paddle_with_onnxruntime_per_thread_count_and_batch()
         assert len(row["paddle_windows_s"]) == len(row["onnx_windows_s"]) == 2
         ratios = sorted(o / p for o, p in zip(row["onnx_windows_s"], row["paddle_windows_s"], strict=True))
         assert row["paddle_vs_onnx"] == pytest.approx(sum(ratios) / 2)  # the median of two windows
+        assert len(row["programdesc_windows_s"]) == 2 and row["programdesc_vs_onnx"] > 0
     goals = [g["goal"] for g in result["goals"]]
     assert "Paddle Inference fp32 >= 1.0 x onnxruntime fp32 (tiny, batch 3, 2 threads)" in goals
     assert "### bench inference" in to_markdown(result) and "paddle_vs_onnx" in to_markdown(result)

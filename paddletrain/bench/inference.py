@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -72,6 +75,9 @@ class InferenceBenchConfig:
     runtimes_threads: list[int] = allowed(factory=lambda: [1, 2], ge=1)
     runtimes_batch_sizes: list[int] = allowed(factory=lambda: [1, 8], ge=1)
     runtimes_windows: int = allowed(5, ge=1)
+    # Also time Paddle Inference on the older ProgramDesc graph (model.pdmodel) of the same weights, which the
+    # Predictor runs with memory reuse (PIR graphs cannot have it).
+    runtimes_programdesc: bool = False
 
 
 def _dygraph_arm(model: paddle.nn.Layer, batch: np.ndarray) -> Callable[[int], float]:
@@ -173,6 +179,26 @@ def predict_pipeline(cfg: InferenceBenchConfig, predictor: Any, workdir: Path) -
             "bare_predictor_images_per_s": raw, "ratio": e2e / raw}
 
 
+# Run in a fresh process: Paddle picks the graph format it saves when it starts (FLAGS_enable_pir_api).
+_PROGRAMDESC_EXPORT = """
+import sys
+from paddletrain.bench.common import build_model
+from paddletrain.export import export_model
+name, classes, size, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+export_model(build_model(name, classes).eval(), out, input_size=(3, size, size))
+"""
+
+
+def _programdesc_export(cfg: InferenceBenchConfig, out: Path) -> Path:
+    """``runtimes_model`` (the same seeded weights as :func:`runtime_table`'s) exported as a ProgramDesc graph."""
+    args = [cfg.runtimes_model, str(cfg.num_classes), str(cfg.image_size), str(out)]
+    result = subprocess.run([sys.executable, "-c", _PROGRAMDESC_EXPORT, *args], capture_output=True, text=True,
+                            env={**os.environ, "FLAGS_enable_pir_api": "0"})
+    if result.returncode != 0 or not (out / "model.pdmodel").is_file():
+        raise RuntimeError(f"bench inference: the ProgramDesc export failed: {result.stderr[-2000:]}")
+    return out
+
+
 def runtime_table(cfg: InferenceBenchConfig, workdir: Path) -> list[dict[str, Any]]:
     """Paddle Inference fp32 / onnxruntime fp32 on one export, per batch size and thread count.
 
@@ -192,6 +218,11 @@ def runtime_table(cfg: InferenceBenchConfig, workdir: Path) -> list[dict[str, An
         runtimes[f"paddle_{threads}t"] = Predictor(model_dir, device="cpu", cpu_threads=threads,
                                                    use_mkldnn=cfg.use_mkldnn, precision="fp32")
         runtimes[f"onnx_{threads}t"] = OnnxPredictor(model_dir, device="cpu", cpu_threads=threads)
+    if cfg.runtimes_programdesc:
+        programdesc = _programdesc_export(cfg, workdir / "runtimes-programdesc")
+        for threads in cfg.runtimes_threads:
+            runtimes[f"programdesc_{threads}t"] = Predictor(programdesc, device="cpu", cpu_threads=threads,
+                                                            use_mkldnn=cfg.use_mkldnn, precision="fp32")
     rng = np.random.default_rng(2)
     rows = []
     for batch_size in cfg.runtimes_batch_sizes:
@@ -206,6 +237,11 @@ def runtime_table(cfg: InferenceBenchConfig, workdir: Path) -> list[dict[str, An
                          "onnx_latency_ms": statistics.median(onnx_s) * 1e3,
                          "paddle_vs_onnx": paired_ratio(onnx_s, paddle_s),
                          "paddle_windows_s": paddle_s, "onnx_windows_s": onnx_s})
+            if cfg.runtimes_programdesc:
+                programdesc_s = per_batch[f"programdesc_{threads}t"]
+                rows[-1].update(programdesc_latency_ms=statistics.median(programdesc_s) * 1e3,
+                                programdesc_vs_onnx=paired_ratio(onnx_s, programdesc_s),
+                                programdesc_windows_s=programdesc_s)
     return rows
 
 
