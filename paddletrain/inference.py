@@ -351,11 +351,12 @@ class Predictor(ExportedModel):
         config.disable_glog_info()
         memory_optim = graph.suffix == ".pdmodel" and precision == "fp32" and resolved == "cpu"
         if memory_optim:
-            # Reused activation buffers stay in cache: a ResNet-50 ProgramDesc graph ran 1.11 x faster with it than
-            # without (batch 1, 1 thread), and 0.95-1.05 x onnxruntime where the PIR graph ran 0.84-0.89 x (three
-            # interleaved runs, batch 1 and 8, 1 and 2 threads, AVX2, busy machine, 2026-11-26; `bench inference
-            # runtimes_programdesc=true` measures it). PIR graphs (model.json, Paddle 3.3) fail to load with it
-            # (memory_optimize_pass is missing from the PIR pipeline); other precisions are not measured with it.
+            # Paddle's advice for inference: reused activation buffers stay in cache. A ResNet-50 ProgramDesc graph
+            # ran 1.11 x faster with it than without in one interleaved comparison (batch 1, 1 thread, AVX2); the
+            # bench (`bench inference runtimes_programdesc=true`) on a busy machine could not separate it from
+            # noise (docs/performance.md). Results are unchanged (tests/test_inference.py). PIR graphs (model.json,
+            # Paddle 3.3) fail to load with it (memory_optimize_pass is missing from the PIR pipeline); other
+            # precisions are not measured with it.
             config.enable_memory_optim()
         config.set_cpu_math_library_num_threads(threads)
         if resolved == "gpu":

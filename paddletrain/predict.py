@@ -293,8 +293,8 @@ FIRST_BATCH_FRACTION = 8
 def batch_chunks(paths: Sequence[str], batch_size: int, fixed_batch: int | None = None) -> list[list[str]]:
     """``paths`` in predictor calls of ``batch_size``, the first one smaller.
 
-    Nothing is predicted until the first batch is decoded: with 1 worker, 32 images of 224 px took 0.42 s to
-    arrive against 0.18 s for 4 (medians of 5, worker start-up included, on a busy 2-core machine), time the
+    Nothing is predicted until the first batch is decoded: with 1 worker, 32 images of 224 px took 0.19 s to
+    arrive against 0.058 s for 4 (worker start-up included, busy 2-core machine, docs/performance.md), time the
     predictor would otherwise sit idle. An export with a fixed batch (``fixed_batch``) would pad a small batch
     to its size, so it keeps full batches.
     """
