@@ -9,9 +9,11 @@ Examples::
     python -m paddletrain.predict model_dir=export/model.onnx input=photos/     # the ONNX model, in onnxruntime
     python -m paddletrain.predict checkpoint=outputs/fit/<time>:best input=photos/  # exports it first, verified
 
-``model_dir`` is an export directory (Paddle Inference, or onnxruntime when it holds only ``model.onnx`` or
-``backend=onnx``) or a ``.onnx`` file; either way the export's ``preprocess.json`` feeds the model and the output
-is the same. ``checkpoint`` (instead of ``model_dir``) takes what ``evaluate`` and ``export`` take, exports it
+``model_dir`` is an export directory (run in Paddle Inference, or in onnxruntime when it holds only ``model.onnx``,
+with ``backend=onnx``, or with ``backend=auto`` when it holds both and onnxruntime is the faster runtime for its
+precision: :func:`paddletrain.inference.backend_choice`) or a ``.onnx`` file; either way the export's
+``preprocess.json`` feeds the model and the output is the same. ``checkpoint`` (instead of ``model_dir``) takes
+what ``evaluate`` and ``export`` take, exports it
 with the parity check into this run's directory and predicts with that.
 
 Worker processes decode and preprocess (with the export's own ``preprocess.json``) while the main process
