@@ -13,8 +13,8 @@ Examples::
 with ``backend=onnx``, or with ``backend=auto`` when it holds both and onnxruntime is the faster runtime for its
 precision: :func:`paddletrain.inference.backend_choice`) or a ``.onnx`` file; either way the export's
 ``preprocess.json`` feeds the model and the output is the same. ``checkpoint`` (instead of ``model_dir``) takes
-what ``evaluate`` and ``export`` take, exports it
-with the parity check into this run's directory and predicts with that.
+what ``evaluate`` and ``export`` take, exports it with the parity check into this run's directory and predicts
+with that.
 
 Worker processes decode and preprocess (with the export's own ``preprocess.json``) while the main process
 runs the predictor, with a bounded number of batches in flight. Each image gives one line
