@@ -531,7 +531,7 @@ def preferred_backend(precision: str, device: str = "auto", **paddle_options: An
     if faster == "paddle":
         unmeasured = "" if precision in FASTEST_CPU_RUNTIME else " (onnxruntime not yet compared in this precision)"
         return "paddle", f"backend=auto: {precision} runs in Paddle Inference{unmeasured}"
-    asked = {k: v for k, v in paddle_options.items() if v is not None and v != PADDLE_DEFAULTS.get(k)}
+    asked = paddle_only_settings(paddle_options)
     if asked:
         return "paddle", f"backend=auto: {', '.join(f'{k}={v}' for k, v in asked.items())} asks for Paddle Inference"
     if device == "gpu" or (device == "auto" and _resolve_device("auto") == "gpu"):
@@ -548,6 +548,11 @@ def preferred_backend(precision: str, device: str = "auto", **paddle_options: An
 PADDLE_DEFAULTS = {"use_mkldnn": True, "tensorrt": False}
 
 
+def paddle_only_settings(paddle_options: dict[str, Any]) -> dict[str, Any]:
+    """The Predictor settings in ``paddle_options`` that only Paddle Inference can honour (not at their defaults)."""
+    return {k: v for k, v in paddle_options.items() if v is not None and v != PADDLE_DEFAULTS.get(k)}
+
+
 def load_predictor(model: str | Path, backend: str = "auto", device: str = "auto",
                    cpu_threads: int | None = None, precision: str | None = None,
                    labels: None | str | Path = None, **paddle_options: Any) -> ExportedModel:
@@ -556,11 +561,10 @@ def load_predictor(model: str | Path, backend: str = "auto", device: str = "auto
     same batches and give the same logits layout; ``predictor.runtime.describe()`` names the one chosen and why."""
     chosen, reason = backend_choice(model, backend, precision, device, **paddle_options)
     if chosen == "onnx":
-        ignored = {k: v for k, v in paddle_options.items() if v is not None and v != PADDLE_DEFAULTS.get(k)}
+        ignored = paddle_only_settings(paddle_options)
         if ignored:
             raise UserError(f"{', '.join(f'{k}={v}' for k, v in ignored.items())} apply to the Paddle backend only, "
                             f"not to the ONNX model {model}")
-        # The ONNX graph is the fp32 model: the precision the export records was the reason to pick it.
         predictor: ExportedModel = OnnxPredictor(model, device=device, cpu_threads=cpu_threads,
                                                  precision=precision, labels=labels)
     else:
