@@ -221,13 +221,25 @@ def test_exit_status_says_whether_files_failed(export_dir, images, tmp_path):
     assert run(cfg(str(tmp_path / "none"))) == 2
 
 
-def test_the_first_batch_is_small_so_prediction_starts_sooner_and_every_path_is_kept_in_order():
+def test_the_first_batch_is_small_so_prediction_starts_sooner_and_every_path_is_kept_in_order(export_dir, images,
+                                                                                              monkeypatch):
     paths = [f"{i}.jpg" for i in range(70)]
     chunks = batch_chunks(paths, 32)
     assert [len(c) for c in chunks] == [4, 32, 32, 2] and sum(chunks, []) == paths
-    assert [len(c) for c in batch_chunks(paths, 32, fixed_batch=32)] == [32, 32, 6]  # no padded small batch
+    assert [len(c) for c in batch_chunks(paths, 32, small_first=False)] == [32, 32, 6]
     assert [len(c) for c in batch_chunks(paths[:20], 32)] == [20] and batch_chunks([], 32) == []
     assert [len(c) for c in batch_chunks(paths[:5], 2)] == [1, 2, 2]
+    # predict_files asks for the small first batch only when workers decode ahead and the batch is not fixed
+    calls = []
+    monkeypatch.setattr("paddletrain.predict.batch_chunks",
+                        lambda paths, size, small_first: calls.append(small_first) or batch_chunks(paths, size))
+    predictor = Predictor(export_dir, device="cpu", cpu_threads=1)
+    for workers in (0, 1):
+        predict_files(predictor, images[1][:3], batch_size=2, num_workers=workers, output=io.StringIO(),
+                      progress=False)
+    predictor.fixed_batch = 2
+    predict_files(predictor, images[1][:3], batch_size=2, num_workers=1, output=io.StringIO(), progress=False)
+    assert calls == [False, True, False]
 
 
 @pytest.mark.parametrize("cores,workers,threads", [(1, 1, 1), (2, 1, 1), (8, 4, 4), (16, 8, 8)])
