@@ -41,10 +41,11 @@ PRECISIONS = ("fp32", "fp16", "bf16")
 RESIZE_MODES = ("shorter_side", "exact")
 # The runtime `backend=auto` picks for an export that has both a Paddle graph and model.onnx, by the precision it
 # runs in on a CPU. Measured with `python -m paddletrain.bench inference` (docs/performance.md, "Paddle Inference
-# vs onnxruntime"): in fp32, Paddle Inference with oneDNN ran a ResNet-50 at 0.8-0.95 x onnxruntime at 1 and 2
-# threads, batch 1 and 8, on an AVX2 CPU, with every Predictor setting tried; bf16 runs only in Paddle Inference
-# (the ONNX graph is fp32). A precision missing here runs in Paddle Inference, the runtime its export was made
-# for, until a measurement says otherwise: add int8 here once both runtimes' int8 exports are benchmarked.
+# vs onnxruntime"): in fp32, Paddle Inference with oneDNN ran a ResNet-50 at 0.74-0.92 x onnxruntime at 1 thread,
+# batch 1 and 8, on an AVX2 CPU (two runs on a busy machine; the issue's quiet figures: 0.83 x at 1 thread, 0.91 x
+# at 2), with every Predictor setting tried; bf16 runs only in Paddle Inference (the ONNX graph is fp32). A
+# precision missing here runs in Paddle Inference, the runtime its export was made for, until a measurement says
+# otherwise: add int8 here once both runtimes' int8 exports are benchmarked.
 FASTEST_CPU_RUNTIME = {"fp32": "onnx", "bf16": "paddle"}
 # What each backend is called in log lines and summaries.
 RUNTIME_NAMES = {"paddle": "Paddle Inference", "onnx": "onnxruntime"}
