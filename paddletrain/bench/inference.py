@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -199,6 +200,21 @@ def _programdesc_export(cfg: InferenceBenchConfig, out: Path) -> Path:
     return out
 
 
+# Paddle's OpenMP threads spin for 200 ms after a run (Intel OpenMP's KMP_BLOCKTIME), and would take the core
+# from the next arm's threads: each window starts after they have gone to sleep. (The pause is not timed.)
+SETTLE_SECONDS = 0.25
+
+
+def _settled_arm(predictor: Any, batch: np.ndarray) -> Callable[[int], float]:
+    arm = _predictor_arm(predictor, batch)
+
+    def run(steps: int) -> float:
+        time.sleep(SETTLE_SECONDS)
+        return arm(steps)
+
+    return run
+
+
 def runtime_table(cfg: InferenceBenchConfig, workdir: Path) -> list[dict[str, Any]]:
     """Paddle Inference fp32 / onnxruntime fp32 on one export, per batch size and thread count.
 
@@ -228,7 +244,7 @@ def runtime_table(cfg: InferenceBenchConfig, workdir: Path) -> list[dict[str, An
     for batch_size in cfg.runtimes_batch_sizes:
         batch = rng.standard_normal((batch_size, 3, cfg.image_size, cfg.image_size), dtype=np.float32)
         steps = max(1, math.ceil(cfg.images_per_window / batch_size))
-        per_batch = interleave({name: _predictor_arm(p, batch) for name, p in runtimes.items()},
+        per_batch = interleave({name: _settled_arm(p, batch) for name, p in runtimes.items()},
                                cfg.runtimes_windows, steps, cfg.warmup)
         for threads in cfg.runtimes_threads:
             paddle_s, onnx_s = per_batch[f"paddle_{threads}t"], per_batch[f"onnx_{threads}t"]
