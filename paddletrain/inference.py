@@ -40,6 +40,16 @@ PREPROCESS_FORMAT_VERSION = 1
 # int8 on CPUs through oneDNN, from a graph quantized at export (paddletrain.quantize), not from an fp32 one.
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 RESIZE_MODES = ("shorter_side", "exact")
+# The runtime `backend=auto` picks for an export that has both a Paddle graph and model.onnx, by the precision it
+# runs in on a CPU. Measured with `python -m paddletrain.bench inference` (docs/performance.md, "Paddle Inference
+# vs onnxruntime"): in fp32, Paddle Inference with oneDNN ran a ResNet-50 at 0.74-0.92 x onnxruntime at 1 thread,
+# batch 1 and 8, on an AVX2 CPU (four runs on a busy machine; the issue's quiet figures: 0.83 x at 1 thread, 0.91 x
+# at 2), with every Predictor setting tried; bf16 runs only in Paddle Inference (the ONNX graph is fp32). A
+# precision missing here runs in Paddle Inference, the runtime its export was made for, until a measurement says
+# otherwise: add int8 here once both runtimes' int8 exports are benchmarked.
+FASTEST_CPU_RUNTIME = {"fp32": "onnx", "bf16": "paddle"}
+# What each backend is called in log lines and summaries.
+RUNTIME_NAMES = {"paddle": "Paddle Inference", "onnx": "onnxruntime"}
 # oneDNN keeps one compiled kernel set per input shape; a bounded cache stops a varying last batch from
 # growing memory without limit.
 MKLDNN_SHAPE_CACHE = 10
@@ -209,6 +219,34 @@ class _Runtime:
     cpu_threads: int
     mkldnn: bool
     tensorrt: bool
+    # paddle or onnx, and why load_predictor chose it (None when the caller built the predictor itself)
+    backend: str = "paddle"
+    reason: str | None = None
+    memory_optim: bool = False
+
+    def describe(self) -> str:
+        """One line naming the runtime and its settings, e.g. ``onnxruntime 1.32.0 (fp32, cpu, 2 threads)``."""
+        settings = [self.precision, self.device, f"{self.cpu_threads} thread{'s' if self.cpu_threads > 1 else ''}"]
+        if self.mkldnn:
+            settings.append("oneDNN")
+        if self.memory_optim:
+            settings.append("memory reuse")
+        if self.tensorrt:
+            settings.append("TensorRT")
+        text = f"{RUNTIME_NAMES[self.backend]} {runtime_version(self.backend)} ({', '.join(settings)})"
+        return f"{text}; {self.reason}" if self.reason else text
+
+
+def runtime_version(backend: str) -> str:
+    """The installed version of ``backend``'s runtime (Paddle or onnxruntime)."""
+    import importlib.metadata
+
+    name = "onnxruntime" if backend == "onnx" else "paddlepaddle"
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:  # onnxruntime-gpu, paddlepaddle-gpu, a source build
+        module = require_onnxruntime() if backend == "onnx" else __import__("paddle")
+        return str(getattr(module, "__version__", "?"))
 
 
 class ExportedModel:
@@ -337,7 +375,15 @@ class Predictor(ExportedModel):
 
         config = inference.Config(str(graph), str(params))
         config.disable_glog_info()
-        # No enable_memory_optim(): with PIR graphs (Paddle 3.3) it fails to load (memory_optimize_pass).
+        memory_optim = graph.suffix == ".pdmodel" and precision == "fp32" and resolved == "cpu"
+        if memory_optim:
+            # Paddle's advice for inference: reused activation buffers stay in cache. A ResNet-50 ProgramDesc graph
+            # ran 1.11 x faster with it than without in one interleaved comparison (batch 1, 1 thread, AVX2); the
+            # bench (`bench inference runtimes_programdesc=true`) on a busy machine could not separate it from
+            # noise (docs/performance.md). Results are unchanged (tests/test_inference.py). PIR graphs (model.json,
+            # Paddle 3.3) fail to load with it (memory_optimize_pass is missing from the PIR pipeline); other
+            # precisions are not measured with it.
+            config.enable_memory_optim()
         config.set_cpu_math_library_num_threads(threads)
         if resolved == "gpu":
             self._configure_gpu(config, precision, tensorrt, gpu_id, gpu_memory_mb, trt_max_batch)
@@ -360,7 +406,8 @@ class Predictor(ExportedModel):
             raise UserError(f"Paddle Inference cannot load {graph}: {exc}") from exc
         self._input = self._predictor.get_input_handle(self._predictor.get_input_names()[0])
         self._output = self._predictor.get_output_handle(self._predictor.get_output_names()[0])
-        self.runtime = _Runtime(resolved, precision, threads, bool(use_mkldnn and resolved == "cpu"), tensorrt)
+        self.runtime = _Runtime(resolved, precision, threads, bool(use_mkldnn and resolved == "cpu"), tensorrt,
+                                memory_optim=memory_optim)
         self._check_outputs()
 
     def _configure_gpu(self, config: Any, precision: str, tensorrt: bool, gpu_id: int, memory_mb: int,
@@ -456,7 +503,7 @@ class OnnxPredictor(ExportedModel):
             raise UserError(f"onnxruntime cannot load {onnx_file}: {exc}") from exc
         self.onnx_file = onnx_file
         self._input_name = self._session.get_inputs()[0].name
-        self.runtime = _Runtime("gpu" if use_gpu else "cpu", graph_precision, threads, False, False)
+        self.runtime = _Runtime("gpu" if use_gpu else "cpu", graph_precision, threads, False, False, backend="onnx")
         self._check_outputs()
 
     def _run(self, batch: np.ndarray) -> np.ndarray:
@@ -480,43 +527,87 @@ def require_onnxruntime() -> Any:
     return onnxruntime
 
 
-def choose_backend(model: str | Path, backend: str = "auto") -> str:
-    """``paddle`` or ``onnx`` for ``model`` (an export directory or a ``.onnx`` file).
+def choose_backend(model: str | Path, backend: str = "auto", precision: str | None = None, device: str = "auto",
+                   **paddle_options: Any) -> str:
+    """``paddle`` or ``onnx`` for ``model`` (an export directory or a ``.onnx`` file); see :func:`backend_choice`."""
+    return backend_choice(model, backend, precision, device, **paddle_options)[0]
 
-    ``auto``: a ``.onnx`` file runs in onnxruntime; a directory runs its Paddle graph when it has one, else its
-    ``model.onnx``.
+
+def backend_choice(model: str | Path, backend: str = "auto", precision: str | None = None, device: str = "auto",
+                   **paddle_options: Any) -> tuple[str, str]:
+    """The runtime for ``model`` and why: ``(backend, reason)``, backend ``paddle`` or ``onnx``.
+
+    ``auto``: a ``.onnx`` file runs in onnxruntime, a directory with only one of the two models runs that one.
+    A directory with both runs in the runtime :data:`FASTEST_CPU_RUNTIME` names for its precision (``precision``,
+    else the one ``preprocess.json`` records) when it runs on the CPU, onnxruntime is installed and no Paddle-only
+    setting (``use_mkldnn=False``, ``tensorrt=True``) was asked for; otherwise in Paddle Inference.
     """
     if backend not in BACKENDS:
         raise UserError(f"backend={backend!r} is not one of {', '.join(BACKENDS)}")
-    path = Path(model)
     if backend != "auto":
-        return backend
+        return backend, f"backend={backend}"
+    path = Path(model)
     if path.is_file() and path.suffix == ".onnx":
-        return "onnx"
-    if path.is_dir() and not any((path / name).is_file() for name in GRAPH_FILES) and (path / ONNX_FILE).is_file():
-        return "onnx"
-    return "paddle"
+        return "onnx", "backend=auto: an ONNX model file"
+    has_graph = path.is_dir() and any((path / name).is_file() for name in GRAPH_FILES)
+    if not (path.is_dir() and (path / ONNX_FILE).is_file()):
+        return "paddle", "backend=auto: the export has no model.onnx"
+    if not has_graph:
+        return "onnx", "backend=auto: the export has only model.onnx"
+    return preferred_backend(precision or read_metadata(path).get("precision", "fp32"), device, **paddle_options)
+
+
+def preferred_backend(precision: str, device: str = "auto", **paddle_options: Any) -> tuple[str, str]:
+    """The runtime that runs ``precision`` fastest here, of the two an export can have, and why:
+    :data:`FASTEST_CPU_RUNTIME` on a CPU, when onnxruntime is installed and no Paddle-only setting
+    (``use_mkldnn=False``, ``tensorrt=True``) was asked for; otherwise ``paddle``."""
+    faster = FASTEST_CPU_RUNTIME.get(precision, "paddle")
+    if faster == "paddle":
+        unmeasured = "" if precision in FASTEST_CPU_RUNTIME else " (onnxruntime not yet compared in this precision)"
+        return "paddle", f"backend=auto: {precision} runs in Paddle Inference{unmeasured}"
+    asked = paddle_only_settings(paddle_options)
+    if asked:
+        return "paddle", f"backend=auto: {', '.join(f'{k}={v}' for k, v in asked.items())} asks for Paddle Inference"
+    if device == "gpu" or (device == "auto" and _resolve_device("auto") == "gpu"):
+        return "paddle", "backend=auto: on a GPU, Paddle Inference"  # not measured there: the export's own runtime
+    try:
+        require_onnxruntime()
+    except UserError:
+        return "paddle", (f"backend=auto: onnxruntime runs {precision} faster on a CPU but is not installed "
+                          "(pip install paddletrain[onnx])")
+    return "onnx", f"backend=auto: onnxruntime runs {precision} faster than Paddle Inference on a CPU"
+
+
+# Predictor settings at their defaults say nothing about the runtime; any other value is a Paddle-only request.
+PADDLE_DEFAULTS = {"use_mkldnn": True, "tensorrt": False}
+
+
+def paddle_only_settings(paddle_options: dict[str, Any]) -> dict[str, Any]:
+    """The Predictor settings in ``paddle_options`` that only Paddle Inference can honour (not at their defaults)."""
+    return {k: v for k, v in paddle_options.items() if v is not None and v != PADDLE_DEFAULTS.get(k)}
 
 
 def load_predictor(model: str | Path, backend: str = "auto", device: str = "auto",
                    cpu_threads: int | None = None, precision: str | None = None,
                    labels: None | str | Path = None, **paddle_options: Any) -> ExportedModel:
-    """The export ``model`` in the runtime ``backend`` chooses (:func:`choose_backend`): a :class:`Predictor`
-    (Paddle Inference; ``paddle_options`` such as ``use_mkldnn``, ``tensorrt`` go to it) or an
-    :class:`OnnxPredictor`. Both take the same batches and give the same logits layout."""
-    chosen = choose_backend(model, backend)
+    """The export ``model`` in the runtime :func:`backend_choice` picks: a :class:`Predictor` (Paddle Inference;
+    ``paddle_options`` such as ``use_mkldnn``, ``tensorrt`` go to it) or an :class:`OnnxPredictor`. Both take the
+    same batches and give the same logits layout; ``predictor.runtime.describe()`` names the one chosen and why."""
+    chosen, reason = backend_choice(model, backend, precision, device, **paddle_options)
     if chosen == "onnx":
-        # Settings left at their defaults say nothing; any other value is a Paddle Inference setting given in vain.
-        defaults = {"use_mkldnn": True, "tensorrt": False}
-        ignored = {k: v for k, v in paddle_options.items() if v is not None and v != defaults.get(k)}
+        ignored = paddle_only_settings(paddle_options)
         if ignored:
             raise UserError(f"{', '.join(f'{k}={v}' for k, v in ignored.items())} apply to the Paddle backend only, "
                             f"not to the ONNX model {model}")
-        return OnnxPredictor(model, device=device, cpu_threads=cpu_threads, precision=precision, labels=labels)
-    if Path(model).is_file():
-        raise UserError(f"{model} is a file; backend=paddle needs the export directory")
-    return Predictor(model, device=device, cpu_threads=cpu_threads, precision=precision, labels=labels,
-                     **paddle_options)
+        predictor: ExportedModel = OnnxPredictor(model, device=device, cpu_threads=cpu_threads,
+                                                 precision=precision, labels=labels)
+    else:
+        if Path(model).is_file():
+            raise UserError(f"{model} is a file; backend=paddle needs the export directory")
+        predictor = Predictor(model, device=device, cpu_threads=cpu_threads, precision=precision, labels=labels,
+                              **paddle_options)
+    predictor.runtime.reason = reason
+    return predictor
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

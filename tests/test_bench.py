@@ -1,6 +1,7 @@
 """The benchmarks run on tiny cases and report sane fields. Speed itself is measured, never asserted."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 from pathlib import Path
@@ -132,7 +133,7 @@ def test_data_reports_bare_loader_and_trainer_wait():
 def test_inference_batch_table_and_pipeline():
     cfg = InferenceBenchConfig(model="tiny", image_size=16, num_classes=10, batch_sizes=[1, 4], images_per_window=4,
                                windows=2, predict_images=8, predict_batch_size=4, predict_workers=0,
-                               predict_windows=1, cpu_threads=1, precisions=["fp32"])
+                               predict_windows=1, cpu_threads=1, precisions=["fp32"], runtimes_threads=[])
     result = run_inference(cfg)
     assert [r["batch_size"] for r in result["rows"]] == [1, 4]
     for row in result["rows"]:
@@ -140,12 +141,37 @@ def test_inference_batch_table_and_pipeline():
             assert row[f"{arm}_images_per_s"] == pytest.approx(row["batch_size"] / row[f"{arm}_latency_ms"] * 1e3)
         assert row["predictor_fp32_vs_dygraph"] > 0
         assert row["predictor_fp32_rel_error"] < TOLERANCE["fp32"]  # the same model
-    [pipeline] = result["pipeline"]
-    assert pipeline["images"] == 8 and pipeline["precision"] == "fp32" and pipeline["num_workers"] == 0
-    assert pipeline["ratio"] == pytest.approx(pipeline["predict_files_images_per_s"]
-                                              / pipeline["bare_predictor_images_per_s"])
-    assert [g["goal"] for g in result["goals"]] == ["predictor (fp32) >= 4 x dygraph (fp32) at every batch size",
-                                                    "predict_files >= 0.8 x bare predictor (fp32)"]
+    with_onnx = importlib.util.find_spec("paddle2onnx") and importlib.util.find_spec("onnxruntime")
+    runtimes = ["paddle fp32", "onnxruntime fp32"] if with_onnx else ["paddle fp32"]
+    assert [p["runtime"] for p in result["pipeline"]] == runtimes
+    for pipeline in result["pipeline"]:
+        assert pipeline["images"] == 8 and pipeline["num_workers"] == 0
+        assert pipeline["ratio"] == pytest.approx(pipeline["predict_files_images_per_s"]
+                                                  / pipeline["bare_predictor_images_per_s"])
+    assert result["runtimes"] == []  # runtimes_threads=[] skips the runtime comparison
+    assert [g["goal"] for g in result["goals"]] == [
+        "predictor (fp32) >= 4 x dygraph (fp32) at every batch size",
+        *(f"predict_files >= 0.9 x bare predictor ({runtime})" for runtime in runtimes)]
+
+
+def test_inference_compares_paddle_with_onnxruntime_per_thread_count_and_batch():
+    pytest.importorskip("paddle2onnx", reason="the runtime comparison exports ONNX (the onnx extra)")
+    pytest.importorskip("onnxruntime", reason="the runtime comparison runs onnxruntime (the onnx extra)")
+    cfg = InferenceBenchConfig(model="tiny", image_size=16, num_classes=10, batch_sizes=[2], images_per_window=2,
+                               windows=1, predict_images=0, cpu_threads=1, precisions=["fp32"],
+                               runtimes_model="tiny", runtimes_threads=[1, 2], runtimes_batch_sizes=[1, 3],
+                               runtimes_windows=2, warmup=0, runtimes_programdesc=True)
+    result = run_inference(cfg)
+    rows = result["runtimes"]
+    assert [(r["batch_size"], r["threads"]) for r in rows] == [(1, 1), (1, 2), (3, 1), (3, 2)]
+    for row in rows:
+        assert len(row["paddle_windows_s"]) == len(row["onnx_windows_s"]) == 2
+        ratios = sorted(o / p for o, p in zip(row["onnx_windows_s"], row["paddle_windows_s"], strict=True))
+        assert row["paddle_vs_onnx"] == pytest.approx(sum(ratios) / 2)  # the median of two windows
+        assert len(row["programdesc_windows_s"]) == 2 and row["programdesc_vs_onnx"] > 0
+    goals = [g["goal"] for g in result["goals"]]
+    assert "Paddle Inference fp32 >= 1.0 x onnxruntime fp32 (tiny, batch 3, 2 threads)" in goals
+    assert "### bench inference" in to_markdown(result) and "paddle_vs_onnx" in to_markdown(result)
 
 
 def test_decode_compares_the_pool_with_a_dataloader_doing_the_same_work():
@@ -200,7 +226,7 @@ def test_decode_dataloader_arm_gives_the_pools_batches_bad_files_included(tmp_pa
                     reason="needs a CPU with AVX512-BF16 or AMX: only there is bf16 compared by default")
 def test_inference_compares_a_bf16_predictor_by_default_where_the_cpu_runs_it():
     cfg = InferenceBenchConfig(model="tiny", image_size=16, num_classes=10, batch_sizes=[2], images_per_window=2,
-                               windows=1, predict_images=0, cpu_threads=1)
+                               windows=1, predict_images=0, cpu_threads=1, runtimes_threads=[])
     result = run_inference(cfg)
     row = result["rows"][0]
     assert row["predictor_bf16_vs_dygraph"] > 0 and row["predictor_fp32_rel_error"] < TOLERANCE["fp32"]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import json
 import os
 import subprocess
@@ -256,6 +257,9 @@ def test_predict_with_a_checkpoint_exports_it_verified_then_predicts(checkpoint,
                                              progress_bar=False, topk=2))
     assert predict(cfg, default_out_dir=str(tmp_path / "run")) == 0
     assert (tmp_path / "run" / "export" / "preprocess.json").is_file()
+    # backend=auto: an fp32 export gets its model.onnx for onnxruntime (the faster fp32 runtime on CPUs) when it can
+    with_onnx = all(importlib.util.find_spec(name) for name in ("paddle2onnx", "onnxruntime"))
+    assert (tmp_path / "run" / "export" / "model.onnx").is_file() == bool(with_onnx)
     lines = [json.loads(line) for line in preds.read_text().splitlines()]
     assert len(lines) == 3 and all(line["labels"][0] in val.classes for line in lines)
 

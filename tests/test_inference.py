@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 
 import numpy as np
 import paddle
@@ -13,8 +17,18 @@ import paddletrain
 from paddletrain.config import DataConfig
 from paddletrain.data import build_transform, preprocessing_info
 from paddletrain.errors import UserError
-from paddletrain.export import TOLERANCE, compare_logits, export_model
-from paddletrain.inference import Predictor, Preprocessing, check_precision_runs_on, cpu_bf16_support, find_graph_file
+from paddletrain.export import TOLERANCE, compare_logits, export_model, export_onnx
+from paddletrain.inference import (
+    OnnxPredictor,
+    Predictor,
+    Preprocessing,
+    backend_choice,
+    check_precision_runs_on,
+    choose_backend,
+    cpu_bf16_support,
+    find_graph_file,
+    load_predictor,
+)
 from paddletrain.models import create_model
 
 LABELS = ["cat", "dog", "fox", "owl"]
@@ -202,3 +216,105 @@ def test_int8_is_chosen_at_export_not_at_run_time(exported):
 def test_int8_is_refused_where_it_cannot_run(device, use_mkldnn, message):
     with pytest.raises(UserError, match=message):
         check_precision_runs_on("int8", device, use_mkldnn)
+@pytest.fixture(scope="module")
+def both_models(exported, tmp_path_factory):
+    """The export with its model.onnx beside the Paddle graph, as `export format=onnx` writes it."""
+    pytest.importorskip("paddle2onnx", reason="exporting ONNX needs the onnx extra (paddle2onnx)")
+    pytest.importorskip("onnxruntime", reason="running ONNX needs the onnx extra (onnxruntime)")
+    copy = tmp_path_factory.mktemp("both") / "export"
+    shutil.copytree(exported, copy)
+    export_onnx(copy)
+    return copy
+
+
+def test_auto_runs_an_fp32_export_with_both_models_in_onnxruntime_with_the_same_logits(model, both_models):
+    batch = np.random.default_rng(3).standard_normal((5, 3, SIZE, SIZE)).astype(np.float32)
+    chosen = load_predictor(both_models, device="cpu", cpu_threads=1)
+    assert isinstance(chosen, OnnxPredictor) and chosen.runtime.backend == "onnx"
+    assert chosen.runtime.describe().startswith("onnxruntime ")
+    assert "backend=auto: onnxruntime runs fp32 faster than Paddle Inference" in chosen.runtime.describe()
+    paddle_run = load_predictor(both_models, backend="paddle", device="cpu", cpu_threads=1)
+    assert isinstance(paddle_run, Predictor) and paddle_run.runtime.describe().startswith("Paddle Inference ")
+    assert_close(chosen.predict(batch), reference(model, batch))
+    assert_close(chosen.predict(batch), paddle_run.predict(batch))
+
+
+@pytest.mark.parametrize("precision, options, reason", [
+    ("bf16", {}, "bf16 runs in Paddle Inference"),
+    ("fp32", {"use_mkldnn": False}, "use_mkldnn=False asks for Paddle Inference"),
+    ("fp32", {"tensorrt": True}, "tensorrt=True asks for Paddle Inference"),
+    ("int8", {}, "int8 runs in Paddle Inference (onnxruntime not yet compared in this precision)"),
+])
+def test_auto_keeps_paddle_where_onnxruntime_is_not_the_faster_or_not_asked_for(both_models, precision, options,
+                                                                               reason):
+    # Only the choice: a bf16 or TensorRT predictor cannot be built on every machine.
+    assert backend_choice(both_models, "auto", precision, "cpu", **options) == ("paddle", f"backend=auto: {reason}")
+
+
+def test_auto_falls_back_to_paddle_and_says_why(both_models, exported, monkeypatch):
+    assert choose_backend(exported, "auto", device="cpu") == "paddle"  # no model.onnx
+    assert choose_backend(both_models, "auto", device="gpu") == "paddle"  # not measured on GPUs
+    assert choose_backend(both_models / "model.onnx") == "onnx"
+    assert choose_backend(both_models, "paddle") == "paddle" and choose_backend(exported, "onnx") == "onnx"
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # as if not installed
+    backend, reason = backend_choice(both_models, "auto", device="cpu")
+    assert backend == "paddle" and "onnxruntime runs fp32 faster on a CPU but is not installed" in reason
+    predictor = load_predictor(both_models, device="cpu", cpu_threads=1)
+    assert isinstance(predictor, Predictor) and "not installed" in predictor.runtime.describe()
+
+
+def test_auto_reads_the_precision_the_export_records(both_models, tmp_path):
+    copy = tmp_path / "bf16"
+    shutil.copytree(both_models, copy)
+    meta = json.loads((copy / "preprocess.json").read_text())
+    (copy / "preprocess.json").write_text(json.dumps({**meta, "precision": "bf16"}))
+    assert choose_backend(copy, device="cpu") == "paddle"
+    assert choose_backend(copy, device="cpu", precision="fp32") == "onnx"  # the caller's precision wins
+
+
+PROGRAMDESC_EXPORT = """
+import sys
+import paddle
+from paddletrain.export import export_model
+from paddletrain.models import create_model
+paddle.seed(0)
+export_model(create_model("resnet20", num_classes=4).eval(), sys.argv[1], input_size=(3, 16, 16))
+"""
+
+
+def _run_without_memory_optimisation(model_dir, batch):
+    """The Paddle Inference configuration the Predictor used before it turned memory optimisation on."""
+    from paddle import inference
+
+    config = inference.Config(str(model_dir / "model.pdmodel"), str(model_dir / "model.pdiparams"))
+    config.disable_glog_info()
+    config.set_cpu_math_library_num_threads(1)
+    config.enable_mkldnn()
+    predictor = inference.create_predictor(config)
+    handle = predictor.get_input_handle(predictor.get_input_names()[0])
+    handle.reshape(list(batch.shape))
+    handle.copy_from_cpu(batch)
+    predictor.run()
+    return predictor.get_output_handle(predictor.get_output_names()[0]).copy_to_cpu()
+
+
+def test_a_programdesc_graph_runs_with_memory_optimisation_and_the_same_logits(tmp_path):
+    # Paddle 3 writes PIR (model.json); the older ProgramDesc format (model.pdmodel) is chosen when the process
+    # starts, so the export runs in a fresh process.
+    result = subprocess.run([sys.executable, "-c", PROGRAMDESC_EXPORT, str(tmp_path)], capture_output=True, text=True,
+                            env={**os.environ, "FLAGS_enable_pir_api": "0"}, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert find_graph_file(tmp_path).name == "model.pdmodel"
+    paddle.seed(0)
+    model = create_model("resnet20", num_classes=4).eval()
+    batch = np.random.default_rng(4).standard_normal((3, 3, SIZE, SIZE)).astype(np.float32)
+    predictor = Predictor(tmp_path, device="cpu", cpu_threads=1)
+    assert predictor.runtime.memory_optim and "memory reuse" in predictor.runtime.describe()
+    logits = predictor.predict(batch)
+    assert_close(logits, reference(model, batch))
+    np.testing.assert_allclose(logits, _run_without_memory_optimisation(tmp_path, batch), rtol=0, atol=1e-6)
+
+
+def test_a_pir_graph_runs_without_memory_optimisation(exported):
+    # enable_memory_optim() makes Paddle 3.3 refuse a PIR graph (memory_optimize_pass is not in its pipeline)
+    assert not Predictor(exported, device="cpu", cpu_threads=1).runtime.memory_optim

@@ -16,6 +16,7 @@ from paddletrain.inference import Predictor, load_predictor, softmax
 from paddletrain.models import create_model
 from paddletrain.predict import (
     PredictConfig,
+    batch_chunks,
     default_num_workers,
     default_predictor_threads,
     predict_files,
@@ -136,6 +137,21 @@ def test_an_onnx_backend_without_onnx_file_and_paddle_only_options_are_refused(o
         load_predictor(onnx_dir / "model.onnx", precision="bf16")
 
 
+def test_predict_names_the_runtime_it_chose_in_its_log_and_summary(onnx_dir, images, tmp_path, caplog):
+    root, paths = images
+    cfg = OmegaConf.structured(PredictConfig(model_dir=str(onnx_dir), input=paths[0], output=str(tmp_path / "p.jsonl"),
+                                             num_workers=0, progress_bar=False, device="cpu"))
+    with caplog.at_level("INFO", logger="paddletrain"):
+        assert run(cfg) == 0
+    # the export has both models and records fp32: onnxruntime, the faster fp32 runtime on CPUs
+    assert "runtime: onnxruntime " in caplog.text and "OnnxPredictor(" in caplog.text
+    assert "backend=auto: onnxruntime runs fp32 faster than Paddle Inference on a CPU" in caplog.text
+    summary = predict_files(load_predictor(onnx_dir, backend="paddle", device="cpu", cpu_threads=1), paths[:2],
+                            num_workers=0, output=tmp_path / "q.jsonl", progress=False)
+    assert summary.runtime.startswith("Paddle Inference ") and "backend=paddle" in summary.runtime
+    assert f"; runtime: {summary.runtime}" in str(summary)
+
+
 def test_model_dir_must_be_an_export_not_a_training_run(images, tmp_path, caplog):
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
     cfg = OmegaConf.structured(PredictConfig(model_dir=str(tmp_path / "run"), input=str(images[0])))
@@ -203,6 +219,27 @@ def test_exit_status_says_whether_files_failed(export_dir, images, tmp_path):
     assert run(cfg(str(root))) == 3 and len(out.read_text().splitlines()) == len(paths)
     assert run(cfg(paths[0])) == 0 and len(out.read_text().splitlines()) == 1
     assert run(cfg(str(tmp_path / "none"))) == 2
+
+
+def test_the_first_batch_is_small_so_prediction_starts_sooner_and_every_path_is_kept_in_order(export_dir, images,
+                                                                                              monkeypatch):
+    paths = [f"{i}.jpg" for i in range(70)]
+    chunks = batch_chunks(paths, 32)
+    assert [len(c) for c in chunks] == [4, 32, 32, 2] and sum(chunks, []) == paths
+    assert [len(c) for c in batch_chunks(paths, 32, small_first=False)] == [32, 32, 6]
+    assert [len(c) for c in batch_chunks(paths[:20], 32)] == [20] and batch_chunks([], 32) == []
+    assert [len(c) for c in batch_chunks(paths[:5], 2)] == [1, 2, 2]
+    # predict_files asks for the small first batch only when workers decode ahead and the batch is not fixed
+    calls = []
+    monkeypatch.setattr("paddletrain.predict.batch_chunks",
+                        lambda paths, size, small_first: calls.append(small_first) or batch_chunks(paths, size))
+    predictor = Predictor(export_dir, device="cpu", cpu_threads=1)
+    for workers in (0, 1):
+        predict_files(predictor, images[1][:3], batch_size=2, num_workers=workers, output=io.StringIO(),
+                      progress=False)
+    predictor.fixed_batch = 2
+    predict_files(predictor, images[1][:3], batch_size=2, num_workers=1, output=io.StringIO(), progress=False)
+    assert calls == [False, True, False]
 
 
 @pytest.mark.parametrize("cores,workers,threads", [(1, 1, 1), (2, 1, 1), (8, 4, 4), (16, 8, 8)])

@@ -10,13 +10,23 @@
 All arms run on the same pinned threads, windows interleaved per batch size; latency is the median time of
 one batch, throughput images/s. ``predict``: ``paddletrain.predict.predict_files`` end to end (decode,
 preprocess in workers, predict) on synthetic JPEGs vs the bare predictor on ready arrays of the same count,
-for each predictor precision.
+for each predictor precision (and for the onnxruntime predictor of the fp32 export, which ``predict`` picks for
+fp32 when onnxruntime is installed).
+``runtimes``: Paddle Inference fp32 vs onnxruntime fp32 on one export of ``runtimes_model`` (its Paddle graph and
+its ``model.onnx``) at each thread count and batch size, every arm interleaved with every other per batch size:
+the measurement behind ``paddletrain.inference.FASTEST_CPU_RUNTIME``.
 """
 from __future__ import annotations
 
+import importlib.util
 import math
+import os
+import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +73,14 @@ class InferenceBenchConfig:
     predict_windows: int = allowed(2, ge=1)
     cpu_threads: int | None = allowed(None, ge=1)
     device: str = allowed("auto", choices=DEVICES)
+    # Paddle Inference vs onnxruntime (fp32, CPU) on one export of this model; runtimes_threads=[] skips it.
+    runtimes_model: str = "resnet50"
+    runtimes_threads: list[int] = allowed(factory=lambda: [1, 2], ge=1)
+    runtimes_batch_sizes: list[int] = allowed(factory=lambda: [1, 8], ge=1)
+    runtimes_windows: int = allowed(5, ge=1)
+    # Also time Paddle Inference on the older ProgramDesc graph (model.pdmodel) of the same weights, which the
+    # Predictor runs with memory reuse (PIR graphs cannot have it).
+    runtimes_programdesc: bool = False
 
 
 def _dygraph_arm(model: paddle.nn.Layer, batch: np.ndarray) -> Callable[[int], float]:
@@ -173,6 +191,104 @@ def predict_pipeline(cfg: InferenceBenchConfig, predictor: Any, workdir: Path) -
             "bare_predictor_images_per_s": raw, "ratio": e2e / raw}
 
 
+# Run in a fresh process: Paddle picks the graph format it saves when it starts (FLAGS_enable_pir_api).
+_PROGRAMDESC_EXPORT = """
+import sys
+from paddletrain.bench.common import build_model
+from paddletrain.export import export_model
+name, classes, size, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+export_model(build_model(name, classes).eval(), out, input_size=(3, size, size))
+"""
+
+
+def _programdesc_export(cfg: InferenceBenchConfig, out: Path) -> Path:
+    """``runtimes_model`` (the same seeded weights as :func:`runtime_table`'s) exported as a ProgramDesc graph."""
+    args = [cfg.runtimes_model, str(cfg.num_classes), str(cfg.image_size), str(out)]
+    result = subprocess.run([sys.executable, "-c", _PROGRAMDESC_EXPORT, *args], capture_output=True, text=True,
+                            env={**os.environ, "FLAGS_enable_pir_api": "0"})
+    if result.returncode != 0 or not (out / "model.pdmodel").is_file():
+        raise RuntimeError(f"bench inference: the ProgramDesc export failed: {result.stderr[-2000:]}")
+    return out
+
+
+# Paddle's OpenMP threads spin for 200 ms after a run (Intel OpenMP's KMP_BLOCKTIME), and would take the core
+# from the next arm's threads: each window starts after they have gone to sleep. (The pause is not timed.)
+SETTLE_SECONDS = 0.25
+
+
+def _settled_arm(predictor: Any, batch: np.ndarray) -> Callable[[int], float]:
+    arm = _predictor_arm(predictor, batch)
+
+    def run(steps: int) -> float:
+        time.sleep(SETTLE_SECONDS)
+        return arm(steps)
+
+    return run
+
+
+def runtime_table(cfg: InferenceBenchConfig, workdir: Path) -> list[dict[str, Any]]:
+    """Paddle Inference fp32 / onnxruntime fp32 on one export, per batch size and thread count.
+
+    Every (runtime, threads) arm of a batch size runs in the same interleaved windows, so load that comes and
+    goes hits them alike; ``paddle_vs_onnx`` is the median of the per-window speed ratios (> 1: Paddle faster).
+    """
+    from paddletrain.export import export_onnx
+    from paddletrain.inference import OnnxPredictor, Predictor
+
+    model = bench_model(cfg.runtimes_model, cfg.num_classes)
+    model.eval()
+    model_dir = export_model(model, workdir / "runtimes", input_size=(3, cfg.image_size, cfg.image_size),
+                             preprocessing=_preprocessing(cfg))
+    export_onnx(model_dir)
+    runtimes = {}
+    for threads in cfg.runtimes_threads:
+        runtimes[f"paddle_{threads}t"] = Predictor(model_dir, device="cpu", cpu_threads=threads,
+                                                   use_mkldnn=cfg.use_mkldnn, precision="fp32")
+        runtimes[f"onnx_{threads}t"] = OnnxPredictor(model_dir, device="cpu", cpu_threads=threads)
+    if cfg.runtimes_programdesc:
+        programdesc = _programdesc_export(cfg, workdir / "runtimes-programdesc")
+        for threads in cfg.runtimes_threads:
+            runtimes[f"programdesc_{threads}t"] = Predictor(programdesc, device="cpu", cpu_threads=threads,
+                                                            use_mkldnn=cfg.use_mkldnn, precision="fp32")
+    rng = np.random.default_rng(2)
+    rows = []
+    for batch_size in cfg.runtimes_batch_sizes:
+        batch = rng.standard_normal((batch_size, 3, cfg.image_size, cfg.image_size), dtype=np.float32)
+        steps = max(1, math.ceil(cfg.images_per_window / batch_size))
+        per_batch = interleave({name: _settled_arm(p, batch) for name, p in runtimes.items()},
+                               cfg.runtimes_windows, steps, cfg.warmup)
+        for threads in cfg.runtimes_threads:
+            paddle_s, onnx_s = per_batch[f"paddle_{threads}t"], per_batch[f"onnx_{threads}t"]
+            rows.append({"model": cfg.runtimes_model, "batch_size": batch_size, "threads": threads,
+                         "paddle_latency_ms": statistics.median(paddle_s) * 1e3,
+                         "onnx_latency_ms": statistics.median(onnx_s) * 1e3,
+                         "paddle_vs_onnx": paired_ratio(onnx_s, paddle_s),
+                         "paddle_windows_s": paddle_s, "onnx_windows_s": onnx_s})
+            if cfg.runtimes_programdesc:
+                programdesc_s = per_batch[f"programdesc_{threads}t"]
+                rows[-1].update(programdesc_latency_ms=statistics.median(programdesc_s) * 1e3,
+                                programdesc_vs_onnx=paired_ratio(onnx_s, programdesc_s),
+                                programdesc_windows_s=programdesc_s)
+    return rows
+
+
+def _onnx_available() -> str | None:
+    """Why the onnxruntime comparison cannot run here, or None when it can."""
+    missing = [name for name in ("paddle2onnx", "onnxruntime") if importlib.util.find_spec(name) is None]
+    return f"{' and '.join(missing)} not installed (pip install paddletrain[onnx])" if missing else None
+
+
+def _onnx_predictor(predictor: Any, workdir: Path) -> Any:
+    """The onnxruntime predictor of ``predictor``'s export (converted here), with the same threads."""
+    from paddletrain.export import export_onnx
+    from paddletrain.inference import OnnxPredictor
+
+    copy = workdir / "onnx-export"
+    shutil.copytree(predictor.model_dir, copy)
+    export_onnx(copy)
+    return OnnxPredictor(copy, device="cpu", cpu_threads=predictor.runtime.cpu_threads)
+
+
 def run_inference(cfg: InferenceBenchConfig) -> dict[str, Any]:
     """The batching table (dygraph vs predictor) and the predict_files pipeline ratio."""
     from paddletrain.inference import Predictor
@@ -193,8 +309,14 @@ def run_inference(cfg: InferenceBenchConfig) -> dict[str, Any]:
         predictors = {p: Predictor(dirs[p], device=cfg.device, cpu_threads=runtime.cpu_threads,
                                    use_mkldnn=cfg.use_mkldnn, precision=p) for p in precisions}
         rows = batch_table(cfg, model, predictors)
-        pipelines = [{"precision": p, **predict_pipeline(cfg, predictor, Path(tmp))}
-                     for p, predictor in predictors.items()] if cfg.predict_images else []
+        onnx_missing = _onnx_available()
+        pipe_arms = {f"paddle {p}": predictor for p, predictor in predictors.items()}
+        if "fp32" in predictors and runtime.device == "cpu" and not onnx_missing and cfg.predict_images:
+            pipe_arms["onnxruntime fp32"] = _onnx_predictor(predictors["fp32"], Path(tmp))
+        pipelines = [{"runtime": arm, **predict_pipeline(cfg, predictor, Path(tmp))}
+                     for arm, predictor in pipe_arms.items()] if cfg.predict_images else []
+        compare = cfg.runtimes_threads and runtime.device == "cpu" and not onnx_missing
+        runtimes = runtime_table(cfg, Path(tmp)) if compare else []
     goals = []
     for precision in precisions:
         worst = min(r[f"predictor_{precision}_vs_dygraph"] for r in rows)
@@ -205,10 +327,15 @@ def run_inference(cfg: InferenceBenchConfig) -> dict[str, Any]:
         goals.append({"goal": "predictor (int8) >= 2 x predictor (fp32) at batch 8", "measured": at_8[0],
                       "met": at_8[0] >= 2.0})
     for pipeline in pipelines:
-        goals.append({"goal": f"predict_files >= 0.8 x bare predictor ({pipeline['precision']})",
-                      "measured": pipeline["ratio"], "met": pipeline["ratio"] >= 0.8})
+        goals.append({"goal": f"predict_files >= 0.9 x bare predictor ({pipeline['runtime']})",
+                      "measured": pipeline["ratio"], "met": pipeline["ratio"] >= 0.9})
+    for row in runtimes:
+        goals.append({"goal": f"Paddle Inference fp32 >= 1.0 x onnxruntime fp32 ({row['model']}, batch "
+                              f"{row['batch_size']}, {row['threads']} thread{'s' if row['threads'] > 1 else ''})",
+                      "measured": row["paddle_vs_onnx"], "met": row["paddle_vs_onnx"] >= 1.0})
+    notes = [f"{cfg.model} at {cfg.image_size}px, {cfg.num_classes} classes, oneDNN "
+             f"{'on' if cfg.use_mkldnn else 'off'} in the predictor; predictor precisions {', '.join(precisions)}"]
+    if onnx_missing and (cfg.runtimes_threads or cfg.predict_images):
+        notes.append(f"no onnxruntime comparison: {onnx_missing}")
     return {"benchmark": "inference", "config": vars(cfg), "environment": finished(env),
-            "rows": rows, "pipeline": pipelines, "goals": goals,
-            "notes": [f"{cfg.model} at {cfg.image_size}px, {cfg.num_classes} classes, oneDNN "
-                      f"{'on' if cfg.use_mkldnn else 'off'} in the predictor; predictor precisions "
-                      f"{', '.join(precisions)}"]}
+            "rows": rows, "pipeline": pipelines, "runtimes": runtimes, "goals": goals, "notes": notes}
