@@ -194,10 +194,10 @@ def predict_pipeline(cfg: InferenceBenchConfig, predictor: Any, workdir: Path) -
 # Run in a fresh process: Paddle picks the graph format it saves when it starts (FLAGS_enable_pir_api).
 _PROGRAMDESC_EXPORT = """
 import sys
-from paddletrain.bench.common import build_model
+from paddletrain.bench.common import bench_model
 from paddletrain.export import export_model
 name, classes, size, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-export_model(build_model(name, classes).eval(), out, input_size=(3, size, size))
+export_model(bench_model(name, classes).eval(), out, input_size=(3, size, size))
 """
 
 
