@@ -46,7 +46,7 @@ from paddletrain.config import allowed
 from paddletrain.data.loaders import _shut_down_workers
 from paddletrain.decoding import Batch, _decode_each, _worker_cores, decoded_batches
 from paddletrain.errors import ConfigError
-from paddletrain.processes import call_with_worker_setup, stop_signals_held
+from paddletrain.job.processes import call_with_worker_setup, stop_signals_held
 
 ARMS = ("pool", "dataloader", "main")
 

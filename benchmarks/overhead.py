@@ -40,8 +40,8 @@ from paddletrain.bench.common import (
 )
 from paddletrain.config import allowed
 from paddletrain.errors import ConfigError
+from paddletrain.job.runtime import DEVICES
 from paddletrain.precision import clip_grad_norm_
-from paddletrain.runtime import DEVICES
 
 ARMS = ("trainer", "hand", "bare", "model_fit")
 # Per-step work of each arm, reported with the results (details in the module docstring).
@@ -210,7 +210,7 @@ def trainer_step_parts(cfg: OverheadBenchConfig, batches: list[Any]) -> dict[str
 
 def run_overhead(cfg: OverheadBenchConfig) -> dict[str, Any]:
     """Median ms/step of each arm, the Trainer's throughput ratios and its absolute overhead in ms/step."""
-    from paddletrain.runtime import setup_runtime
+    from paddletrain.job.runtime import setup_runtime
 
     check_options(cfg, "overhead")
     if not cfg.arms:

@@ -26,7 +26,6 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from paddletrain import distributed
 from paddletrain.callbacks.base import Callback
 from paddletrain.callbacks.instantiate import instantiate_callbacks
 from paddletrain.config import DataConfig, FitConfig
@@ -36,6 +35,10 @@ from paddletrain.data.mixup import Mixup
 from paddletrain.data.unlabeled import with_unlabeled
 from paddletrain.distill import Distiller
 from paddletrain.errors import ConfigError, TrainingInterrupted, UserError
+from paddletrain.job import distributed
+from paddletrain.job.rundir import holding_run_dir
+from paddletrain.job.runtime import seed_everything, setup_runtime
+from paddletrain.job.watchdog import Heartbeat
 from paddletrain.limits import Limits
 from paddletrain.losses import LossFn, build_loss
 from paddletrain.metrics_multilabel import LossMeter, MultiLabelMeter
@@ -44,14 +47,11 @@ from paddletrain.models.weights import describe
 from paddletrain.optim import build_optimizer, run_lr
 from paddletrain.precision import Precision
 from paddletrain.resume import is_legacy_checkpoint, load_resume_checkpoint, warm_start_from_legacy
-from paddletrain.rundir import holding_run_dir
-from paddletrain.runtime import seed_everything, setup_runtime
 from paddletrain.schedules import build_scheduler, optimizer_steps_per_epoch, schedule_steps
 from paddletrain.state_checks import check_state_matches
 from paddletrain.summary import write_summary
 from paddletrain.trainer import Trainer, count_batches
 from paddletrain.validation import DEFAULT_MONITOR, take_built_callbacks, validate_once
-from paddletrain.watchdog import Heartbeat
 
 log = logging.getLogger("paddletrain")
 
@@ -276,7 +276,7 @@ def build_callbacks(cfg: DictConfig) -> list[Callback]:
 
 
 def heartbeat(rank: int) -> list[Callback]:
-    """The watchdog's heartbeat (:mod:`paddletrain.watchdog`) for a rank that paddletrain's launcher supervises."""
+    """The watchdog's heartbeat (:mod:`paddletrain.job.watchdog`) for a rank that paddletrain's launcher supervises."""
     log_dir = os.environ.get("PADDLE_LOG_DIR")
     if not (distributed.is_launched() and distributed.under_paddletrain_launcher() and log_dir):
         return []

@@ -36,7 +36,7 @@ from paddletrain.errors import (
     TrainingInterrupted,
     UserError,
 )
-from paddletrain.processes import own_stop_signals, stop_request
+from paddletrain.job.processes import own_stop_signals, stop_request
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +241,7 @@ def run_command(main: Callable[[], Any]) -> NoReturn:
     A command line Hydra rejects (unknown key, wrong type, missing preset, bad syntax) and a refusal before the
     run directory exists (:class:`~paddletrain.errors.StartRefused`) are one line and
     :attr:`ExitCode.USER_ERROR`; ``HYDRA_FULL_ERROR=1`` in the environment keeps Hydra's own report.
-    SIGTERM/SIGINT are handled from here on (:data:`paddletrain.processes.stop_request`).
+    SIGTERM/SIGINT are handled from here on (:data:`paddletrain.job.processes.stop_request`).
     """
     if os.environ.get("HYDRA_FULL_ERROR") != "1":
         # Hydra then raises its rejection instead of printing it over several lines.

@@ -21,7 +21,7 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from paddletrain.devices import DEVICES
 from paddletrain.errors import ConfigError
 
-# trainer.cluster's values (paddletrain/slurm.py acts on them).
+# trainer.cluster's values (paddletrain/job/slurm.py acts on them).
 CLUSTERS = ("auto", "slurm", "none")
 
 # Field metadata key holding an :class:`Allowed`.

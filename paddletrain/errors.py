@@ -32,7 +32,7 @@ class ExitCode(enum.IntEnum):
     INTERRUPTED_SIGINT = 128 + signal.SIGINT  # 130
     INTERRUPTED_SIGTERM = 128 + signal.SIGTERM  # 143
     # SLURM's warning before the time limit (`#SBATCH --signal=USR1@90`): saved like SIGTERM; under SLURM the job
-    # was also requeued (paddletrain/slurm.py).
+    # was also requeued (paddletrain/job/slurm.py).
     INTERRUPTED_SIGUSR1 = 128 + signal.SIGUSR1  # 138
 
     @classmethod

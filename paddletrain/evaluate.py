@@ -35,9 +35,9 @@ from paddletrain.cli import command_task, run_command
 from paddletrain.config import EvaluateConfig, check_values, register_configs
 from paddletrain.data.transforms import eval_image_size
 from paddletrain.errors import UserError
+from paddletrain.job.runtime import seed_everything, setup_runtime
 from paddletrain.metrics_multilabel import MultiLabelReport
 from paddletrain.plugins import prepare
-from paddletrain.runtime import seed_everything, setup_runtime
 from paddletrain.trainer import Trainer
 from paddletrain.tta import TestTimeAugmentation
 from paddletrain.validation import validate_config

@@ -55,6 +55,7 @@ from paddletrain.inference import (
     check_precision_runs_on,
     find_graph_file,
 )
+from paddletrain.job.runtime import set_cpu_threads
 from paddletrain.plugins import prepare
 from paddletrain.quantize import (
     QUANT_ALGOS,
@@ -67,7 +68,6 @@ from paddletrain.quantize import (
     quantize_paddle,
     require_onnx_quantization,
 )
-from paddletrain.runtime import set_cpu_threads
 from paddletrain.validation import validate_config
 
 log = logging.getLogger("paddletrain")

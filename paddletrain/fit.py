@@ -12,7 +12,7 @@ from __future__ import annotations
 if __name__ == "__main__":
     # Hold SIGTERM/SIGINT while Paddle and Hydra load (~2 s in which a signal would kill the process half-started
     # with a Paddle crash report; run_command handles them after the imports), and quiet Paddle's import warnings.
-    from paddletrain.processes import start_command_process
+    from paddletrain.job.processes import start_command_process
 
     start_command_process()
 
@@ -27,17 +27,17 @@ import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from paddletrain import distributed, slurm  # noqa: E402
 from paddletrain.build import monitored_metric, saves_checkpoints, train  # noqa: E402
 from paddletrain.cli import command_task, continue_command, ending_of, exit_with, run_command  # noqa: E402
 from paddletrain.config import register_configs  # noqa: E402
 from paddletrain.errors import ExitCode, TrainingInterrupted  # noqa: E402
-from paddletrain.launcher import Launcher, NodeSpec  # noqa: E402
-from paddletrain.processes import stop_request  # noqa: E402
-from paddletrain.restart import run_with_restarts  # noqa: E402
-from paddletrain.rundir import discard_failed_start, hold_run_dir  # noqa: E402
+from paddletrain.job import distributed, slurm  # noqa: E402
+from paddletrain.job.launcher import Launcher, NodeSpec  # noqa: E402
+from paddletrain.job.processes import stop_request  # noqa: E402
+from paddletrain.job.restart import run_with_restarts  # noqa: E402
+from paddletrain.job.rundir import discard_failed_start, hold_run_dir  # noqa: E402
+from paddletrain.job.watchdog import Watchdog  # noqa: E402
 from paddletrain.validation import VALIDATED_ENV, validate_once, validated_marker  # noqa: E402
-from paddletrain.watchdog import Watchdog  # noqa: E402
 
 log = logging.getLogger("paddletrain")
 
@@ -151,9 +151,9 @@ def finish(code: int, message: str, lost_ranks: list[int] | None = None,
            run_dir: Path | None = None) -> NoReturn:
     """Say how the run ended in one line and exit with ``code``.
 
-    A rank reports it to its launcher (:func:`paddletrain.distributed.report_outcome`); a single process logs it.
+    A rank reports it to its launcher (:func:`paddletrain.job.distributed.report_outcome`); a single process logs it.
     ``run_dir`` is given when the run failed to start (bad input, or stopped during start-up): the directory is
-    removed when it holds nothing but what the start wrote (:func:`paddletrain.rundir.discard_failed_start`).
+    removed when it holds nothing but what the start wrote (:func:`paddletrain.job.rundir.discard_failed_start`).
     """
     message += slurm.requeue_after(code)  # after the stop saved: SLURM ends the job's processes when it requeues
     if distributed.is_launched():

@@ -63,8 +63,8 @@ from paddletrain.inference import (
     softmax,
 )
 from paddletrain.inputs import resolve_inputs
+from paddletrain.job.processes import reclaim_stop_signals
 from paddletrain.plugins import prepare
-from paddletrain.processes import reclaim_stop_signals
 
 log = logging.getLogger("paddletrain")
 
@@ -177,14 +177,14 @@ def check_output_file(output: str | Path, inputs: Sequence[str], protected: Sequ
 
 def default_num_workers() -> int:
     """Half the usable cores decode (at least one); the predictor's threads get the rest."""
-    from paddletrain.runtime import usable_cores  # on use: importing predict must not load Paddle
+    from paddletrain.job.runtime import usable_cores  # on use: importing predict must not load Paddle
 
     return max(1, usable_cores() // 2)
 
 
 def default_predictor_threads(num_workers: int) -> int:
     """The cores the decode workers leave free (at least one)."""
-    from paddletrain.runtime import usable_cores  # on use: importing predict must not load Paddle
+    from paddletrain.job.runtime import usable_cores  # on use: importing predict must not load Paddle
 
     return max(1, usable_cores() - num_workers)
 

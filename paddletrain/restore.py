@@ -17,7 +17,7 @@ from paddletrain.checkpoint.storage import STATE
 from paddletrain.checkpoint.untrusted import StateValueError, checked_mapping, required
 from paddletrain.errors import UserError
 from paddletrain.hooks import Stateful, batch_sampler_of
-from paddletrain.runtime import seed_everything
+from paddletrain.job.runtime import seed_everything
 from paddletrain.state_checks import (
     check_optimizer_state,
     check_scheduler_state,

@@ -57,10 +57,10 @@ from paddletrain.inference import (
     load_predictor,
     sigmoid,
 )
+from paddletrain.job.runtime import set_cpu_threads
 from paddletrain.metrics import topk_correct
 from paddletrain.metrics_multilabel import multilabel_report
 from paddletrain.quantize import quantize_onnx
-from paddletrain.runtime import set_cpu_threads
 
 log = logging.getLogger("paddletrain")
 

@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 import paddle
 
-from paddletrain import distributed
 from paddletrain.callbacks.base import Callback, CheckpointCallback, StepOutput
 from paddletrain.checkpoint import rng_state
 from paddletrain.errors import NonFiniteLossError, TrainingInterrupted, UserError
@@ -28,11 +27,12 @@ from paddletrain.hooks import (
     Stateful,
     batch_sampler_of,
 )
+from paddletrain.job import distributed
+from paddletrain.job.processes import stop_request
 from paddletrain.limits import Limits
 from paddletrain.losses import cross_entropy
 from paddletrain.metrics import ClassificationMeter, ClassReport, Throughput
 from paddletrain.precision import Precision
-from paddletrain.processes import stop_request
 from paddletrain.restore import load_trainer_state, restore_checkpoint
 
 log = logging.getLogger("paddletrain")
@@ -274,7 +274,8 @@ class Trainer:
         return dict(self.metrics)
 
     def _stop_handling(self):
-        """SIGTERM/SIGINT become a stop after the current optimizer step (:data:`paddletrain.processes.stop_request`).
+        """SIGTERM/SIGINT become a stop after the current optimizer step
+        (:data:`paddletrain.job.processes.stop_request`).
 
         A second signal, at least a second later, exits at once. Handlers can only be installed from the main
         thread; elsewhere the trainer still honours a request recorded by handlers its program installed.

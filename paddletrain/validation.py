@@ -3,7 +3,7 @@ range (:func:`paddletrain.config.check_values`), the rules that compare keys, th
 what needs building to check (callback entries, augmentations, mixup, distillation), and what this machine can run.
 One home for every config rule beyond the schema's own; builders rely on it having run.
 
-Once per process: the entry point validates (``fit``: :class:`~paddletrain.rundir.RunDirGuard` before Hydra
+Once per process: the entry point validates (``fit``: :class:`~paddletrain.job.rundir.RunDirGuard` before Hydra
 writes the run directory, else :func:`validate_once` in ``build.train``); later calls with the same config
 skip the work (:func:`validate_once`), and the callbacks the check built are handed to the run
 (:func:`take_built_callbacks`) instead of being built again. The ranks a launcher starts inherit its verdict
@@ -28,6 +28,7 @@ from paddletrain.data.mixup import Mixup
 from paddletrain.data.transforms import DEFAULT_CROP_PCT, build_augmentations, eval_image_size
 from paddletrain.distill import resolve_alpha
 from paddletrain.errors import ConfigError
+from paddletrain.job.runtime import select_device
 from paddletrain.losses import (
     BCE_ONLY_KEYS,
     CLASS_WEIGHTS_KEY,
@@ -40,7 +41,6 @@ from paddletrain.losses import (
 from paddletrain.optim import WITHOUT_NESTEROV, run_lr
 from paddletrain.plugins import prepare
 from paddletrain.registry import DATASETS, LOSSES, MODELS, OPTIMIZERS, SCHEDULERS
-from paddletrain.runtime import select_device
 
 # Built-in datasets that cannot run without data.root (the others have a default location or need no files).
 DATASETS_NEEDING_ROOT = ("imagefolder", "labellist")

@@ -17,10 +17,10 @@ from paddletrain.callbacks.base import Callback, CheckpointCallback
 from paddletrain.checkpoint import find_latest
 from paddletrain.data.mixup import Mixup
 from paddletrain.errors import TrainingInterrupted, UserError
+from paddletrain.job.processes import REPEAT_WINDOW
 from paddletrain.limits import Limits
 from paddletrain.losses import cross_entropy
 from paddletrain.precision import Precision
-from paddletrain.processes import REPEAT_WINDOW
 from paddletrain.testing import FakeGradScaler
 from paddletrain.trainer import NonFiniteLossError, Trainer
 

@@ -11,10 +11,11 @@ from hydra import compose, initialize_config_module
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict, read_write
 
-from paddletrain import rundir, validation
+from paddletrain import validation
 from paddletrain.build import train
+from paddletrain.job import rundir
+from paddletrain.job.rundir import RunDirGuard, release_run_dir
 from paddletrain.registry import CALLBACKS
-from paddletrain.rundir import RunDirGuard, release_run_dir
 from paddletrain.validation import (
     VALIDATED_ENV,
     take_built_callbacks,
@@ -115,12 +116,12 @@ def test_ranks_inherit_their_launchers_verdict_for_the_same_config_only(counts, 
 # Loaded at start-up by every process of the job below (sitecustomize): says when a process validates.
 _COUNTING_SITE = """
 import os, sys
-import paddletrain.rundir, paddletrain.validation
+import paddletrain.job.rundir, paddletrain.validation
 _validate = paddletrain.validation.validate_config
 def _counting(cfg, use="fit"):
     print(f"VALIDATE rank={os.environ.get('PADDLE_TRAINER_ID', 'launcher')}", file=sys.stderr, flush=True)
     return _validate(cfg, use)
-paddletrain.validation.validate_config = paddletrain.rundir.validate_config = _counting
+paddletrain.validation.validate_config = paddletrain.job.rundir.validate_config = _counting
 """
 
 

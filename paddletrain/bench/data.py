@@ -124,7 +124,7 @@ def trainer_data_wait(cfg: DataBenchConfig, loader: Any, num_classes: int) -> di
 def run_data(cfg: DataBenchConfig) -> dict[str, Any]:
     """Bare decode+augment rate, loader rate per worker count and the Trainer's data-wait share."""
     from paddletrain.data import build_loader
-    from paddletrain.runtime import setup_runtime
+    from paddletrain.job.runtime import setup_runtime
 
     check_options(cfg, "data")
     if not cfg.workers:

@@ -49,7 +49,7 @@ from paddletrain.config import allowed
 from paddletrain.errors import ConfigError
 from paddletrain.export import compare_logits, export_model
 from paddletrain.inference import PRECISIONS
-from paddletrain.runtime import DEVICES
+from paddletrain.job.runtime import DEVICES
 
 
 @dataclass
@@ -292,7 +292,7 @@ def _onnx_predictor(predictor: Any, workdir: Path) -> Any:
 def run_inference(cfg: InferenceBenchConfig) -> dict[str, Any]:
     """The batching table (dygraph vs predictor) and the predict_files pipeline ratio."""
     from paddletrain.inference import Predictor
-    from paddletrain.runtime import setup_runtime
+    from paddletrain.job.runtime import setup_runtime
 
     check_options(cfg, "inference")
     if not cfg.batch_sizes:

@@ -27,8 +27,8 @@ from paddletrain.data import preprocessing_info
 from paddletrain.errors import ConfigError
 from paddletrain.export import TOLERANCE, compare_logits, export_model, reference_logits
 from paddletrain.inference import PRECISIONS, Predictor, check_precision_runs_on, cpu_bf16_support
+from paddletrain.job.runtime import setup_runtime
 from paddletrain.models import create_model
-from paddletrain.runtime import setup_runtime
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
 

@@ -29,8 +29,8 @@ from paddletrain.bench.common import (
 from paddletrain.build import build_precision
 from paddletrain.config import AmpConfig, allowed
 from paddletrain.errors import ConfigError
+from paddletrain.job.runtime import DEVICES
 from paddletrain.precision import Precision
-from paddletrain.runtime import DEVICES
 
 PRECISIONS = ("fp32", "amp_o1", "amp_o2")
 
@@ -47,7 +47,7 @@ class TrainBenchConfig:
     windows: int = allowed(5, ge=1)
     steps: int = allowed(10, ge=1)
     warmup: int = allowed(3, ge=0)
-    # None: paddletrain.runtime.default_cpu_threads().
+    # None: paddletrain.job.runtime.default_cpu_threads().
     cpu_threads: int | None = allowed(None, ge=1)
     device: str = allowed("auto", choices=DEVICES)
 
@@ -94,7 +94,7 @@ def make_step_window(cfg: TrainBenchConfig, seed: int = 0) -> Callable[[int], fl
 
 def run_train(cfg: TrainBenchConfig) -> dict[str, Any]:
     """Median images/s and ms/step over ``cfg.windows`` windows of ``cfg.steps`` steps, after warm-up."""
-    from paddletrain.runtime import setup_runtime
+    from paddletrain.job.runtime import setup_runtime
 
     check_options(cfg, "train")
     runtime = setup_runtime(cfg.device, cfg.cpu_threads)
@@ -113,7 +113,7 @@ def run_train(cfg: TrainBenchConfig) -> dict[str, Any]:
 
 def run_threads(cfg: ThreadsBenchConfig) -> dict[str, Any]:
     """The training step with each thread count in ``cfg.threads``, windows interleaved across counts."""
-    from paddletrain.runtime import set_cpu_threads, setup_runtime
+    from paddletrain.job.runtime import set_cpu_threads, setup_runtime
 
     check_options(cfg, "threads")
     if not cfg.threads:

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 import paddle
 
-from paddletrain import distributed
 from paddletrain.callbacks.base import MODES, CheckpointCallback, StepOutput
 from paddletrain.checkpoint import CheckpointManager, check_writable
 from paddletrain.checkpoint.untrusted import check_inside
 from paddletrain.config import check_option
 from paddletrain.errors import ConfigError, TrainingInterrupted
+from paddletrain.job import distributed
 from paddletrain.registry import CALLBACKS
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -284,7 +284,7 @@ def _inspect_star(args: tuple[str, int, float | None]) -> tuple[bytes | None, li
 
 
 def _init_worker(parent_pid: int) -> None:
-    from paddletrain.processes import die_with_parent
+    from paddletrain.job.processes import die_with_parent
 
     # A Ctrl-C reaches the whole process group: the checking process stops the workers (Pool.terminate, whose
     # SIGTERM they must therefore not ignore), rather than each worker printing a traceback of its own.
@@ -493,7 +493,7 @@ def check_dataset(inputs: Sequence[str | Path], *, root: str | Path | None = Non
 def _workers(workers: int | None) -> int:
     if workers is not None:
         return workers
-    from paddletrain.runtime import usable_cores
+    from paddletrain.job.runtime import usable_cores
 
     return usable_cores()
 

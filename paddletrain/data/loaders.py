@@ -40,7 +40,7 @@ from paddletrain.data.datasets import BadSampleError, DatasetError
 from paddletrain.data.sampler import ResumableBatchSampler, SampleKey, WeightedBatchSampler
 from paddletrain.data.unlabeled import UNLABELED
 from paddletrain.errors import ConfigError
-from paddletrain.processes import call_with_worker_setup, stop_signals_held
+from paddletrain.job.processes import call_with_worker_setup, stop_signals_held
 
 log = logging.getLogger(__name__)
 

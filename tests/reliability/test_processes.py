@@ -18,9 +18,9 @@ from PIL import Image
 
 from paddletrain.checkpoint import find_latest
 from paddletrain.data.loaders import build_loader
-from paddletrain.distributed import RankOutcome, lost_peers
 from paddletrain.errors import ExitCode
-from paddletrain.launcher import NodeSpec, decide
+from paddletrain.job.distributed import RankOutcome, lost_peers
+from paddletrain.job.launcher import NodeSpec, decide
 from tests.conftest import run_module, write_image_folder
 from tests.reliability.procs import Run, assert_clean, count_lines
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from paddletrain.errors import UserError
-from paddletrain.rundir import LOCK_FILE, held_run_dir, hold_run_dir, holding_run_dir, release_run_dir
+from paddletrain.job.rundir import LOCK_FILE, held_run_dir, hold_run_dir, holding_run_dir, release_run_dir
 from tests.conftest import TINY, run_module
 
 # Enough epochs that the first run is still training while the second one starts; it is killed anyway.
@@ -21,7 +21,7 @@ LONG = [*TINY, "trainer.max_epochs=10000", "callbacks.visualdl=null"]
 
 HOLD_SCRIPT = """
 import sys, time
-from paddletrain.rundir import hold_run_dir
+from paddletrain.job.rundir import hold_run_dir
 hold_run_dir(sys.argv[1])
 print("held", flush=True)
 time.sleep(600)
@@ -71,7 +71,7 @@ def no_lock_left_in_this_process():
 
 def test_a_held_directory_is_refused_to_another_process_naming_the_holder(tmp_path):
     hold_run_dir(tmp_path)
-    other = subprocess.run([sys.executable, "-c", "import sys\nfrom paddletrain.rundir import hold_run_dir\n"
+    other = subprocess.run([sys.executable, "-c", "import sys\nfrom paddletrain.job.rundir import hold_run_dir\n"
                             "try:\n    hold_run_dir(sys.argv[1])\nexcept Exception as exc:\n    print(exc)\n"
                             "    sys.exit(2)", str(tmp_path)], capture_output=True, text=True, timeout=120,
                            env=dict(os.environ, PYTHONWARNINGS="ignore"))

@@ -1,4 +1,4 @@
-"""Worker for tests/test_distributed.py: trains a BatchNorm-free model with the Trainer API and saves its
+"""Worker for tests/test_job_distributed.py: trains a BatchNorm-free model with the Trainer API and saves its
 parameters. Run by `paddle.distributed.launch` (N processes) or directly (1 process on the global batch)."""
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import sys
 import numpy as np
 import paddle
 
-from paddletrain import distributed
 from paddletrain.config import DataConfig
 from paddletrain.data import build_loader
+from paddletrain.job import distributed
 from paddletrain.limits import Limits
 from paddletrain.trainer import Trainer
 

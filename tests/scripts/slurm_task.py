@@ -1,4 +1,4 @@
-"""One SLURM task for tests/test_slurm.py: joins the job from SLURM's variables alone (one task per device, as
+"""One SLURM task for tests/test_job_slurm.py: joins the job from SLURM's variables alone (one task per device, as
 ``paddletrain.fit`` does), all-reduces ``rank + 1`` and prints what it saw as one JSON line."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import paddle
 from omegaconf import OmegaConf
 
-from paddletrain import distributed, slurm
 from paddletrain.config import TrainerConfig
+from paddletrain.job import distributed, slurm
 
 
 def main() -> None:

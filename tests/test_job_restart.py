@@ -1,6 +1,6 @@
-"""`trainer.max_restarts`: a lost or hung rank restarts the job from the newest checkpoint (paddletrain.restart).
+"""`trainer.max_restarts`: a lost or hung rank restarts the job from the newest checkpoint (paddletrain.job.restart).
 
-The restart loop is tested with stand-in attempts (the default suite; tests/test_launcher.py has the verdicts it
+The restart loop is tested with stand-in attempts (the default suite; tests/test_job_launcher.py has the verdicts it
 restarts on); the real thing on loopback, `kill -9` of one of two CPU ranks with final weights bitwise equal to an
 undisturbed run, and a kill before any checkpoint, are the two slow tests at the end (several launches each).
 """
@@ -17,7 +17,7 @@ import pytest
 
 from paddletrain.checkpoint import find_latest, load_checkpoint, save_checkpoint
 from paddletrain.errors import ExitCode
-from paddletrain.restart import RESTARTABLE, restart_args, run_with_restarts
+from paddletrain.job.restart import RESTARTABLE, restart_args, run_with_restarts
 from tests.conftest import TINY, run_module
 
 ROOT = Path(__file__).resolve().parents[1]

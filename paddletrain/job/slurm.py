@@ -36,7 +36,7 @@ import paddle
 
 from paddletrain.config import CLUSTERS
 from paddletrain.errors import ExitCode, UserError
-from paddletrain.launcher import NodeSpec
+from paddletrain.job.launcher import NodeSpec
 
 log = logging.getLogger("paddletrain")
 

@@ -6,8 +6,8 @@ import logging
 import paddle
 import pytest
 
-from paddletrain import runtime
-from paddletrain.runtime import default_cpu_threads, ranks_on_this_node, set_cpu_threads, setup_runtime
+from paddletrain.job import runtime
+from paddletrain.job.runtime import default_cpu_threads, ranks_on_this_node, set_cpu_threads, setup_runtime
 
 
 @pytest.mark.parametrize("cores, workers, ranks, threads, reason", [

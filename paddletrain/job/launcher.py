@@ -11,7 +11,7 @@ Paddle's launcher starts the ranks; this module is the process the user talks to
   first rank is echoed here without Paddle's start-up chatter (:func:`shown_on_console`); Paddle's launcher's own
   messages (``LAUNCH INFO`` ...) go to ``<log dir>/launcher.log`` only.
 - **Verdict**: one line naming the rank that failed and the same exit code a single process would have
-  (:class:`~paddletrain.errors.ExitCode`), from the :class:`~paddletrain.distributed.RankOutcome` every rank
+  (:class:`~paddletrain.errors.ExitCode`), from the :class:`~paddletrain.job.distributed.RankOutcome` every rank
   leaves and, for a rank that could not leave one, from its log.
 """
 from __future__ import annotations
@@ -31,10 +31,10 @@ from typing import Any, TextIO
 
 import psutil
 
-from paddletrain.distributed import OUTCOME_MARKER, RankOutcome, lost_peers
 from paddletrain.errors import ExitCode, describe_ranks
-from paddletrain.processes import LAUNCHER_ENV, REPEAT_WINDOW, STOP_SIGNALS, exit_now, stop_request
-from paddletrain.watchdog import Watchdog
+from paddletrain.job.distributed import OUTCOME_MARKER, RankOutcome, lost_peers
+from paddletrain.job.processes import LAUNCHER_ENV, REPEAT_WINDOW, STOP_SIGNALS, exit_now, stop_request
+from paddletrain.job.watchdog import Watchdog
 
 log = logging.getLogger("paddletrain")
 
@@ -47,7 +47,7 @@ REAP_SECONDS = 60.0
 FAILURE_CODES = (ExitCode.USER_ERROR, ExitCode.BAD_RESULT, ExitCode.UNEXPECTED)
 
 # Paddle's launcher, made to die with this process first (it has no option for that).
-_BOOTSTRAP = ("import runpy, signal, sys; from paddletrain.processes import die_with_parent; "
+_BOOTSTRAP = ("import runpy, signal, sys; from paddletrain.job.processes import die_with_parent; "
               "die_with_parent(signal.SIGKILL, int(sys.argv.pop(1))); "
               "runpy.run_module('paddle.distributed.launch', run_name='__main__', alter_sys=True)")
 
@@ -217,7 +217,7 @@ class Launcher:
     def __init__(self, spec: NodeSpec, log_dir: Path, plan: str = "stopping after the current step",
                  watchdog: Watchdog | None = None) -> None:
         self.spec = spec
-        # Ends the job when the ranks stop making progress (paddletrain.watchdog); its line once it did.
+        # Ends the job when the ranks stop making progress (paddletrain.job.watchdog); its line once it did.
         self.watchdog = watchdog
         self.stalled: str | None = None
         self._ended: dict[int, float] = {}  # global rank -> when this launcher first saw it gone
@@ -355,7 +355,7 @@ class Launcher:
             except Exception:  # it stopped meanwhile
                 pass
 
-    # ------------------------------------------------------------------ hangs (paddletrain.watchdog)
+    # ------------------------------------------------------------------ hangs (paddletrain.job.watchdog)
     def _watch(self) -> None:
         """Kill this node's ranks once the watchdog finds the job stalled: they are stuck where no signal handler
         runs (inside a collective), and the other nodes' watchdogs do the same with theirs."""

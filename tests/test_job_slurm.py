@@ -2,7 +2,7 @@
 work, and the requeue on SIGUSR1, with SLURM's environment simulated for two tasks on loopback.
 
 The tests that start real processes give each task the variables srun would (``SLURM_PROCID`` ...), a nodelist of
-``localhost`` and a job id whose port (:func:`paddletrain.slurm.port_for_job`) is free, and put a fake
+``localhost`` and a job id whose port (:func:`paddletrain.job.slurm.port_for_job`) is free, and put a fake
 ``scontrol`` first on ``PATH`` that records its arguments.
 """
 from __future__ import annotations
@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from paddletrain import slurm
 from paddletrain.checkpoint import find_latest, load_checkpoint
 from paddletrain.config import TrainerConfig
 from paddletrain.errors import ConfigError, ExitCode, UserError
-from paddletrain.launcher import NodeSpec
+from paddletrain.job import slurm
+from paddletrain.job.launcher import NodeSpec
 from paddletrain.validation import validate_config
 from tests.conftest import TINY, compose_fit, run_module
 from tests.reliability.test_multinode import tensors

@@ -1,7 +1,7 @@
 """Data parallelism on ``paddle.distributed``: process info, collectives, DataParallel wrapping, rank outcomes.
 
 Processes are started by ``paddle.distributed.launch`` (NCCL on GPUs, gloo on CPUs); nothing here is a
-launcher or a collective of its own (:mod:`paddletrain.launcher` supervises Paddle's launcher). Each rank of a
+launcher or a collective of its own (:mod:`paddletrain.job.launcher` supervises Paddle's launcher). Each rank of a
 job leaves a :class:`RankOutcome` in the launch log directory when it ends, so the launcher can say in one line
 which rank failed, how, and exit with the same code a single process would.
 """
@@ -19,7 +19,7 @@ from typing import Any
 import paddle
 
 from paddletrain.errors import RankLostError
-from paddletrain.processes import LAUNCHER_ENV
+from paddletrain.job.processes import LAUNCHER_ENV
 
 log = logging.getLogger("paddletrain")
 

@@ -7,10 +7,18 @@ import re
 from pathlib import Path
 from types import SimpleNamespace
 
-from paddletrain.distributed import OUTCOME_MARKER, RankOutcome
 from paddletrain.errors import ExitCode
-from paddletrain.launcher import JobOutcome, Launcher, NodeSpec, _LogTail, decide, first_failed_rank, shown_on_console
-from paddletrain.watchdog import Heartbeat, Watchdog
+from paddletrain.job.distributed import OUTCOME_MARKER, RankOutcome
+from paddletrain.job.launcher import (
+    JobOutcome,
+    Launcher,
+    NodeSpec,
+    _LogTail,
+    decide,
+    first_failed_rank,
+    shown_on_console,
+)
+from paddletrain.job.watchdog import Heartbeat, Watchdog
 from tests.conftest import TINY, run_module
 
 RANK_LOG = f"""\

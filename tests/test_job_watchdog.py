@@ -1,4 +1,4 @@
-"""No silent hangs (paddletrain.watchdog): heartbeats from the ranks, a verdict from the launcher naming the ranks
+"""No silent hangs (paddletrain.job.watchdog): heartbeats from the ranks, a verdict from the launcher naming the ranks
 that did not arrive, and a real two-rank job on loopback where one rank sleeps before an all-reduce."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from paddletrain.errors import ExitCode
-from paddletrain.watchdog import TRAINING, VALIDATION, Heartbeat, RankState, Watchdog, heartbeat_path, stall_line
+from paddletrain.job.watchdog import TRAINING, VALIDATION, Heartbeat, RankState, Watchdog, heartbeat_path, stall_line
 from tests.conftest import TINY, run_module
 
 ROOT = Path(__file__).resolve().parents[1]

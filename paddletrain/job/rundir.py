@@ -31,8 +31,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf, open_dict, read_write
 
-from paddletrain import distributed, slurm
 from paddletrain.errors import StartRefused, UserError
+from paddletrain.job import distributed, slurm
 from paddletrain.validation import validate_config
 
 try:
