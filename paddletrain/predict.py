@@ -63,7 +63,7 @@ from paddletrain.inference import (
     softmax,
 )
 from paddletrain.inputs import resolve_inputs
-from paddletrain.job.processes import reclaim_stop_signals
+from paddletrain.job.processes import reclaim_stop_signals, stop_request
 from paddletrain.plugins import prepare
 
 log = logging.getLogger("paddletrain")
@@ -312,6 +312,9 @@ def predict_files(predictor: ExportedModel, paths: Sequence[str], batch_size: in
             sink = output
         bar = stack.enter_context(tqdm(total=len(paths), unit="img", disable=not progress, file=sys.stderr))
         for ok, inputs, failed in decoded_batches(chunks, predictor.preprocessing, workers, predictor.input_size):
+            # A stop request raises at once, but a raise that lands in a logging call is swallowed by logging:
+            # each batch checks again.
+            stop_request.raise_if_requested()
             for path, reason in failed:
                 log.warning("Skipped %s: %s", path, reason)
             failures.extend(failed)

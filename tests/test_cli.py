@@ -225,3 +225,30 @@ def test_a_stop_signal_inside_a_config_access_keeps_its_exit_code(signum, monkey
     with pytest.raises(TrainingInterrupted) as caught:
         cfg.batch_size  # noqa: B018  (the access is the point)
     assert caught.value.signum == signum and caught.value.exit_code == ExitCode.interrupted(signum)
+
+
+def test_a_stop_request_that_lands_in_logging_ends_the_interruptible_block_not_the_log_call(capsys):
+    """A signal that lands while a log record is written must not raise there (logging would print it as a
+    logging error and carry on: seen as predict finishing with exit 0 after SIGTERM); the block's end raises."""
+    import logging as std_logging
+    import sys as std_sys
+
+    from paddletrain.job.processes import StopRequest
+
+    request = StopRequest()
+    request.announce = False
+
+    class SignalWhileWriting(std_logging.Handler):
+        def emit(self, record):
+            request._handle(signal.SIGTERM, std_sys._getframe())  # the frame a real signal would interrupt
+
+    logger = std_logging.getLogger("paddletrain.test.signal_in_logging")
+    logger.addHandler(SignalWhileWriting())
+    logger.propagate = False
+    reached_the_end_of_the_block = False
+    with pytest.raises(TrainingInterrupted) as caught:
+        with request.interruptible():
+            logger.warning("a record")
+            reached_the_end_of_the_block = True
+    assert reached_the_end_of_the_block and caught.value.signum == signal.SIGTERM
+    assert "Logging error" not in capsys.readouterr().err

@@ -148,6 +148,9 @@ class StopRequest:
         with self._switch("interrupt", "stopping now (nothing to save yet)"):
             self.raise_if_requested()
             yield
+            # The handler's raise can be swallowed where it lands (logging catches every Exception it meets while
+            # writing a record): a request the block finished past still ends it.
+            self.raise_if_requested()
 
     @contextlib.contextmanager
     def deferred(self, plan: str) -> Iterator[None]:
@@ -191,8 +194,10 @@ class StopRequest:
             log.error("Second %s: exiting immediately", name)
             exit_now(128 + signum)
         self.signum, self.received_at = signum, now
-        if self._mode == "interrupt":
-            self.raise_if_requested()  # whoever catches it says how the run ended, in one line
+        if self._mode == "interrupt" and not _inside_logging(frame):
+            # Whoever catches it says how the run ended, in one line. Inside logging it would be swallowed (and
+            # printed as a logging error): the end of the interruptible block, or the next check, raises it.
+            self.raise_if_requested()
         if self._mode == "exit":
             # Nothing has started yet (Hydra is composing the config): leave now. An exception raised inside
             # Hydra or OmegaConf would surface as a config error with their traceback.
@@ -204,6 +209,15 @@ class StopRequest:
 
 
 stop_request = StopRequest()
+
+
+def _inside_logging(frame: Any) -> bool:
+    """Whether the signal interrupted the logging module (its handlers catch every Exception and print it)."""
+    while frame is not None:
+        if frame.f_globals.get("__name__", "").split(".")[0] == "logging":
+            return True
+        frame = frame.f_back
+    return False
 
 
 def exit_now(code: int) -> None:
