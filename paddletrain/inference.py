@@ -42,12 +42,11 @@ PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 RESIZE_MODES = ("shorter_side", "exact")
 # The runtime `backend=auto` picks for an export that has both a Paddle graph and model.onnx, by the precision it
 # runs in on a CPU. Measured with `python -m paddletrain.bench inference` (docs/performance.md, "Paddle Inference
-# vs onnxruntime"): in fp32, Paddle Inference with oneDNN ran a ResNet-50 at 0.74-0.92 x onnxruntime at 1 thread,
-# batch 1 and 8, on an AVX2 CPU (four runs on a busy machine; the issue's quiet figures: 0.83 x at 1 thread, 0.91 x
-# at 2), with every Predictor setting tried; bf16 runs only in Paddle Inference (the ONNX graph is fp32). A
-# precision missing here runs in Paddle Inference, the runtime its export was made for, until a measurement says
-# otherwise: add int8 here once both runtimes' int8 exports are benchmarked.
-FASTEST_CPU_RUNTIME = {"fp32": "onnx", "bf16": "paddle"}
+# vs onnxruntime"): in fp32, Paddle Inference with oneDNN ran a ResNet-50 at 0.78-0.89 x onnxruntime at 1 and 2
+# threads, batch 1 and 8, on an idle AVX2 CPU, with every Predictor setting tried; bf16 runs only in Paddle
+# Inference (the ONNX graph is fp32); in int8 Paddle Inference ran 4.8-5.9 x onnxruntime's QDQ graph (resnet20,
+# `python -m paddletrain.ship`, docs/inference.md), which kept more accuracy there: ship compares both.
+FASTEST_CPU_RUNTIME = {"fp32": "onnx", "bf16": "paddle", "int8": "paddle"}
 # What each backend is called in log lines and summaries.
 RUNTIME_NAMES = {"paddle": "Paddle Inference", "onnx": "onnxruntime"}
 # oneDNN keeps one compiled kernel set per input shape; a bounded cache stops a varying last batch from

@@ -243,7 +243,8 @@ def test_auto_runs_an_fp32_export_with_both_models_in_onnxruntime_with_the_same_
     ("bf16", {}, "bf16 runs in Paddle Inference"),
     ("fp32", {"use_mkldnn": False}, "use_mkldnn=False asks for Paddle Inference"),
     ("fp32", {"tensorrt": True}, "tensorrt=True asks for Paddle Inference"),
-    ("int8", {}, "int8 runs in Paddle Inference (onnxruntime not yet compared in this precision)"),
+    ("int8", {}, "int8 runs in Paddle Inference"),
+    ("fp16", {}, "fp16 runs in Paddle Inference (onnxruntime not yet compared in this precision)"),
 ])
 def test_auto_keeps_paddle_where_onnxruntime_is_not_the_faster_or_not_asked_for(both_models, precision, options,
                                                                                reason):
