@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from paddletrain.bench.common import interleave, paired_ratio, timed
-from paddletrain.export import _rebuild, export_checkpoint, reference_logits
+from paddletrain.build import rebuild_checkpoint
+from paddletrain.export import export_checkpoint, reference_logits
 from paddletrain.inference import OnnxPredictor, Predictor
 from paddletrain.quantize import ONNX_CALIBRATION, QUANT_ALGOS
 
@@ -69,7 +70,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
-    rebuilt = _rebuild(args.checkpoint, None)
+    rebuilt = rebuild_checkpoint(args.checkpoint, None)
     inputs, labels = _inputs(rebuilt, args.max_images)
     reference = reference_logits(rebuilt.model, inputs)
     rows = [_row("checkpoint (fp32 dygraph)", reference, reference, labels, float("nan"), 0.0)]

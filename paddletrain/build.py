@@ -1,8 +1,10 @@
 """The composition root: a validated config becomes a model, data, loss, optimizer, schedule, precision,
 callbacks and a :class:`~paddletrain.trainer.Trainer`.
 
-Every command line (``fit``, ``evaluate``, ``export``, ``predict``), the examples and the tests build through
-here; nothing else reads the config. The Trainer receives built objects.
+Every command line (``fit``, ``evaluate``, ``export``, ``predict``, ``ship``) builds through here, ``fit`` from
+its config, the others from the config saved in a checkpoint (:func:`checkpoint_model`,
+:func:`rebuild_checkpoint`); the examples and the tests too. The Trainer receives built objects and never reads
+a config.
 
     run = build_run(cfg, run_dir)            # everything, nothing started
     run.trainer.fit(run.train_loader, run.val_loader, ckpt_path=run.resume_from)
@@ -28,8 +30,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from paddletrain.callbacks.base import Callback
 from paddletrain.callbacks.instantiate import instantiate_callbacks
+from paddletrain.checkpoint import load_checkpoint
+from paddletrain.checkpoint.locate import locate_checkpoint
 from paddletrain.config import DataConfig, FitConfig
-from paddletrain.data import build_datasets, build_loader, build_transform
+from paddletrain.data import DatasetError, build_datasets, build_loader, build_transform, preprocessing_info
 from paddletrain.data.balance import class_balanced_weights, class_counts, dataset_targets
 from paddletrain.data.mixup import Mixup
 from paddletrain.data.unlabeled import with_unlabeled
@@ -45,13 +49,14 @@ from paddletrain.metrics_multilabel import LossMeter, MultiLabelMeter
 from paddletrain.models import create_model
 from paddletrain.models.weights import describe
 from paddletrain.optim import build_optimizer, run_lr
+from paddletrain.plugins import prepare
 from paddletrain.precision import Precision
 from paddletrain.resume import is_legacy_checkpoint, load_resume_checkpoint, warm_start_from_legacy
 from paddletrain.schedules import build_scheduler, optimizer_steps_per_epoch, schedule_steps
 from paddletrain.state_checks import check_state_matches
 from paddletrain.summary import write_summary
 from paddletrain.trainer import Trainer, count_batches
-from paddletrain.validation import DEFAULT_MONITOR, take_built_callbacks, validate_once
+from paddletrain.validation import DEFAULT_MONITOR, take_built_callbacks, validate_config, validate_once
 
 log = logging.getLogger("paddletrain")
 
@@ -448,3 +453,49 @@ def checkpoint_model(cfg: DictConfig, state: Any, num_classes: int, in_chans: in
         raise UserError(f"{source}: {exc}") from None
     model.set_state_dict(state["model"])
     return model
+
+
+@dataclass
+class RebuiltCheckpoint:
+    """A checkpoint's model as trained, the model to export, and the data they were trained on."""
+
+    model: paddle.nn.Layer
+    exportable: paddle.nn.Layer
+    splits: Any
+    eval_transform: Any
+    preprocessing: dict
+    # A multi-label model's decision threshold (data.multilabel_threshold); None for a single-label one.
+    multilabel_threshold: float | None = None
+
+
+def rebuild_checkpoint(checkpoint_spec: str | Path, data_root: str | None = None,
+                       imports: Sequence[str] = ()) -> RebuiltCheckpoint:
+    """A checkpoint's model and data, rebuilt from the config saved in it, for export and the ship report.
+
+    ``checkpoint_spec`` as :func:`~paddletrain.checkpoint.locate.locate_checkpoint` takes it; ``data_root``
+    where its dataset is now, if it moved; ``imports`` modules to import besides the checkpoint's own.
+    """
+    checkpoint_dir = locate_checkpoint(checkpoint_spec)
+    checkpoint = load_checkpoint(checkpoint_dir)
+    prepare({"imports": list(imports)}, checkpoint)  # the checkpoint's `imports` and these
+    source = f"checkpoint={checkpoint_dir}"
+    cfg = checkpoint_config(checkpoint.state.get("config"), source=source)
+    if data_root is not None:
+        cfg.data.root = data_root
+    validate_config(cfg, use="export")
+    try:
+        splits = build_datasets(cfg.data)
+        eval_tf = build_transform(cfg.data, train=False, in_chans=splits.in_chans)
+    except DatasetError as exc:
+        raise UserError(f"cannot open the checkpoint's dataset ({exc}); if it moved, pass data_root=<dir>") from exc
+    model = checkpoint_model(cfg, checkpoint.state, len(splits.classes), splits.in_chans, source)
+    exportable = model
+    if cfg.model.data_format != "NCHW":
+        # oneDNN in Paddle Inference 3.3 cannot run NHWC convolutions; weights do not depend on the layout,
+        # so the NCHW twin is exported and the parity check compares it with the model as trained.
+        log.info("model.data_format=%s: exporting the NCHW layout of the same weights", cfg.model.data_format)
+        exportable = checkpoint_model(OmegaConf.merge(cfg, {"model": {"data_format": "NCHW"}}), checkpoint.state,
+                                      len(splits.classes), splits.in_chans, source)
+    threshold = float(cfg.data.multilabel_threshold) if cfg.data.get("multilabel") else None
+    return RebuiltCheckpoint(model, exportable, splits, eval_tf, preprocessing_info(cfg.data, in_chans=splits.in_chans),
+                    threshold)

@@ -34,12 +34,9 @@ import paddle
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from paddletrain.build import checkpoint_config, checkpoint_model
-from paddletrain.checkpoint import load_checkpoint
-from paddletrain.checkpoint.locate import locate_checkpoint
+from paddletrain.build import RebuiltCheckpoint, rebuild_checkpoint
 from paddletrain.cli import command_task, run_command
 from paddletrain.config import RuntimeConfig, allowed, check_field, check_values, cli_schema
-from paddletrain.data import DatasetError, build_datasets, build_transform, preprocessing_info
 from paddletrain.errors import ExitCode, UserError
 from paddletrain.inference import (
     GRAPH_FILES,
@@ -56,7 +53,6 @@ from paddletrain.inference import (
     find_graph_file,
 )
 from paddletrain.job.runtime import set_cpu_threads
-from paddletrain.plugins import prepare
 from paddletrain.quantize import (
     QUANT_ALGOS,
     calibration_files,
@@ -68,7 +64,6 @@ from paddletrain.quantize import (
     quantize_paddle,
     require_onnx_quantization,
 )
-from paddletrain.validation import validate_config
 
 log = logging.getLogger("paddletrain")
 
@@ -510,46 +505,6 @@ def _check_labels(splits: Any, count: int) -> np.ndarray:
     return np.asarray([splits.val.targets[i] for i in _spread(len(splits.val), count)])
 
 
-@dataclass
-class _Rebuilt:
-    """A checkpoint's model as trained, the model to export, and the data they were trained on."""
-
-    model: paddle.nn.Layer
-    exportable: paddle.nn.Layer
-    splits: Any
-    eval_transform: Any
-    preprocessing: dict
-    # A multi-label model's decision threshold (data.multilabel_threshold); None for a single-label one.
-    multilabel_threshold: float | None = None
-
-
-def _rebuild(checkpoint_spec: str | Path, data_root: str | None, imports: Sequence[str] = ()) -> _Rebuilt:
-    checkpoint_dir = locate_checkpoint(checkpoint_spec)
-    checkpoint = load_checkpoint(checkpoint_dir)
-    prepare({"imports": list(imports)}, checkpoint)  # the checkpoint's `imports` and these
-    source = f"checkpoint={checkpoint_dir}"
-    cfg = checkpoint_config(checkpoint.state.get("config"), source=source)
-    if data_root is not None:
-        cfg.data.root = data_root
-    validate_config(cfg, use="export")
-    try:
-        splits = build_datasets(cfg.data)
-        eval_tf = build_transform(cfg.data, train=False, in_chans=splits.in_chans)
-    except DatasetError as exc:
-        raise UserError(f"cannot open the checkpoint's dataset ({exc}); if it moved, pass data_root=<dir>") from exc
-    model = checkpoint_model(cfg, checkpoint.state, len(splits.classes), splits.in_chans, source)
-    exportable = model
-    if cfg.model.data_format != "NCHW":
-        # oneDNN in Paddle Inference 3.3 cannot run NHWC convolutions; weights do not depend on the layout,
-        # so the NCHW twin is exported and the parity check compares it with the model as trained.
-        log.info("model.data_format=%s: exporting the NCHW layout of the same weights", cfg.model.data_format)
-        exportable = checkpoint_model(OmegaConf.merge(cfg, {"model": {"data_format": "NCHW"}}), checkpoint.state,
-                                      len(splits.classes), splits.in_chans, source)
-    threshold = float(cfg.data.multilabel_threshold) if cfg.data.get("multilabel") else None
-    return _Rebuilt(model, exportable, splits, eval_tf, preprocessing_info(cfg.data, in_chans=splits.in_chans),
-                    threshold)
-
-
 def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path, format: str = "paddle",
                       batch: None | int | str = None, precision: str = "fp32", check: bool = True,
                       num_check_images: int = 16, data_root: str | None = None, device: str = "auto",
@@ -591,7 +546,7 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path, format: s
             check_onnx_algo(quant_algo)
     files = calibration_files(calibration) if quantized and calibration is not None else None
     set_cpu_threads(cpu_threads)
-    rebuilt = _rebuild(checkpoint_dir, data_root, imports)
+    rebuilt = rebuild_checkpoint(checkpoint_dir, data_root, imports)
     labels = list(rebuilt.splits.classes)
     calibration_set = (_calibration_set(rebuilt, files, calibration, calibration_images) if quantized
                        else _CalibrationSet())
@@ -641,7 +596,7 @@ class _CalibrationSet:
     names: list[str] = field(default_factory=list)
 
 
-def _calibration_set(rebuilt: _Rebuilt, files: list[str] | None, spec: str | Path | None,
+def _calibration_set(rebuilt: RebuiltCheckpoint, files: list[str] | None, spec: str | Path | None,
                      count: int) -> _CalibrationSet:
     """``count`` calibration images, preprocessed as the export's ``preprocess.json`` says.
 
@@ -665,7 +620,7 @@ def _calibration_set(rebuilt: _Rebuilt, files: list[str] | None, spec: str | Pat
     return _CalibrationSet(inputs, names)
 
 
-def _export_quantized_onnx(rebuilt: _Rebuilt, out: Path, batch: int | None, inputs: np.ndarray, algo: str,
+def _export_quantized_onnx(rebuilt: RebuiltCheckpoint, out: Path, batch: int | None, inputs: np.ndarray, algo: str,
                            keep_ends: bool) -> Path:
     """``out/model.onnx`` quantized by onnxruntime from an fp32 ONNX conversion of the same model."""
     with tempfile.TemporaryDirectory(prefix="paddletrain-onnx-fp32-") as tmp:

@@ -39,6 +39,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from paddletrain import export as exporting
+from paddletrain.build import rebuild_checkpoint
 from paddletrain.checkpoint.locate import locate_checkpoint
 from paddletrain.cli import command_task, run_command
 from paddletrain.config import RuntimeConfig, allowed, check_field, check_values, cli_schema
@@ -430,7 +431,7 @@ def compare_targets(checkpoint: str, out_dir: str | Path, val: str | None = None
         check_field(ShipConfig, key, value)
     targets = TARGETS if targets is None else tuple(targets)
     set_cpu_threads(cpu_threads)
-    rebuilt = exporting._rebuild(checkpoint, data_root, imports)
+    rebuilt = rebuild_checkpoint(checkpoint, data_root, imports)
     dataset, val_name = validation_set(rebuilt, val, val_root, delimiter)
     if len(dataset) == 0:
         raise UserError(f"the validation set ({val_name}) is empty")

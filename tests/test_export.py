@@ -15,7 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 from PIL import Image
 
-from paddletrain.build import train
+from paddletrain.build import rebuild_checkpoint, train
 from paddletrain.checkpoint import find_latest, load_checkpoint, save_checkpoint
 from paddletrain.data import build_datasets
 from paddletrain.errors import UserError
@@ -23,7 +23,6 @@ from paddletrain.export import (
     TOLERANCE,
     ExportConfig,
     _check_images,
-    _rebuild,
     check_parity,
     compare_logits,
     export_checkpoint,
@@ -216,7 +215,7 @@ def _round_to_bfloat16(array: np.ndarray) -> np.ndarray:
 
 def test_the_bf16_tolerance_admits_bf16_rounding_and_rejects_real_mistakes(checkpoint, tmp_path):
     """On the checkpoint's own validation images, in float32 dygraph (so the verdict is the same on every CPU)."""
-    rebuilt = _rebuild(checkpoint, None)
+    rebuilt = rebuild_checkpoint(checkpoint, None)
     inputs, _ = _check_images(rebuilt.splits, rebuilt.eval_transform,
                               Predictor(export_checkpoint(checkpoint, tmp_path, check=False).out_dir).preprocessing,
                               32)

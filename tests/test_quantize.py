@@ -9,11 +9,11 @@ import pytest
 from omegaconf import OmegaConf
 from PIL import Image
 
-from paddletrain.build import train
+from paddletrain.build import rebuild_checkpoint, train
 from paddletrain.checkpoint import find_latest
 from paddletrain.data import build_datasets
 from paddletrain.errors import UserError
-from paddletrain.export import ExportConfig, _rebuild, export_checkpoint, judge_quantized, reference_logits, run
+from paddletrain.export import ExportConfig, export_checkpoint, judge_quantized, reference_logits, run
 from paddletrain.inference import Predictor, load_predictor
 from paddletrain.quantize import calibration_files, check_calibration_files, choose_calibration_files
 from tests.conftest import TINY, compose_fit, run_module
@@ -77,7 +77,7 @@ def test_an_int8_export_is_a_quantized_program_the_predictor_runs_in_int8(int8_e
 
 
 def test_int8_keeps_its_accuracy_within_the_margin_measured_over_seeds(trained, int8_export):
-    rebuilt = _rebuild(trained, None)
+    rebuilt = rebuild_checkpoint(trained, None)
     val = rebuilt.splits.val
     inputs = np.stack([rebuilt.eval_transform(val.load_image(i)) for i in range(len(val))])
     labels = np.asarray(val.targets)

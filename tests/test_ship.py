@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 import paddletrain.export as exporting
-from paddletrain.build import checkpoint_config, train
+from paddletrain.build import checkpoint_config, rebuild_checkpoint, train
 from paddletrain.checkpoint import find_latest, load_checkpoint
 from paddletrain.divergence import Prefix, find_divergence, layer_chain, relative_error
 from paddletrain.errors import ExitCode, UserError
@@ -286,7 +286,7 @@ def test_a_label_list_and_a_folder_score_the_same_images_as_the_split(shipped, r
 def test_a_preprocess_json_that_differs_from_training_fails_the_report(run_dir, tmp_path, monkeypatch):
     # Targets and checkpoint share the export's preprocessing; the report also holds it against training's eval
     # transform, here made to feed BGR as a mistaken pipeline would.
-    real = exporting._rebuild
+    real = rebuild_checkpoint
 
     def bgr_trained(*args, **kwargs):
         rebuilt = real(*args, **kwargs)
@@ -296,7 +296,7 @@ def test_a_preprocess_json_that_differs_from_training_fails_the_report(run_dir, 
 
     sound = compare_targets(f"{run_dir}:best", tmp_path / "sound", targets=())
     assert sound.preprocess_max_diff == 0.0 and sound.passed
-    monkeypatch.setattr(exporting, "_rebuild", bgr_trained)
+    monkeypatch.setattr("paddletrain.ship.rebuild_checkpoint", bgr_trained)
     report = compare_targets(f"{run_dir}:best", tmp_path / "bgr", targets=())
     assert report.preprocess_max_diff > 0.1 and not report.preprocessing_matches and not report.passed
     assert "FAIL: preprocessing" in (tmp_path / "bgr" / "report.md").read_text()
