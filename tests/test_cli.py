@@ -101,13 +101,24 @@ def test_a_task_that_raises_exits_with_its_code_and_logs_one_line(exc, code, cap
     assert lines[-1].levelno == (logging.WARNING if code >= 128 else logging.ERROR)
 
 
-def test_a_task_that_finishes_ends_the_command_with_ok():
+@pytest.fixture
+def in_process_command(monkeypatch, own_signals_restored):
+    """run_command in this process: what it sets for a command's life (HYDRA_FULL_ERROR, its state, the stop
+    signal handlers) is put back afterwards, so later tests of this worker (e.g. the documents' commands, which
+    inherit the environment: seen as a one-line error printed as Hydra's traceback) see none of it."""
+    from paddletrain import cli
+
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "0")  # recorded as unset, restored so
+    monkeypatch.setattr(cli, "_state", cli._CommandState())
+
+
+def test_a_task_that_finishes_ends_the_command_with_ok(in_process_command):
     with pytest.raises(SystemExit) as info:
         run_command(lambda: None)
     assert info.value.code == ExitCode.OK
 
 
-def test_a_refused_start_is_mapped_by_the_wrapper(capsys):
+def test_a_refused_start_is_mapped_by_the_wrapper(in_process_command, capsys):
     def refusing_main():
         raise StartRefused(UserError("trainer.devices=0 must be >= 1"))
 
