@@ -244,6 +244,7 @@ def test_above_bar_routes_python_warnings_above_the_bar(monkeypatch):
     assert not any("%|" in line and "Warning" in line for line in lines)
 
 
+@pytest.mark.slow  # 23 s; tests/test_cli.py checks the continue command's words
 # ---------------------------------------------------------------------------------------------- continuing
 def test_stop_hint_is_the_exact_command_that_continues_the_same_run(tmp_path):
     run_dir = tmp_path / "run dir"  # a space: the printed command must quote it

@@ -32,7 +32,7 @@ def load_params(path: Path) -> dict:
         return {k: data[k] for k in data.files}
 
 
-@pytest.mark.parametrize("accumulate", [1, 2])
+@pytest.mark.parametrize("accumulate", [1, pytest.param(2, marks=pytest.mark.slow)])  # 2: slow pass
 def test_two_ranks_stay_identical_and_match_one_process_on_the_global_batch(tmp_path, accumulate):
     # 2 ranks x batch 4 (x accumulation) sees the same samples per step as 1 process with batch 8 (x same).
     launch_worker(tmp_path, 2, str(tmp_path / "ddp"), "4", str(accumulate))
@@ -92,6 +92,7 @@ def test_fit_on_two_processes_one_run_dir_rank0_output_and_exact_eval(tmp_path):
     assert json.loads((run_dir / "summary.json").read_text())["epochs"] == 3
 
 
+@pytest.mark.slow  # tests/reliability/test_processes.py ends a job on a failing rank
 def test_a_crashing_rank_stops_the_job_quickly_and_is_named(tmp_path):
     write_image_folder(tmp_path / "data", bad_val_index=1)
     start = time.time()
@@ -105,6 +106,7 @@ def test_a_crashing_rank_stops_the_job_quickly_and_is_named(tmp_path):
     assert "[rank 1]" in output and "1.png" in output, output[-3000:]
 
 
+@pytest.mark.slow  # tests/reliability/test_processes.py stops a devices=2 run by SIGTERM
 def test_sigterm_to_the_launcher_checkpoints_once_then_resume_completes(tmp_path):
     run_dir = tmp_path / "run"
     args = [*TINY, "trainer.devices=2", "trainer.max_epochs=500", f"hydra.run.dir={run_dir}"]

@@ -119,6 +119,7 @@ def test_the_docs_show_the_examples_real_pyproject():
     assert snippet == (EXAMPLE / "pyproject.toml").read_text()
 
 
+@pytest.mark.slow  # 21 s in a fresh venv; the imports= path is tested here by default
 def test_the_installed_example_app_serves_fit_evaluate_and_export(plugin_venv, tmp_path):
     # cwd and PYTHONPATH hold no copy of the app: only the installed package's entry point can find it
     fit_evaluate_export(plugin_venv, tmp_path, ["model.name=tiny_resnet", "data.name=bars"])

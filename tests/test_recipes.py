@@ -180,6 +180,7 @@ def test_recipe_trains_a_few_steps_on_generated_images(name, tmp_path):
     _fit_recipe(name, _image_folder(tmp_path / "images"), tmp_path)
 
 
+@pytest.mark.slow  # the same recipes train on generated images by default; the real photos in CI's slow pass
 @pytest.mark.skipif(not HYMENOPTERA.is_dir(), reason=f"the ants/bees images are not at {HYMENOPTERA}")
 @pytest.mark.parametrize("name", RECIPES)
 def test_recipe_trains_a_few_steps_on_the_ants_and_bees_images(name, tmp_path):

@@ -33,6 +33,7 @@ def tensors(checkpoint: Path) -> dict:
     return flat
 
 
+@pytest.mark.slow  # 50 s; CI's slow pass runs it (the one two-node training run)
 def test_two_nodes_train_exactly_like_two_devices_on_one_and_resume_on_one(tmp_path):
     nodes = two_nodes(tmp_path, *SEED)
     try:
@@ -80,7 +81,7 @@ def test_two_nodes_train_exactly_like_two_devices_on_one_and_resume_on_one(tmp_p
     assert after["epochs"] == 3 and after["global_step"] == summary["global_step"] * 3 // 2
 
 
-@pytest.mark.parametrize("lost", [1, 0])
+@pytest.mark.parametrize("lost", [pytest.param(1, marks=pytest.mark.slow), 0])  # one side by default
 def test_killing_one_node_ends_the_other_within_60_s_naming_the_lost_rank(tmp_path, lost):
     nodes = two_nodes(tmp_path, "trainer.max_epochs=500")
     survivor, victim = nodes[1 - lost], nodes[lost]

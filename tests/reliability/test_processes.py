@@ -190,7 +190,7 @@ def test_one_signal_one_message_and_no_claim_to_save_without_checkpointing(tmp_p
 
 
 # ---------------------------------------------------------------------------------------------- exit codes
-@pytest.mark.parametrize("bad_rank", [0, 1])
+@pytest.mark.parametrize("bad_rank", [0, pytest.param(1, marks=pytest.mark.slow)])  # rank 1: slow pass
 def test_a_bad_image_on_any_rank_exits_like_one_process_naming_the_rank(tmp_path, bad_rank):
     write_image_folder(tmp_path / "data", bad_val_index=bad_rank)
     result = run_module("paddletrain.fit", [

@@ -138,6 +138,7 @@ def test_second_fit_is_refused_and_a_killed_holder_does_not_block_the_next_run(t
     assert "Summary:" in third.stdout + third.stderr
 
 
+@pytest.mark.slow  # 24 s; the lock itself is tested in one process
 def test_the_launcher_of_a_two_process_run_holds_the_directory_for_its_ranks(tmp_path):
     run_dir = tmp_path / "run"
     launcher = start(["-m", "paddletrain.fit", *LONG, "trainer.devices=2", f"hydra.run.dir={run_dir}"], tmp_path)
