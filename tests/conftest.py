@@ -78,3 +78,28 @@ def export_dir(tmp_path_factory) -> Path:
     info = preprocessing_info(OmegaConf.structured(DataConfig(image_size=EXPORT_SIZE)))
     return export_model(model, tmp_path_factory.mktemp("export"), input_size=(3, EXPORT_SIZE, EXPORT_SIZE),
                         preprocessing=info, labels=EXPORT_LABELS)
+
+
+# Four colours, one per quadrant of a 16x16 image: the multi-label data of tests/test_multilabel.py and test_ship.py.
+SQUARE_COLOURS = [(230, 40, 40), (40, 230, 40), (40, 40, 230), (230, 230, 40)]
+
+
+def write_multilabel_squares(root: Path) -> Path:
+    """16x16 images holding 2 of 4 coloured squares (one per quadrant), listed in PaddleClas multi-label lists
+    ``train_list.txt``/``val_list.txt`` (``<path>\t<0/1,...>``) under ``root``."""
+    import itertools
+
+    pairs = list(itertools.combinations(range(4), 2))
+    for split, count in (("train", 48), ("val", 12)):
+        lines = []
+        for i in range(count):
+            pixels = np.full((16, 16, 3), 20, np.uint8)
+            hot = [0] * 4
+            for c in pairs[i % len(pairs)]:
+                hot[c] = 1
+                pixels[(c // 2) * 8:(c // 2) * 8 + 8, (c % 2) * 8:(c % 2) * 8 + 8] = SQUARE_COLOURS[c]
+            (root / split).mkdir(parents=True, exist_ok=True)
+            Image.fromarray(pixels).save(root / split / f"{i}.png")
+            lines.append(f"{split}/{i}.png\t{','.join(map(str, hot))}\n")
+        (root / f"{split}_list.txt").write_text("".join(lines))
+    return root

@@ -10,7 +10,6 @@ import numpy as np
 import paddle
 import pytest
 from omegaconf import OmegaConf
-from PIL import Image
 
 from paddletrain.config import LossConfig
 from paddletrain.data.mixup import Mixup
@@ -18,7 +17,7 @@ from paddletrain.errors import ConfigError, ExitCode
 from paddletrain.export import TOLERANCE, compare_logits
 from paddletrain.losses import binary_cross_entropy, build_loss, loss_name
 from paddletrain.metrics_multilabel import MultiLabelMeter, average_precision, multilabel_report
-from tests.conftest import run_module
+from tests.conftest import run_module, write_multilabel_squares
 
 
 # ---------------------------------------------------------------------------------------------- references
@@ -259,27 +258,13 @@ def test_a_multilabel_run_monitors_map_unless_told_otherwise():
 
 
 # ---------------------------------------------------------------------------------------------- CLI end to end
-COLOURS = [(230, 40, 40), (40, 230, 40), (40, 40, 230), (230, 230, 40)]
 NAMES = ["red", "green", "blue", "yellow"]
 
 
 @pytest.fixture
 def squares(tmp_path: Path) -> Path:
     """16x16 images holding 2 of 4 coloured squares (one per quadrant), in PaddleClas multi-label lists."""
-    root = tmp_path / "data"
-    pairs = list(itertools.combinations(range(4), 2))
-    for split, count in (("train", 48), ("val", 12)):
-        lines = []
-        for i in range(count):
-            pixels = np.full((16, 16, 3), 20, np.uint8)
-            hot = [0] * 4
-            for c in pairs[i % len(pairs)]:
-                hot[c] = 1
-                pixels[(c // 2) * 8:(c // 2) * 8 + 8, (c % 2) * 8:(c % 2) * 8 + 8] = COLOURS[c]
-            (root / split).mkdir(parents=True, exist_ok=True)
-            Image.fromarray(pixels).save(root / split / f"{i}.png")
-            lines.append(f"{split}/{i}.png\t{','.join(map(str, hot))}\n")
-        (root / f"{split}_list.txt").write_text("".join(lines))
+    root = write_multilabel_squares(tmp_path / "data")
     (root / "names.txt").write_text("\n".join(NAMES) + "\n")
     return root
 

@@ -21,7 +21,7 @@ from paddletrain.evaluate import evaluate
 from paddletrain.inference import cpu_bf16_support
 from paddletrain.models import create_model
 from paddletrain.ship import TARGETS, ShipConfig, compare_targets, layer_tolerance, run
-from tests.conftest import compose_fit, run_module
+from tests.conftest import compose_fit, run_module, write_multilabel_squares
 
 HAS_ONNX = all(importlib.util.find_spec(m) for m in ("paddle2onnx", "onnxruntime"))
 PADDLE_ONLY = tuple(t for t in TARGETS if t.name == "paddle-fp32")
@@ -338,28 +338,12 @@ def test_help_lists_the_keys_and_an_example(tmp_path, monkeypatch, capsys):
 # ---------------------------------------------------------------------------------------------------------------
 # Multi-label: mAP
 
-SQUARES = [(230, 40, 40), (40, 230, 40), (40, 40, 230), (230, 230, 40)]
 
 
 @pytest.fixture(scope="module")
 def multilabel_run(tmp_path_factory) -> tuple[Path, Path]:
     """A resnet20 trained on 16x16 images holding 2 of 4 coloured squares (PaddleClas multi-label lists)."""
-    import itertools
-
-    root = tmp_path_factory.mktemp("squares")
-    pairs = list(itertools.combinations(range(4), 2))
-    for split, count in (("train", 48), ("val", 12)):
-        lines = []
-        for i in range(count):
-            pixels = np.full((16, 16, 3), 20, np.uint8)
-            hot = [0] * 4
-            for c in pairs[i % len(pairs)]:
-                hot[c] = 1
-                pixels[(c // 2) * 8:(c // 2) * 8 + 8, (c % 2) * 8:(c % 2) * 8 + 8] = SQUARES[c]
-            (root / split).mkdir(exist_ok=True)
-            Image.fromarray(pixels).save(root / split / f"{i}.png")
-            lines.append(f"{split}/{i}.png\t{','.join(map(str, hot))}\n")
-        (root / f"{split}_list.txt").write_text("".join(lines))
+    root = write_multilabel_squares(tmp_path_factory.mktemp("squares"))
     run_dir = tmp_path_factory.mktemp("mlrun")
     train(compose_fit(["data=labellist", "data.multilabel=true", f"data.root={root}", "data.train_list=train_list.txt",
                        "data.val_list=val_list.txt", "data.image_size=16", "data.batch_size=8", "data.num_workers=0",
