@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -114,7 +115,9 @@ def test_a_rank_killed_mid_run_costs_one_restart_and_the_weights_equal_an_undist
     restarts = [line for line in output.splitlines() if "Restart " in line]
     assert len(restarts) == 1, output[-4000:]
     assert "Restart 1 of 1" in restarts[0] and "epoch0001-step0000004" in restarts[0]
-    assert "rank 1 ended without a report (killed by SIGKILL" in restarts[0]
+    # The signal is named when Paddle's launcher logged it before the verdict ("killed by SIGKILL"), else the
+    # cause stays "killed, or crashed inside Paddle" (seen in CI): either way rank 1, killed.
+    assert re.search(r"rank 1 ended without a report \(killed( by SIGKILL|, or crashed inside Paddle)", restarts[0])
 
     alone = run_module("paddletrain.fit", [*common, f"hydra.run.dir={tmp_path / 'alone'}"], cwd=tmp_path,
                        timeout=300)
@@ -141,7 +144,9 @@ def test_a_rank_killed_before_any_checkpoint_restarts_from_the_start_and_finishe
     restarts = [line for line in output.splitlines() if "Restart " in line]
     assert len(restarts) == 1, output[-4000:]
     assert "from the start (no checkpoint saved yet)" in restarts[0]
-    assert "rank 1 ended without a report (killed by SIGKILL" in restarts[0]
+    # The signal is named when Paddle's launcher logged it before the verdict ("killed by SIGKILL"), else the
+    # cause stays "killed, or crashed inside Paddle" (seen in CI): either way rank 1, killed.
+    assert re.search(r"rank 1 ended without a report \(killed( by SIGKILL|, or crashed inside Paddle)", restarts[0])
     assert json.loads((run_dir / "summary.json").read_text())["global_step"] == 2
     leftover = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True).stdout
     assert leftover.strip() == ""
