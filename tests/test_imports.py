@@ -154,7 +154,6 @@ OPTIONAL = {
     "paddleclas": "pip install --no-deps paddleclas (.ci/run does, for the weight-conversion parity tests)",
     "paddlehub": "pip install paddlehub (PaddleHub weight sources)",
     "playwright": "pip install playwright (examples/visualdl_screenshots.py)",
-    "setuptools": "python -m venv (bundled on Python < 3.12; tests/test_plugins.py falls back without it)",
 }
 # Present in every environment `python -m venv` makes (ensurepip), so never declared.
 WITH_EVERY_VENV = {"pip"}
