@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +17,7 @@ from paddletrain.config import DataConfig
 from paddletrain.data import preprocessing_info
 from paddletrain.export import export_model
 from paddletrain.models import create_model
+from tests import forked
 
 # A run that exercises the whole pipeline in a few seconds: tiny shapes split, 16px images, one epoch.
 TINY = [
@@ -44,10 +44,10 @@ def tiny_overrides() -> list[str]:
 
 def run_module(module: str, args: list[str], cwd, timeout: float = 300,
                env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run ``python -m module args`` in a fresh process, as a user would (``env``: extra variables)."""
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "HYDRA_FULL_ERROR": "0", **(env or {})}
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    """Run ``python -m module args`` in a process of its own, as a user would (``env``: extra variables); forked
+    from a warm interpreter where that behaves as a fresh one would (tests/forked.py), which saves ~2 s a run."""
+    base = {**os.environ, "PYTHONWARNINGS": "ignore", "HYDRA_FULL_ERROR": "0"}
+    return forked.run_module(module, args, cwd, {**base, **(env or {})}, timeout, server_env=base)
 
 
 def write_image_folder(root: Path, bad_val_index: int | None = None) -> None:
