@@ -53,10 +53,24 @@ MAX_UPSCALE = 2.0
 # range is widened by 255 / 127, so an unsigned activation's int8 code is at most 127 and 2 * 127 * 127 = 32258
 # fits in int16. The cost is one bit of activation resolution; measured in docs/inference.md ("int8").
 REDUCED_ACTIVATION_WIDENING = 255 / 127
+# quant_reduce_range=null picks per runtime, by measurement on the AVX2-only CPU (docs/inference.md, "int8"):
+# - Paddle: off. Its loss came mostly from the classifier running in int8 (paddletrain.inference.
+#   INT8_FP32_OP_TYPES_WITH_ENDS_KEPT); with that fixed, 7-bit activation codes moved the Fashion-MNIST resnet20
+#   from +0.35 to +0.01 points (97.8% -> 98.2% agreement) but the ants/bees shufflenet from -0.65 to -1.96
+#   (99.3% -> 96.7%): one bit of activation resolution cost more than the saturation it prevents.
+# - onnxruntime: on. 7-bit weights took the ants/bees shufflenet from -2.6 to +1.3 points (93.5% -> 98.7%) and
+#   the resnet20 from +0.98 to +0.22 (agreement 96.4% -> 95.2%).
+REDUCE_RANGE_BY_RUNTIME = {"paddle": False, "onnx": True}
 # Ops whose weights Paddle quantizes; the first and last of them in the program are the ends kept fp32.
 _WEIGHT_OPS = ("conv2d", "depthwise_conv2d", "mul", "matmul", "matmul_v2")
 _LEGACY_GRAPH = "model.pdmodel"
 _PARAMS = "model.pdiparams"
+
+
+def reduce_range_for(runtime: str, requested: bool | None) -> bool:
+    """Whether ``runtime`` (``paddle`` or ``onnx``) quantizes with a reduced range: ``requested``, or when it is
+    ``None`` the runtime's measured default (``REDUCE_RANGE_BY_RUNTIME``)."""
+    return REDUCE_RANGE_BY_RUNTIME[runtime] if requested is None else bool(requested)
 
 
 def calibration_files(spec: str | Path) -> list[str]:

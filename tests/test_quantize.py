@@ -259,10 +259,13 @@ def test_a_multilabel_int8_export_is_judged_by_its_decisions():
 def test_the_int8_keys_of_the_export_command_reach_the_export(trained, calibration_dir, tmp_path, capsys):
     cfg = OmegaConf.structured(ExportConfig(checkpoint=str(trained), out_dir=str(tmp_path), precision="int8",
                                             calibration=str(calibration_dir), calibration_images=8,
-                                            quant_algo="abs_max", num_check_images=8, **LOOSE))
+                                            quant_algo="abs_max", quant_reduce_range=True, num_check_images=8,
+                                            **LOOSE))
     assert run(cfg) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["precision"] == "int8" and summary["quant_algo"] == "abs_max"
+    assert summary["quant_reduce_range"] == {"paddle": True}
+    assert json.loads((tmp_path / "preprocess.json").read_text())["quantization"]["reduce_range"] is True
     assert summary["calibration_images"] == 8 and summary["parity"]["passed"]
 
 
@@ -318,11 +321,15 @@ def test_onnx_int8_is_quantized_by_onnxruntime_and_verified(trained, calibration
     import onnx
 
     result = export_checkpoint(trained, tmp_path, format="onnx", precision="int8", calibration=calibration_dir,
-                               calibration_images=16, num_check_images=16, quant_reduce_range=True, **LOOSE)
+                               calibration_images=16, num_check_images=16, **LOOSE)
     assert result.passed and result.onnx_parity.passed and result.onnx_parity.min_agreement == 0.5
     graph = onnx.load(str(tmp_path / "model.onnx")).graph
     assert {"QuantizeLinear", "DequantizeLinear"} <= {node.op_type for node in graph.node}
-    # quant_reduce_range: onnxruntime's 7-bit weights, [-64, 64] (8-bit ones reach 127), for CPUs without VNNI.
+    # quant_reduce_range=null: onnxruntime's 7-bit weights, [-64, 64] (8-bit ones reach 127), for CPUs without
+    # VNNI; the Paddle graph beside it keeps 8-bit codes (paddletrain.quantize.REDUCE_RANGE_BY_RUNTIME).
+    assert result.quant_reduce_range == {"paddle": False, "onnx": True}
+    recorded = json.loads((tmp_path / "preprocess.json").read_text())["quantization"]
+    assert recorded["reduce_range"] is False and recorded["onnx_reduce_range"] is True
     stored = {init.name: onnx.numpy_helper.to_array(init) for init in graph.initializer}
     weights = [stored[node.input[0]] for node in graph.node if node.op_type == "DequantizeLinear"
                and stored.get(node.input[0], np.zeros(0)).dtype == np.int8 and stored[node.input[0]].ndim == 4]
