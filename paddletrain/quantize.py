@@ -14,7 +14,9 @@ Three steps, each its own function, composed by :func:`paddletrain.export.export
 3. :func:`quantize_onnx`: onnxruntime's static quantization of an fp32 ``model.onnx`` (the ``onnx`` extra).
 
 The first convolution (3 input channels: little work, and it sees raw pixels) and the classifier (it writes
-the logits) stay fp32 by default (``keep_ends``): see docs/inference.md ("int8") for the measurement.
+the logits) stay fp32 by default (``keep_ends``; Paddle Inference needs the Predictor's help for the classifier,
+``paddletrain.inference.int8_op_types``): see docs/inference.md ("int8") for the measurement.
+``reduce_range`` quantizes for CPUs without VNNI (``REDUCED_ACTIVATION_WIDENING``, ``REDUCE_RANGE_BY_RUNTIME``).
 """
 from __future__ import annotations
 
@@ -223,8 +225,8 @@ def widen_activation_ranges(model_dir: str | Path, factor: float) -> None:
         block = program.global_block()
         feeds = [block.var(op.output("Out")[0]) for op in block.ops if op.type == "feed"]
         fetches = [block.var(op.input("X")[0]) for op in block.ops if op.type == "fetch"]
-        paddle.static.save_inference_model(str(Path(model_dir) / "model"), feeds, fetches, executor,
-                                           program=program)
+        paddle.static.save_inference_model(str(Path(model_dir) / Path(_LEGACY_GRAPH).stem), feeds, fetches,
+                                           executor, program=program)
 
 
 def _activation_scale_names(program: Any) -> list[str]:
