@@ -51,6 +51,7 @@ from paddletrain.inference import (
     Preprocessing,
     check_precision_runs_on,
     find_graph_file,
+    read_metadata,
 )
 from paddletrain.job.runtime import set_cpu_threads
 from paddletrain.quantize import (
@@ -62,6 +63,7 @@ from paddletrain.quantize import (
     choose_calibration_files,
     quantize_onnx,
     quantize_paddle,
+    reduce_range_for,
     require_onnx_quantization,
 )
 
@@ -121,6 +123,10 @@ class ExportConfig(RuntimeConfig):
     quant_algo: str = allowed(DEFAULT_QUANT_ALGO, choices=QUANT_ALGOS)
     # Keep the first convolution and the classifier in fp32.
     quant_keep_ends: bool = True
+    # Quantize so CPUs without VNNI (AVX2, AVX-512 without VNNI) cannot saturate int16 sums: 7-bit activation codes
+    # in Paddle, 7-bit weights in onnxruntime (paddletrain.quantize.REDUCED_ACTIVATION_WIDENING). None: each
+    # runtime's measured default, off for Paddle, on for onnxruntime (paddletrain.quantize.REDUCE_RANGE_BY_RUNTIME).
+    quant_reduce_range: bool | None = None
     # The int8 parity check: least top-1 (multi-label: decision) agreement, largest accuracy drop (0..1).
     quant_min_agreement: float = allowed(QUANT_MIN_AGREEMENT, ge=0, le=1)
     quant_max_accuracy_drop: float = allowed(QUANT_MAX_ACCURACY_DROP, ge=0, le=1)
@@ -198,6 +204,8 @@ class ExportResult:
     # precision=int8: the calibration images used and the algorithm.
     calibration: list[str] = field(default_factory=list)
     quant_algo: str | None = None
+    # precision=int8: whether each runtime's model was quantized with a reduced range ({"paddle": ..., "onnx": ...}).
+    quant_reduce_range: dict[str, bool] | None = None
 
     @property
     def passed(self) -> bool:
@@ -235,7 +243,7 @@ def export_model(model: paddle.nn.Layer, out_dir: str | Path, input_size: tuple[
                  batch: int | None = None, precision: str = "fp32", preprocessing: dict | None = None,
                  labels: list[str] | None = None, multilabel_threshold: float | None = None,
                  calibration: np.ndarray | None = None, quant_algo: str = DEFAULT_QUANT_ALGO,
-                 quant_keep_ends: bool = True) -> Path:
+                 quant_keep_ends: bool = True, quant_reduce_range: bool | None = None) -> Path:
     """Trace ``model`` in eval mode and save it for Paddle Inference, plus ``preprocess.json``.
 
     Args:
@@ -254,8 +262,10 @@ def export_model(model: paddle.nn.Layer, out_dir: str | Path, input_size: tuple[
         multilabel_threshold: a multi-label (sigmoid) model's decision threshold, recorded as ``"multilabel":
             true`` and ``"threshold"`` so ``paddletrain.predict`` decodes its outputs without being told.
         calibration: ``precision="int8"`` only: preprocessed float32 NCHW calibration inputs.
-        quant_algo, quant_keep_ends: ``precision="int8"`` only: the calibration algorithm, and whether the first
-            convolution and the classifier stay fp32.
+        quant_algo, quant_keep_ends, quant_reduce_range: ``precision="int8"`` only: the calibration algorithm,
+            whether the first convolution and the classifier stay fp32, and whether activations are quantized
+            into 7 bits so CPUs without VNNI cannot saturate (``None``: Paddle's default,
+            :func:`paddletrain.quantize.reduce_range_for`); recorded in ``preprocess.json``'s ``"quantization"``.
 
     Returns:
         ``out_dir`` as a Path.
@@ -282,7 +292,8 @@ def export_model(model: paddle.nn.Layer, out_dir: str | Path, input_size: tuple[
         spec = paddle.static.InputSpec([batch, *map(int, input_size)], "float32", INPUT_NAME)
         if precision == "int8":
             with _stdout_to_stderr():  # stdout carries the export's JSON summary
-                quantize_paddle(model, out, spec, calibration, quant_algo, quant_keep_ends, batch)
+                quantize_paddle(model, out, spec, calibration, quant_algo, quant_keep_ends, batch,
+                                reduce_range_for("paddle", quant_reduce_range))
         else:
             static = paddle.jit.to_static(model, input_spec=[spec], full_graph=True)
             paddle.jit.save(static, str(out / MODEL_PREFIX))
@@ -298,6 +309,9 @@ def export_model(model: paddle.nn.Layer, out_dir: str | Path, input_size: tuple[
         "labels": list(labels) if labels is not None else None,
         "paddle_version": paddle.__version__,
     }
+    if precision == "int8":  # the Predictor reads keep_ends (paddletrain.inference.int8_op_types)
+        meta["quantization"] = {"algo": quant_algo, "keep_ends": bool(quant_keep_ends),
+                                "reduce_range": reduce_range_for("paddle", quant_reduce_range)}
     if multilabel_threshold is not None:  # single-label exports stay as they were: readers default to softmax
         meta.update(multilabel=True, threshold=float(multilabel_threshold))
     (out / PREPROCESS_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
@@ -511,6 +525,7 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path, format: s
                       cpu_threads: int | None = None, imports: Sequence[str] = (),
                       calibration: str | Path | None = None, calibration_images: int = DEFAULT_CALIBRATION_IMAGES,
                       quant_algo: str = DEFAULT_QUANT_ALGO, quant_keep_ends: bool = True,
+                      quant_reduce_range: bool | None = None,
                       quant_min_agreement: float = QUANT_MIN_AGREEMENT,
                       quant_max_accuracy_drop: float = QUANT_MAX_ACCURACY_DROP) -> ExportResult:
     """Rebuild the model of a training checkpoint, export it, and (``check=True``) verify the export.
@@ -525,8 +540,11 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path, format: s
 
     ``precision="int8"`` quantizes after calibrating on ``calibration_images`` images of ``calibration`` (a
     folder, a list file or a glob; ``None``: the checkpoint's training split) with ``quant_algo``; with
-    ``format="onnx"``, ``model.onnx`` is quantized by onnxruntime on the same images. Its parity is judged by
-    agreement and accuracy drop (``quant_min_agreement``, ``quant_max_accuracy_drop``; :func:`judge_quantized`).
+    ``format="onnx"``, ``model.onnx`` is quantized by onnxruntime on the same images; ``quant_reduce_range``
+    quantizes for CPUs without VNNI (7-bit activations in Paddle, 7-bit weights in onnxruntime; ``None``: each
+    runtime's measured default, :func:`paddletrain.quantize.reduce_range_for`). Its parity
+    is judged by agreement and accuracy drop (``quant_min_agreement``, ``quant_max_accuracy_drop``;
+    :func:`judge_quantized`).
     """
     for key, value in (("format", format), ("num_check_images", num_check_images), ("device", device),
                        ("cpu_threads", cpu_threads), ("calibration_images", calibration_images),
@@ -553,10 +571,12 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path, format: s
     out = export_model(rebuilt.exportable, out_dir, input_size=tuple(rebuilt.preprocessing["input_size"]),
                        batch=fixed_batch, precision=precision, preprocessing=rebuilt.preprocessing, labels=labels,
                        multilabel_threshold=rebuilt.multilabel_threshold, calibration=calibration_set.inputs,
-                       quant_algo=quant_algo, quant_keep_ends=quant_keep_ends)
+                       quant_algo=quant_algo, quant_keep_ends=quant_keep_ends, quant_reduce_range=quant_reduce_range)
     files_written = sorted(p for p in out.iterdir() if p.name.startswith(MODEL_PREFIX) or p.name == PREPROCESS_FILE)
     result = ExportResult(out_dir=out, format=format, files=files_written, labels=labels, precision=precision,
-                          calibration=calibration_set.names, quant_algo=quant_algo if quantized else None)
+                          calibration=calibration_set.names, quant_algo=quant_algo if quantized else None,
+                          quant_reduce_range={"paddle": reduce_range_for("paddle", quant_reduce_range)}
+                          if quantized else None)
 
     def judge(exported: np.ndarray, tolerance: float) -> ParityReport:
         if quantized:
@@ -578,8 +598,13 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path, format: s
     else:
         log.warning("check=false: the exported model was NOT compared with the checkpoint's model")
     if format == "onnx":
-        onnx_file = (_export_quantized_onnx(rebuilt, out, fixed_batch, calibration_set.inputs, quant_algo,
-                                            quant_keep_ends) if quantized else export_onnx(out))
+        if quantized:
+            onnx_reduce_range = reduce_range_for("onnx", quant_reduce_range)
+            onnx_file = _export_quantized_onnx(rebuilt, out, fixed_batch, calibration_set.inputs, quant_algo,
+                                               quant_keep_ends, onnx_reduce_range)
+            result.quant_reduce_range["onnx"] = onnx_reduce_range
+        else:
+            onnx_file = export_onnx(out)
         result.files.append(onnx_file)
         if check and result.passed:
             result.onnx_parity = judge(onnx_logits(onnx_file, inputs, cpu_threads), TOLERANCE["fp32"])
@@ -621,14 +646,19 @@ def _calibration_set(rebuilt: RebuiltCheckpoint, files: list[str] | None, spec: 
 
 
 def _export_quantized_onnx(rebuilt: RebuiltCheckpoint, out: Path, batch: int | None, inputs: np.ndarray, algo: str,
-                           keep_ends: bool) -> Path:
-    """``out/model.onnx`` quantized by onnxruntime from an fp32 ONNX conversion of the same model."""
+                           keep_ends: bool, reduce_range: bool) -> Path:
+    """``out/model.onnx`` quantized by onnxruntime from an fp32 ONNX conversion of the same model; its
+    ``reduce_range`` is added to ``preprocess.json``'s ``"quantization"`` as ``onnx_reduce_range``."""
+    meta = read_metadata(out)
+    meta["quantization"]["onnx_reduce_range"] = reduce_range
+    (out / PREPROCESS_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     with tempfile.TemporaryDirectory(prefix="paddletrain-onnx-fp32-") as tmp:
         fp32_dir = export_model(rebuilt.exportable, tmp, input_size=tuple(rebuilt.preprocessing["input_size"]),
                                 batch=batch, preprocessing=rebuilt.preprocessing)
         fp32_onnx = export_onnx(fp32_dir)
         with _stdout_to_stderr():  # onnxruntime's calibration prints its progress
-            return quantize_onnx(fp32_onnx, out / ONNX_FILE, inputs, algo, keep_ends, batch)
+            return quantize_onnx(fp32_onnx, out / ONNX_FILE, inputs, algo, keep_ends, batch,
+                                 reduce_range=reduce_range)
 
 
 def _report(result: ExportResult) -> None:
@@ -640,14 +670,15 @@ def _report(result: ExportResult) -> None:
                "onnx_parity": asdict(result.onnx_parity) if result.onnx_parity else None,
                "precision": result.precision}
     if result.quant_algo is not None:
-        summary.update(quant_algo=result.quant_algo, calibration_images=len(result.calibration))
+        summary.update(quant_algo=result.quant_algo, calibration_images=len(result.calibration),
+                       quant_reduce_range=result.quant_reduce_range)
     print(json.dumps(summary))
 
 
 def _quant_options(cfg: DictConfig) -> dict[str, Any]:
     """The int8 keys of an ``ExportConfig``, as :func:`export_checkpoint` takes them."""
-    keys = ("calibration", "calibration_images", "quant_algo", "quant_keep_ends", "quant_min_agreement",
-            "quant_max_accuracy_drop")
+    keys = ("calibration", "calibration_images", "quant_algo", "quant_keep_ends", "quant_reduce_range",
+            "quant_min_agreement", "quant_max_accuracy_drop")
     return {key: cfg[key] for key in keys}
 
 

@@ -45,13 +45,38 @@ RESIZE_MODES = ("shorter_side", "exact")
 # vs onnxruntime"): in fp32, Paddle Inference with oneDNN ran a ResNet-50 at 0.78-0.89 x onnxruntime at 1 and 2
 # threads, batch 1 and 8, on an idle AVX2 CPU, with every Predictor setting tried; bf16 runs only in Paddle
 # Inference (the ONNX graph is fp32); in int8 Paddle Inference ran 4.8-5.9 x onnxruntime's QDQ graph (resnet20,
-# `python -m paddletrain.ship`, docs/inference.md), which kept more accuracy there: ship compares both.
+# `python -m paddletrain.ship`, docs/inference.md), and both kept its accuracy once Paddle ran the classifier in
+# fp32 (INT8_FP32_OP_TYPES_WITH_ENDS_KEPT); which keeps more depends on the model: ship compares both.
 FASTEST_CPU_RUNTIME = {"fp32": "onnx", "bf16": "paddle", "int8": "paddle"}
 # What each backend is called in log lines and summaries.
 RUNTIME_NAMES = {"paddle": "Paddle Inference", "onnx": "onnxruntime"}
 # oneDNN keeps one compiled kernel set per input shape; a bounded cache stops a varying last batch from
 # growing memory without limit.
 MKLDNN_SHAPE_CACHE = 10
+# The op types Paddle Inference 3.3's oneDNN int8 passes can run in int8 (its cpu_quantize_placement_pass). Given
+# no list, it runs every op of these types in int8 whose input has a calibrated scale, whether or not the export
+# quantized that op.
+PADDLE_INT8_OP_TYPES = (
+    "concat", "conv2d", "depthwise_conv2d", "fused_conv2d", "fused_conv3d", "fused_matmul", "fused_elementwise_add",
+    "fused_elementwise_mul", "fused_elementwise_sub", "elementwise_add", "elementwise_mul", "elementwise_sub", "fc",
+    "matmul", "matmul_v2", "nearest_interp", "nearest_interp_v2", "pool2d", "prior_box", "reshape2",
+    "fused_transpose", "transpose2", "fusion_gru", "fusion_lstm", "multi_gru", "slice", "split")
+# The classifier an int8 export keeps fp32 (``quant_keep_ends``) is a matmul + bias add that Paddle Inference fuses
+# into an ``fc`` op after reading which ops the quantization left out, so the mark is lost and the logits were
+# computed in int8 (on s8 inputs, 7 bits for a non-negative pooled feature). Leaving ``fc`` out of the int8 op types
+# keeps it fp32: Fashion-MNIST resnet20 int8 went from -2.6 to +0.35 points of top-1 (docs/inference.md, "int8").
+INT8_FP32_OP_TYPES_WITH_ENDS_KEPT = ("fc",)
+
+
+def int8_op_types(metadata: dict[str, Any]) -> set[str]:
+    """The op types Paddle Inference may run in int8 for an int8 export whose ``preprocess.json`` is ``metadata``.
+
+    Every type oneDNN quantizes, less ``fc`` (the classifier) when the export kept its ends fp32; an export written
+    before ``quantization`` was recorded kept them (the default then and now).
+    """
+    keep_ends = metadata.get("quantization", {}).get("keep_ends", True)
+    excluded = set(INT8_FP32_OP_TYPES_WITH_ENDS_KEPT) if keep_ends else set()
+    return set(PADDLE_INT8_OP_TYPES) - excluded
 
 
 def find_graph_file(model_dir: str | Path) -> Path:
@@ -396,7 +421,7 @@ class Predictor(ExportedModel):
                 elif precision == "int8":
                     # Turns the graph's quantize/dequantize pairs into oneDNN int8 kernels; without it they
                     # would be simulated in fp32, slower than the fp32 graph.
-                    config.enable_mkldnn_int8()
+                    config.enable_mkldnn_int8(int8_op_types(self.metadata))
             else:
                 config.disable_mkldnn()
         try:

@@ -14,13 +14,16 @@ Three steps, each its own function, composed by :func:`paddletrain.export.export
 3. :func:`quantize_onnx`: onnxruntime's static quantization of an fp32 ``model.onnx`` (the ``onnx`` extra).
 
 The first convolution (3 input channels: little work, and it sees raw pixels) and the classifier (it writes
-the logits) stay fp32 by default (``keep_ends``): see docs/inference.md ("int8") for the measurement.
+the logits) stay fp32 by default (``keep_ends``; Paddle Inference needs the Predictor's help for the classifier,
+``paddletrain.inference.int8_op_types``): see docs/inference.md ("int8") for the measurement.
+``reduce_range`` quantizes for CPUs without VNNI (``REDUCED_ACTIVATION_WIDENING``, ``REDUCE_RANGE_BY_RUNTIME``).
 """
 from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +46,34 @@ CALIBRATION_BATCH = 8
 # An image this many times smaller than the model's input side would be upscaled into a blur unlike anything
 # the model was trained on: a calibration folder of CIFAR thumbnails for a 224 px model, say.
 MAX_UPSCALE = 2.0
+# quant_reduce_range: on x86 CPUs without VNNI (AVX2, AVX-512 without VNNI) oneDNN's u8 x s8 int8 convolution
+# multiplies with vpmaddubsw, which adds each pair of u8 activation x s8 weight products into an int16 with
+# saturation: 2 * 255 * 127 > 32767, so large products are clipped (oneDNN's "Nuances of int8 computations").
+# onnxruntime's reduce_range quantizes weights into 7 bits for this. Paddle Inference cannot be given 7-bit
+# weights: its oneDNN passes dequantize the saved int8 weights and quantize them again from their per-channel
+# absolute maximum into [-127, 127]. So the Paddle export narrows the other factor: every activation's calibrated
+# range is widened by 255 / 127, so an unsigned activation's int8 code is at most 127 and 2 * 127 * 127 = 32258
+# fits in int16. The cost is one bit of activation resolution; measured in docs/inference.md ("int8").
+REDUCED_ACTIVATION_WIDENING = 255 / 127
+# quant_reduce_range=null picks per runtime, by measurement on the AVX2-only CPU (docs/inference.md, "int8"):
+# - Paddle: off. Its loss came mostly from the classifier running in int8 (paddletrain.inference.
+#   INT8_FP32_OP_TYPES_WITH_ENDS_KEPT); with that fixed, 7-bit activation codes moved the Fashion-MNIST resnet20
+#   from +0.35 to +0.01 points (97.8% -> 98.2% agreement) but the ants/bees shufflenet from -0.65 to -1.96
+#   (99.3% -> 96.7%): one bit of activation resolution cost more than the saturation it prevents.
+# - onnxruntime: on. 7-bit weights raised the ants/bees shufflenet's top-1 agreement from 90-94% to 97-99% at
+#   64, 128 and 200 calibration photos, and cost the resnet20 about a point of it (96.4% -> 95.2%, +0.98 ->
+#   +0.22 points of top-1).
+REDUCE_RANGE_BY_RUNTIME = {"paddle": False, "onnx": True}
 # Ops whose weights Paddle quantizes; the first and last of them in the program are the ends kept fp32.
 _WEIGHT_OPS = ("conv2d", "depthwise_conv2d", "mul", "matmul", "matmul_v2")
 _LEGACY_GRAPH = "model.pdmodel"
 _PARAMS = "model.pdiparams"
+
+
+def reduce_range_for(runtime: str, requested: bool | None) -> bool:
+    """Whether ``runtime`` (``paddle`` or ``onnx``) quantizes with a reduced range: ``requested``, or when it is
+    ``None`` the runtime's measured default (``REDUCE_RANGE_BY_RUNTIME``)."""
+    return REDUCE_RANGE_BY_RUNTIME[runtime] if requested is None else bool(requested)
 
 
 def calibration_files(spec: str | Path) -> list[str]:
@@ -137,13 +164,14 @@ def _batches(inputs: np.ndarray, batch: int | None) -> list[np.ndarray]:
 
 
 def quantize_paddle(model: Any, out_dir: str | Path, input_spec: Any, inputs: np.ndarray, algo: str,
-                    keep_ends: bool = True, batch: int | None = None) -> list[Path]:
+                    keep_ends: bool = True, batch: int | None = None, reduce_range: bool = False) -> list[Path]:
     """Write ``model`` (a dygraph Layer in eval mode) as a Paddle Inference int8 program to ``out_dir``.
 
     The model is traced and saved in the ProgramDesc format into a temporary folder, calibrated on ``inputs``
     (float32 NCHW, already preprocessed) with ``algo`` (one of ``QUANT_ALGOS``), and saved as ``model.pdmodel``
     + ``model.pdiparams``. ``keep_ends`` keeps the first and the last weighted op (stem convolution,
-    classifier) in fp32. Returns the files written.
+    classifier) in fp32. ``reduce_range`` widens every activation's range by ``REDUCED_ACTIVATION_WIDENING`` so
+    CPUs without VNNI cannot saturate (see there). Returns the files written.
     """
     import paddle
     from paddle.pir_utils import OldIrGuard
@@ -166,9 +194,69 @@ def quantize_paddle(model: Any, out_dir: str | Path, input_spec: Any, inputs: np
                 algo=algo, hist_percent=HIST_PERCENT, onnx_format=True, skip_tensor_list=skip)
             ptq.quantize()
             ptq.save_quantized_model(str(out), model_filename=_LEGACY_GRAPH, params_filename=_PARAMS)
+            if reduce_range:
+                widen_activation_ranges(out, REDUCED_ACTIVATION_WIDENING)
         finally:
             paddle.disable_static()
     return [out / _LEGACY_GRAPH, out / _PARAMS]
+
+
+def activation_scales(model_dir: str | Path) -> dict[str, float]:
+    """The calibrated range (the largest magnitude kept) of every quantized activation of a saved int8 program.
+
+    Read from the ``Scale`` inputs of its ``quantize_linear``/``dequantize_linear`` ops whose tensor is not a
+    weight; Paddle Inference takes each activation's int8 scale from these.
+    """
+    with _saved_program(model_dir) as (program, _, scope):
+        return {name: float(np.asarray(scope.find_var(name).get_tensor()).max())
+                for name in _activation_scale_names(program)}
+
+
+def widen_activation_ranges(model_dir: str | Path, factor: float) -> None:
+    """Multiply every activation range of the int8 program saved in ``model_dir`` by ``factor``, in place.
+
+    Weights and their scales are left as they are (Paddle Inference requantizes weights itself).
+    """
+    import paddle
+
+    with _saved_program(model_dir) as (program, executor, scope):
+        for name in _activation_scale_names(program):
+            tensor = scope.find_var(name).get_tensor()
+            tensor.set((np.asarray(tensor) * factor).astype(np.float32), paddle.CPUPlace())
+        block = program.global_block()
+        feeds = [block.var(op.output("Out")[0]) for op in block.ops if op.type == "feed"]
+        fetches = [block.var(op.input("X")[0]) for op in block.ops if op.type == "fetch"]
+        paddle.static.save_inference_model(str(Path(model_dir) / Path(_LEGACY_GRAPH).stem), feeds, fetches,
+                                           executor, program=program)
+
+
+def _activation_scale_names(program: Any) -> list[str]:
+    """The ``Scale`` tensors of a program's quantize/dequantize ops on activations, each once (a quantize and its
+    dequantize share one)."""
+    persistable = {var.name for var in program.list_vars() if var.persistable}
+    names = [op.input("Scale")[0] for op in program.global_block().ops
+             if op.type in ("quantize_linear", "dequantize_linear") and op.input("X")[0] not in persistable]
+    return list(dict.fromkeys(names))
+
+
+@contextmanager
+def _saved_program(model_dir: str | Path) -> Iterator[tuple[Any, Any, Any]]:
+    """A saved int8 ProgramDesc model loaded in static mode into a scope of its own: (program, executor, scope)."""
+    import paddle
+    from paddle.pir_utils import OldIrGuard
+
+    scope = paddle.static.Scope()
+    with OldIrGuard(), paddle.static.scope_guard(scope):
+        was_dynamic = paddle.in_dynamic_mode()
+        paddle.enable_static()
+        try:
+            executor = paddle.static.Executor(paddle.CPUPlace())
+            program, _, _ = paddle.static.load_inference_model(str(model_dir), executor, model_filename=_LEGACY_GRAPH,
+                                                               params_filename=_PARAMS)
+            yield program, executor, scope
+        finally:
+            if was_dynamic:
+                paddle.disable_static()
 
 
 def _end_weights(executor: Any, model_dir: str) -> list[str]:
@@ -211,12 +299,14 @@ class _Reader:
 
 
 def quantize_onnx(fp32_onnx: str | Path, target: str | Path, inputs: np.ndarray, algo: str,
-                  keep_ends: bool = True, batch: int | None = None, quant_format: str = ONNX_QUANT_FORMAT) -> Path:
+                  keep_ends: bool = True, batch: int | None = None, quant_format: str = ONNX_QUANT_FORMAT,
+                  reduce_range: bool = False) -> Path:
     """Quantize the fp32 ``fp32_onnx`` with onnxruntime's static quantization into ``target``.
 
     Symmetric int8 activations and per-channel int8 weights in ``quant_format`` (``QDQ`` or ``QOperator``;
     see ``ONNX_QUANT_FORMAT``), after onnxruntime's ``quant_pre_process`` (shape inference, graph
-    optimisation), calibrated on ``inputs`` with the onnxruntime counterpart of ``algo``.
+    optimisation), calibrated on ``inputs`` with the onnxruntime counterpart of ``algo``. ``reduce_range``:
+    onnxruntime's 7-bit weights ([-64, 64]), for CPUs without VNNI (see ``REDUCED_ACTIVATION_WIDENING``).
     """
     import onnx  # installed with onnxruntime's quantization tools (the onnx extra)
 
@@ -239,5 +329,5 @@ def quantize_onnx(fp32_onnx: str | Path, target: str | Path, inputs: np.ndarray,
             quant_format=getattr(quantization.QuantFormat, quant_format), per_channel=True,
             activation_type=quantization.QuantType.QInt8, weight_type=quantization.QuantType.QInt8,
             nodes_to_exclude=exclude, calibrate_method=getattr(quantization.CalibrationMethod, ONNX_CALIBRATION[algo]),
-            extra_options=extra)
+            reduce_range=reduce_range, extra_options=extra)
     return target
