@@ -19,11 +19,9 @@ from __future__ import annotations
 import inspect
 import json
 import logging
-import os
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +52,7 @@ from paddletrain.inference import (
     read_metadata,
 )
 from paddletrain.job.runtime import set_cpu_threads
+from paddletrain.native_output import stdout_to_stderr
 from paddletrain.quantize import (
     QUANT_ALGOS,
     calibration_files,
@@ -291,7 +290,7 @@ def export_model(model: paddle.nn.Layer, out_dir: str | Path, input_size: tuple[
     try:
         spec = paddle.static.InputSpec([batch, *map(int, input_size)], "float32", INPUT_NAME)
         if precision == "int8":
-            with _stdout_to_stderr():  # stdout carries the export's JSON summary
+            with stdout_to_stderr():  # stdout carries the export's JSON summary
                 quantize_paddle(model, out, spec, calibration, quant_algo, quant_keep_ends, batch,
                                 reduce_range_for("paddle", quant_reduce_range))
         else:
@@ -423,7 +422,7 @@ def export_onnx(model_dir: str | Path, opset: int = ONNX_OPSET) -> Path:
     model_dir = Path(model_dir)
     target = model_dir / ONNX_FILE
     try:
-        with _stdout_to_stderr():
+        with stdout_to_stderr():
             paddle2onnx.export(model_filename=str(find_graph_file(model_dir)),
                                params_filename=str(model_dir / PARAMS_FILE), save_file=str(target),
                                opset_version=opset, enable_onnx_checker=True,
@@ -434,25 +433,6 @@ def export_onnx(model_dir: str | Path, opset: int = ONNX_OPSET) -> Path:
     if not target.is_file():
         raise UserError(f"paddle2onnx finished without writing {target}")
     return target
-
-
-@contextmanager
-def _stdout_to_stderr() -> Iterator[None]:
-    """Send file descriptor 1 to stderr for a while: paddle2onnx prints progress from C++ and Python to stdout,
-    which carries the export's JSON summary."""
-    sys.stdout.flush()
-    try:
-        saved = os.dup(1)
-    except OSError:  # no stdout at all (a daemon): nothing to protect
-        yield
-        return
-    try:
-        os.dup2(2, 1)
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 def no_install_options(export: Any) -> dict[str, Any]:
@@ -656,7 +636,7 @@ def _export_quantized_onnx(rebuilt: RebuiltCheckpoint, out: Path, batch: int | N
         fp32_dir = export_model(rebuilt.exportable, tmp, input_size=tuple(rebuilt.preprocessing["input_size"]),
                                 batch=batch, preprocessing=rebuilt.preprocessing)
         fp32_onnx = export_onnx(fp32_dir)
-        with _stdout_to_stderr():  # onnxruntime's calibration prints its progress
+        with stdout_to_stderr():  # onnxruntime's calibration prints its progress
             return quantize_onnx(fp32_onnx, out / ONNX_FILE, inputs, algo, keep_ends, batch,
                                  reduce_range=reduce_range)
 

@@ -24,6 +24,7 @@ import numpy as np
 from paddletrain.class_names import read_names_file
 from paddletrain.devices import DEVICES
 from paddletrain.errors import UserError
+from paddletrain.native_output import quiet_pass_statistics
 
 log = logging.getLogger(__name__)
 
@@ -425,7 +426,8 @@ class Predictor(ExportedModel):
             else:
                 config.disable_mkldnn()
         try:
-            self._predictor = inference.create_predictor(config)
+            with quiet_pass_statistics():  # oneDNN's int8/bf16 passes print ~30 lines of statistics each
+                self._predictor = inference.create_predictor(config)
         except Exception as exc:  # Paddle raises bare RuntimeError/ValueError for unreadable graphs
             raise UserError(f"Paddle Inference cannot load {graph}: {exc}") from exc
         self._input = self._predictor.get_input_handle(self._predictor.get_input_names()[0])
