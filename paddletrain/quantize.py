@@ -207,7 +207,7 @@ def activation_scales(model_dir: str | Path) -> dict[str, float]:
     Read from the ``Scale`` inputs of its ``quantize_linear``/``dequantize_linear`` ops whose tensor is not a
     weight; Paddle Inference takes each activation's int8 scale from these.
     """
-    with _saved_program(model_dir) as (program, _, scope):
+    with saved_program(model_dir) as (program, _, scope):
         return {name: float(np.asarray(scope.find_var(name).get_tensor()).max())
                 for name in _activation_scale_names(program)}
 
@@ -219,7 +219,7 @@ def widen_activation_ranges(model_dir: str | Path, factor: float) -> None:
     """
     import paddle
 
-    with _saved_program(model_dir) as (program, executor, scope):
+    with saved_program(model_dir) as (program, executor, scope):
         for name in _activation_scale_names(program):
             tensor = scope.find_var(name).get_tensor()
             tensor.set((np.asarray(tensor) * factor).astype(np.float32), paddle.CPUPlace())
@@ -240,7 +240,7 @@ def _activation_scale_names(program: Any) -> list[str]:
 
 
 @contextmanager
-def _saved_program(model_dir: str | Path) -> Iterator[tuple[Any, Any, Any]]:
+def saved_program(model_dir: str | Path) -> Iterator[tuple[Any, Any, Any]]:
     """A saved int8 ProgramDesc model loaded in static mode into a scope of its own: (program, executor, scope)."""
     import paddle
     from paddle.pir_utils import OldIrGuard

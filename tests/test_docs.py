@@ -591,10 +591,20 @@ def test_fit_commands_not_run_here_still_compose(tmp_path, monkeypatch):
     """A `python -m paddletrain.fit` the default suite does not run (skipped, left to the slow suite, or in a
     document whose shrunk run is slow) is still parsed as Hydra parses it, composed and validated, so a renamed key
     or preset in it fails here. The documents' module files (``# my_callbacks.py``) are importable, as in a run."""
+    module_names = set()
     for block in all_blocks():
         if file_block_name(block):
             (tmp_path / file_block_name(block)).write_text(block.text)
+            module_names.add(file_block_name(block)[:-3])
     monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        _compose_every_fit_command_not_run_here()
+    finally:  # the documents' modules (my_callbacks, ...) are not left imported for later tests
+        for name in module_names:
+            sys.modules.pop(name, None)
+
+
+def _compose_every_fit_command_not_run_here() -> None:
     from hydra import compose, initialize_config_module
     from hydra._internal.utils import get_args_parser  # Hydra's own command-line parser (what fit.py runs)
 

@@ -319,14 +319,20 @@ def assert_same_run(run_dir: Path, expected: Path) -> None:
         np.testing.assert_array_equal(ours[key], theirs[key], err_msg=key)
 
 
-@pytest.mark.slow
-def test_one_task_per_device_trains_exactly_like_trainer_devices_2(tmp_path, two_devices):
+def _fit_two_tasks(tmp_path, nodes: int) -> tuple[Path, str]:
+    """A seeded TINY fit run as two SLURM tasks on ``nodes`` nodes; both must end with 0. (run dir, their output)"""
     run_dir = tmp_path / "run"
     procs = start_tasks(tmp_path, [sys.executable, "-m", "paddletrain.fit", *TINY, *SEED, f"hydra.run.dir={run_dir}"],
-                        2, 1, free_job_id(), "fit")
+                        2, nodes, free_job_id(), "fit")
     codes = wait_all(procs, 300)
     text = outputs(tmp_path, "fit")
     assert codes == [0, 0], text[-3000:]
+    return run_dir, text
+
+
+@pytest.mark.slow
+def test_one_task_per_device_trains_exactly_like_trainer_devices_2(tmp_path, two_devices):
+    run_dir, text = _fit_two_tasks(tmp_path, nodes=1)
     assert "one task per device: task 0 of 2 is rank 0" in text
     assert "Launching" not in text  # each task is a rank: no launcher
     assert_same_run(run_dir, two_devices)
@@ -336,12 +342,7 @@ def test_one_task_per_device_trains_exactly_like_trainer_devices_2(tmp_path, two
 
 @pytest.mark.slow
 def test_one_task_per_node_runs_the_launcher_on_each_node_exactly_like_trainer_devices_2(tmp_path, two_devices):
-    run_dir = tmp_path / "run"
-    procs = start_tasks(tmp_path, [sys.executable, "-m", "paddletrain.fit", *TINY, *SEED, f"hydra.run.dir={run_dir}"],
-                        2, 2, free_job_id(), "fit")
-    codes = wait_all(procs, 300)
-    text = outputs(tmp_path, "fit")
-    assert codes == [0, 0], text[-3000:]
+    run_dir, text = _fit_two_tasks(tmp_path, nodes=2)
     assert "one task per node: node 1 of 2 starts 1 rank(s)" in text
     assert "Launching 1 process(es) on node 1 of 2" in text
     assert (run_dir / "launch" / "node1" / "workerlog.0").is_file()

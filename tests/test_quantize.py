@@ -21,6 +21,7 @@ from paddletrain.quantize import (
     calibration_files,
     check_calibration_files,
     choose_calibration_files,
+    saved_program,
 )
 from tests.conftest import TINY, compose_fit, run_module
 
@@ -97,21 +98,11 @@ def test_an_int8_export_is_a_quantized_program_the_predictor_runs_in_int8(int8_e
 def _int8_weights(model_dir) -> list[np.ndarray]:
     """The int8 weight tensors of a saved int8 program in op order (the inputs of its weight dequantize ops; their
     names depend on how many graphs the process traced before)."""
-    from paddle.pir_utils import OldIrGuard
-
-    scope = paddle.static.Scope()
-    with OldIrGuard(), paddle.static.scope_guard(scope):
-        paddle.enable_static()
-        try:
-            program, _, _ = paddle.static.load_inference_model(str(model_dir), paddle.static.Executor(),
-                                                               model_filename="model.pdmodel",
-                                                               params_filename="model.pdiparams")
-            persistable = {v.name for v in program.list_vars() if v.persistable}
-            names = [op.input("X")[0] for op in program.global_block().ops
-                     if op.type == "dequantize_linear" and op.input("X")[0] in persistable]
-            return [np.asarray(scope.find_var(name).get_tensor()) for name in names]
-        finally:
-            paddle.disable_static()
+    with saved_program(model_dir) as (program, _, scope):
+        persistable = {v.name for v in program.list_vars() if v.persistable}
+        names = [op.input("X")[0] for op in program.global_block().ops
+                 if op.type == "dequantize_linear" and op.input("X")[0] in persistable]
+        return [np.asarray(scope.find_var(name).get_tensor()) for name in names]
 
 
 def test_reduce_range_widens_every_activation_range_so_unsigned_codes_fit_7_bits(int8_export, int8_reduced):
