@@ -5,7 +5,11 @@ convolution and classifier kept fp32; ONNX: each algorithm onnxruntime has, QDQ 
 ``--reduce-range`` each default-ends setting again with ``quant_reduce_range=true``), then on the
 checkpoint's whole validation split reports each export's top-1 accuracy, its difference from the checkpoint
 (fp32 dygraph) and its top-1 agreement with it, and its speed against the fp32 predictor of the same runtime at
-one batch size (windows interleaved, median of window ratios, so a busy machine slows both alike)::
+one batch size (windows interleaved, median of window ratios, so a busy machine slows both alike). With
+``--simulate`` each Paddle export gets a second row, its int8 program simulated in fp32
+(``paddletrain.quantize.simulated_logits``): what calibration loses, apart from what this CPU's int8 kernels add.
+``--train-images N`` also counts top-1 flips against the checkpoint on N training images, a finer count than a
+small validation split gives::
 
     python benchmarks/int8.py --checkpoint outputs/<run>:best --calibration <train images> --out int8.json
 
@@ -28,14 +32,17 @@ from paddletrain.bench.common import interleave, paired_ratio, timed
 from paddletrain.build import rebuild_checkpoint
 from paddletrain.export import export_checkpoint, reference_logits
 from paddletrain.inference import OnnxPredictor, Predictor
-from paddletrain.quantize import ONNX_CALIBRATION, QUANT_ALGOS
+from paddletrain.quantize import ONNX_CALIBRATION, QUANT_ALGOS, simulated_logits
 
 
-def _inputs(rebuilt: Any, limit: int) -> tuple[np.ndarray, np.ndarray]:
-    val = rebuilt.splits.val
+def _inputs(rebuilt: Any, limit: int, train_images: int) -> tuple[np.ndarray, np.ndarray]:
+    """Up to ``limit`` validation images then ``train_images`` training images, and the validation labels."""
+    val, train = rebuilt.splits.val, rebuilt.splits.train
     picks = range(min(len(val), limit))
-    return (np.stack([rebuilt.eval_transform(val.load_image(i)) for i in picks]),
-            np.asarray([val.targets[i] for i in picks]))
+    extra = range(min(len(train), train_images))
+    images = [rebuilt.eval_transform(val.load_image(i)) for i in picks]
+    images += [rebuilt.eval_transform(train.load_image(i)) for i in extra]
+    return np.stack(images), np.asarray([val.targets[i] for i in picks])
 
 
 def _speed(fp32: Any, int8: Any, batch: np.ndarray, windows: int) -> float:
@@ -51,10 +58,13 @@ def _speed(fp32: Any, int8: Any, batch: np.ndarray, windows: int) -> float:
 
 def _row(name: str, logits: np.ndarray, reference: np.ndarray, labels: np.ndarray, speed: float,
          seconds: float) -> dict[str, Any]:
+    """Accuracy and agreement on the validation images (the first ``len(labels)``); flips on every image."""
     top1, ref = logits.argmax(1), reference.argmax(1)
-    return {"setting": name, "top1": float(np.mean(top1 == labels)),
-            "delta_points": 100 * float(np.mean(top1 == labels) - np.mean(ref == labels)),
-            "agreement": float(np.mean(top1 == ref)), "speed_vs_fp32": speed, "export_seconds": seconds}
+    val, val_ref = top1[:len(labels)], ref[:len(labels)]
+    return {"setting": name, "top1": float(np.mean(val == labels)),
+            "delta_points": 100 * float(np.mean(val == labels) - np.mean(val_ref == labels)),
+            "agreement": float(np.mean(val == val_ref)), "flips": int(np.sum(top1 != ref)), "images": len(top1),
+            "speed_vs_fp32": speed, "export_seconds": seconds}
 
 
 def main() -> None:
@@ -69,12 +79,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--windows", type=int, default=5)
     parser.add_argument("--max-images", type=int, default=10_000)
+    parser.add_argument("--train-images", type=int, default=0, help="also count flips on this many training images")
+    parser.add_argument("--simulate", action="store_true", help="also each Paddle int8 program simulated in fp32")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
     rebuilt = rebuild_checkpoint(args.checkpoint, None)
-    inputs, labels = _inputs(rebuilt, args.max_images)
+    inputs, labels = _inputs(rebuilt, args.max_images, args.train_images)
     reference = reference_logits(rebuilt.model, inputs)
     rows = [_row("checkpoint (fp32 dygraph)", reference, reference, labels, float("nan"), 0.0)]
     batch = inputs[:args.batch] if len(inputs) >= args.batch else np.resize(inputs, (args.batch, *inputs.shape[1:]))
@@ -97,14 +109,19 @@ def main() -> None:
                 rows.append(_row(name, int8.predict(inputs), reference, labels, _speed(fp32, int8, batch,
                                                                                           args.windows), seconds))
                 print(json.dumps(rows[-1]), flush=True)
+                if args.simulate:
+                    rows.append(_row(f"{name}, simulated in fp32", simulated_logits(out, inputs), reference, labels,
+                                     float("nan"), 0.0))
+                    print(json.dumps(rows[-1]), flush=True)
         if args.onnx or args.onnx_only:
             rows += _onnx_rows(args, fp32_dir, Path(tmp), inputs, reference, labels, batch)
     result = {"checkpoint": args.checkpoint, "images": len(labels), "batch": args.batch, "rows": rows}
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"| setting | top1 | delta points | agreement | flips of {len(inputs)} | speed vs fp32 | export s |")
     for row in rows:
         print(f"| {row['setting']} | {row['top1']:.3f} | {row['delta_points']:+.1f} | {row['agreement']:.3f} | "
-              f"{row['speed_vs_fp32']:.2f} | {row['export_seconds']:.0f} |")
+              f"{row['flips']} | {row['speed_vs_fp32']:.2f} | {row['export_seconds']:.0f} |")
 
 
 def _onnx_rows(args: argparse.Namespace, fp32_dir: Path, tmp: Path, inputs: np.ndarray, reference: np.ndarray,

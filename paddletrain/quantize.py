@@ -230,6 +230,26 @@ def widen_activation_ranges(model_dir: str | Path, factor: float) -> None:
                                            executor, program=program)
 
 
+def simulated_logits(model_dir: str | Path, inputs: np.ndarray) -> np.ndarray:
+    """The outputs of the int8 program saved in ``model_dir`` with its int8 arithmetic simulated in fp32.
+
+    Paddle's static executor runs each ``quantize_linear``/``dequantize_linear`` pair as rounding to the int8
+    grid and back, and every other op in fp32: the int8 model as calibrated, without any CPU's int8 kernels.
+    Set beside the Predictor's int8 outputs, it tells a loss that calibration causes from one that int8
+    execution on this CPU adds (docs/inference.md, "int8"). Inputs go in batches of ``CALIBRATION_BATCH``, or of
+    the graph's fixed batch size (the last one padded).
+    """
+    outputs = []
+    with saved_program(model_dir) as (program, executor, _):
+        block = program.global_block()
+        feed = block.var(next(op.output("Out")[0] for op in block.ops if op.type == "feed"))
+        fetch = [block.var(op.input("X")[0]) for op in block.ops if op.type == "fetch"]
+        fixed = feed.shape[0] if feed.shape[0] > 0 else None
+        for chunk in _batches(inputs, fixed):
+            outputs.append(executor.run(program, feed={feed.name: chunk}, fetch_list=fetch[:1])[0])
+    return np.concatenate(outputs)[:len(inputs)]
+
+
 def _activation_scale_names(program: Any) -> list[str]:
     """The ``Scale`` tensors of a program's quantize/dequantize ops on activations, each once (a quantize and its
     dequantize share one)."""

@@ -22,6 +22,7 @@ from paddletrain.quantize import (
     check_calibration_files,
     choose_calibration_files,
     saved_program,
+    simulated_logits,
 )
 from tests.conftest import TINY, compose_fit, run_module
 
@@ -151,6 +152,22 @@ def test_int8_keeps_its_accuracy_within_the_margin_measured_over_seeds(trained, 
         int8 = Predictor(export.out_dir).predict(inputs).argmax(1)
         assert np.mean(fp32 == int8) >= MIN_AGREEMENT[reduce_range], reduce_range
         assert abs(np.mean(int8 == labels) - np.mean(fp32 == labels)) <= MAX_ACCURACY_CHANGE[reduce_range]
+
+
+def test_the_int8_program_simulated_in_fp32_rounds_with_its_own_scales(trained, int8_export, int8_reduced):
+    rebuilt = rebuild_checkpoint(trained, None)
+    val = rebuilt.splits.val
+    inputs = np.stack([rebuilt.eval_transform(val.load_image(i)) for i in range(len(val))])
+    fp32 = reference_logits(rebuilt.model, inputs)
+    simulated = simulated_logits(int8_export.out_dir, inputs)
+    assert simulated.shape == fp32.shape
+    # 8-bit rounding moves every logit (the fp32 program alone matches to ~1e-6) but keeps them near fp32's:
+    # measured over the fixture's 5 seeds (as for MIN_AGREEMENT), relative error 0.022-0.048 and top-1 agreement
+    # 0.953-1.0; the bound below is two images under the lowest. A wider activation grid rounds differently.
+    relative_error = np.linalg.norm(simulated - fp32) / np.linalg.norm(fp32)
+    assert 1e-3 < relative_error < 0.3, relative_error
+    assert np.mean(simulated.argmax(1) == fp32.argmax(1)) >= 0.92
+    assert not np.allclose(simulated, simulated_logits(int8_reduced.out_dir, inputs), rtol=1e-3, atol=1e-4)
 
 
 def _quantized_pattern(model_dir) -> list[bool]:
