@@ -9,7 +9,8 @@ one batch size (windows interleaved, median of window ratios, so a busy machine 
 ``--simulate`` each Paddle export gets a second row, its int8 program simulated in fp32
 (``paddletrain.quantize.simulated_logits``): what calibration loses, apart from what this CPU's int8 kernels add.
 ``--train-images N`` also counts top-1 flips against the checkpoint on N training images, a finer count than a
-small validation split gives::
+small validation split gives. ``--calibration-seed S`` calibrates on ``--calibration-images`` training images drawn
+at random with seed S (written as PNG files), to see how much the result depends on which images calibrate::
 
     python benchmarks/int8.py --checkpoint outputs/<run>:best --calibration <train images> --out int8.json
 
@@ -56,6 +57,20 @@ def _speed(fp32: Any, int8: Any, batch: np.ndarray, windows: int) -> float:
     return paired_ratio(seconds["fp32"], seconds["int8"])
 
 
+def _random_calibration(rebuilt: Any, count: int, seed: int, folder: Path) -> Path:
+    """``count`` training images of the checkpoint's own split, drawn with ``seed``, as PNG files in ``folder``."""
+    from PIL import Image
+
+    train = rebuilt.splits.train
+    for i in np.random.default_rng(seed).choice(len(train), min(count, len(train)), replace=False):
+        pixels = np.asarray(train.load_image(int(i)))
+        if pixels.ndim == 3 and pixels.shape[2] == 1:  # grayscale HW1: PIL takes it as HW
+            pixels = pixels[..., 0]
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels).save(folder / f"{i}.png")
+    return folder
+
+
 def _row(name: str, logits: np.ndarray, reference: np.ndarray, labels: np.ndarray, speed: float,
          seconds: float) -> dict[str, Any]:
     """Accuracy and agreement on the validation images (the first ``len(labels)``); flips on every image."""
@@ -72,6 +87,8 @@ def main() -> None:
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--calibration", default=None, help="folder/list; default: the training split")
     parser.add_argument("--calibration-images", type=int, default=128)
+    parser.add_argument("--calibration-seed", type=int, default=None,
+                        help="calibrate on training images drawn at random with this seed (instead of --calibration)")
     parser.add_argument("--algos", default="hist,abs_max,mse,avg", help=f"of {','.join(QUANT_ALGOS)}")
     parser.add_argument("--onnx", action="store_true", help="also onnxruntime int8, QDQ and QOperator")
     parser.add_argument("--onnx-only", action="store_true", help="only the onnxruntime rows")
@@ -90,8 +107,11 @@ def main() -> None:
     reference = reference_logits(rebuilt.model, inputs)
     rows = [_row("checkpoint (fp32 dygraph)", reference, reference, labels, float("nan"), 0.0)]
     batch = inputs[:args.batch] if len(inputs) >= args.batch else np.resize(inputs, (args.batch, *inputs.shape[1:]))
-    common = dict(calibration=args.calibration, calibration_images=args.calibration_images, check=False)
     with tempfile.TemporaryDirectory() as tmp:
+        if args.calibration_seed is not None:
+            args.calibration = _random_calibration(rebuilt, args.calibration_images, args.calibration_seed,
+                                                   Path(tmp) / "calibration")
+        common = dict(calibration=args.calibration, calibration_images=args.calibration_images, check=False)
         fp32_dir = export_checkpoint(args.checkpoint, Path(tmp) / "fp32", check=False,
                                      format="onnx" if args.onnx or args.onnx_only else "paddle").out_dir
         fp32 = Predictor(fp32_dir)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import paddle
@@ -354,3 +355,46 @@ def test_onnx_int8_refuses_an_algorithm_onnxruntime_lacks_before_any_work(traine
     with pytest.raises(UserError, match="quant_algo=mse has no onnxruntime counterpart"):
         export_checkpoint(trained, tmp_path / "out", format="onnx", precision="int8", quant_algo="mse")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_maintainers_int8_benchmark_reports_simulation_and_flips(trained, tmp_path, monkeypatch, capsys):
+    from benchmarks import int8 as int8_bench
+
+    out = tmp_path / "int8.json"
+    monkeypatch.setattr(sys, "argv", [
+        "int8.py", "--checkpoint", str(trained), "--calibration-seed", "3", "--calibration-images", "8",
+        "--algos", "abs_max", "--simulate", "--train-images", "8", "--max-images", "16", "--windows", "1",
+        "--out", str(out)])
+    int8_bench.main()
+    rows = {row["setting"]: row for row in json.loads(out.read_text())["rows"]}
+    assert list(rows) == ["checkpoint (fp32 dygraph)", "paddle int8 abs_max", "paddle int8 abs_max, simulated in fp32",
+                          "paddle int8 abs_max, every layer int8",
+                          "paddle int8 abs_max, every layer int8, simulated in fp32"]
+    assert all(row["images"] == 16 + 8 for row in rows.values())  # validation images, then training images
+    assert rows["checkpoint (fp32 dygraph)"]["flips"] == 0 and rows["checkpoint (fp32 dygraph)"]["agreement"] == 1
+    for name, row in rows.items():
+        assert 0 <= row["flips"] <= 24 and round((1 - row["agreement"]) * 16) <= row["flips"], name
+    simulated = rows["paddle int8 abs_max, simulated in fp32"]
+    assert np.isnan(simulated["speed_vs_fp32"]) and rows["paddle int8 abs_max"]["speed_vs_fp32"] > 0
+    assert "| paddle int8 abs_max, simulated in fp32 |" in capsys.readouterr().out
+
+
+def test_the_benchmarks_random_calibration_draws_by_seed_and_writes_grayscale_as_such(tmp_path):
+    from types import SimpleNamespace
+
+    from benchmarks.int8 import _random_calibration
+
+    class Gray:  # a grayscale split as the IDX datasets give it: HxWx1 uint8
+        def __len__(self):
+            return 20
+
+        def load_image(self, i):
+            return np.full((4, 4, 1), i, np.uint8)
+
+    rebuilt = SimpleNamespace(splits=SimpleNamespace(train=Gray()))
+    drawn = {seed: sorted(p.name for p in _random_calibration(rebuilt, 5, seed, tmp_path / str(seed)).iterdir())
+             for seed in (0, 1)}
+    assert len(drawn[0]) == 5 and drawn[0] != drawn[1]
+    assert sorted(p.name for p in _random_calibration(rebuilt, 5, 0, tmp_path / "again").iterdir()) == drawn[0]
+    image = Image.open(tmp_path / "0" / drawn[0][0])
+    assert image.mode == "L" and np.asarray(image)[0, 0] == int(drawn[0][0].split(".")[0])
