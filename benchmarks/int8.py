@@ -62,11 +62,11 @@ def _random_calibration(rebuilt: Any, count: int, seed: int, folder: Path) -> Pa
     from PIL import Image
 
     train = rebuilt.splits.train
+    folder.mkdir(parents=True, exist_ok=True)
     for i in np.random.default_rng(seed).choice(len(train), min(count, len(train)), replace=False):
         pixels = np.asarray(train.load_image(int(i)))
         if pixels.ndim == 3 and pixels.shape[2] == 1:  # grayscale HW1: PIL takes it as HW
             pixels = pixels[..., 0]
-        folder.mkdir(parents=True, exist_ok=True)
         Image.fromarray(pixels).save(folder / f"{i}.png")
     return folder
 
