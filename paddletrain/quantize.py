@@ -223,9 +223,7 @@ def widen_activation_ranges(model_dir: str | Path, factor: float) -> None:
         for name in _activation_scale_names(program):
             tensor = scope.find_var(name).get_tensor()
             tensor.set((np.asarray(tensor) * factor).astype(np.float32), paddle.CPUPlace())
-        block = program.global_block()
-        feeds = [block.var(op.output("Out")[0]) for op in block.ops if op.type == "feed"]
-        fetches = [block.var(op.input("X")[0]) for op in block.ops if op.type == "fetch"]
+        feeds, fetches = _feeds_and_fetches(program)
         paddle.static.save_inference_model(str(Path(model_dir) / Path(_LEGACY_GRAPH).stem), feeds, fetches,
                                            executor, program=program)
 
@@ -241,13 +239,18 @@ def simulated_logits(model_dir: str | Path, inputs: np.ndarray) -> np.ndarray:
     """
     outputs = []
     with saved_program(model_dir) as (program, executor, _):
-        block = program.global_block()
-        feed = block.var(next(op.output("Out")[0] for op in block.ops if op.type == "feed"))
-        fetch = [block.var(op.input("X")[0]) for op in block.ops if op.type == "fetch"]
+        (feed, *_), (fetch, *_) = _feeds_and_fetches(program)
         fixed = feed.shape[0] if feed.shape[0] > 0 else None
         for chunk in _batches(inputs, fixed):
-            outputs.append(executor.run(program, feed={feed.name: chunk}, fetch_list=fetch[:1])[0])
+            outputs.append(executor.run(program, feed={feed.name: chunk}, fetch_list=[fetch])[0])
     return np.concatenate(outputs)[:len(inputs)]
+
+
+def _feeds_and_fetches(program: Any) -> tuple[list[Any], list[Any]]:
+    """A loaded inference program's input and output variables, in order (from its feed and fetch ops)."""
+    block = program.global_block()
+    return ([block.var(op.output("Out")[0]) for op in block.ops if op.type == "feed"],
+            [block.var(op.input("X")[0]) for op in block.ops if op.type == "fetch"])
 
 
 def _activation_scale_names(program: Any) -> list[str]:
@@ -261,10 +264,19 @@ def _activation_scale_names(program: Any) -> list[str]:
 
 @contextmanager
 def saved_program(model_dir: str | Path) -> Iterator[tuple[Any, Any, Any]]:
-    """A saved int8 ProgramDesc model loaded in static mode into a scope of its own: (program, executor, scope)."""
+    """A saved int8 ProgramDesc model loaded in static mode into a scope of its own: (program, executor, scope).
+
+    Raises:
+        UserError: ``model_dir`` has no ``model.pdmodel`` + ``model.pdiparams`` (an fp32 export of Paddle 3.3 is
+            a PIR ``model.json``; int8 exports are written in the older format).
+    """
     import paddle
     from paddle.pir_utils import OldIrGuard
 
+    missing = [name for name in (_LEGACY_GRAPH, _PARAMS) if not (Path(model_dir) / name).is_file()]
+    if missing:
+        raise UserError(f"{model_dir} has no {' and no '.join(missing)}: not a saved int8 program (export one with "
+                        "precision=int8)")
     scope = paddle.static.Scope()
     with OldIrGuard(), paddle.static.scope_guard(scope):
         was_dynamic = paddle.in_dynamic_mode()

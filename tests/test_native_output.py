@@ -4,6 +4,8 @@ from __future__ import annotations
 import logging
 import os
 
+import pytest
+
 from paddletrain.native_output import quiet_pass_statistics, stdout_to_stderr
 
 
@@ -18,12 +20,9 @@ def test_pass_statistics_are_dropped_to_debug_and_everything_else_written_back(c
 
 
 def test_an_error_inside_still_writes_back_what_was_held(capfd):
-    try:
-        with quiet_pass_statistics():
-            os.write(2, b"Error: the graph is broken\n")
-            raise RuntimeError("create_predictor failed")
-    except RuntimeError:
-        pass
+    with pytest.raises(RuntimeError, match="create_predictor failed"), quiet_pass_statistics():
+        os.write(2, b"Error: the graph is broken\n")
+        raise RuntimeError("create_predictor failed")
     assert capfd.readouterr().err == "Error: the graph is broken\n"
 
 

@@ -5,7 +5,6 @@ import json
 import sys
 
 import numpy as np
-import paddle
 import pytest
 from omegaconf import OmegaConf
 from PIL import Image
@@ -171,20 +170,17 @@ def test_the_int8_program_simulated_in_fp32_rounds_with_its_own_scales(trained, 
     assert not np.allclose(simulated, simulated_logits(int8_reduced.out_dir, inputs), rtol=1e-3, atol=1e-4)
 
 
+def test_a_folder_without_a_saved_int8_program_is_named_not_a_paddle_traceback(tmp_path):
+    (tmp_path / "model.json").write_text("{}")  # what an fp32 export of Paddle 3.3 holds instead
+    with pytest.raises(UserError, match=r"has no model\.pdmodel and no model\.pdiparams: not a saved int8 program"):
+        simulated_logits(tmp_path, np.zeros((1, 3, 16, 16), np.float32))
+
+
 def _quantized_pattern(model_dir) -> list[bool]:
     """For each weighted op of the saved int8 program, in order: is its weight quantized (dequantized at run)?"""
-    from paddle.pir_utils import OldIrGuard
-
-    with OldIrGuard():
-        paddle.enable_static()
-        try:
-            program, _, _ = paddle.static.load_inference_model(str(model_dir), paddle.static.Executor(),
-                                                               model_filename="model.pdmodel",
-                                                               params_filename="model.pdiparams")
-        finally:
-            paddle.disable_static()
-    ops = program.global_block().ops
-    persistable = {v.name for v in program.list_vars() if v.persistable}
+    with saved_program(model_dir) as (program, _, _):
+        ops = program.global_block().ops
+        persistable = {v.name for v in program.list_vars() if v.persistable}
     # A quantized weight reaches its op through dequantize_linear; a kept one is read directly.
     dequantized = {out: op.input("X")[0] for op in ops if op.type == "dequantize_linear" for out in op.output("Y")}
     pattern = []
