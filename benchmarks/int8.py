@@ -9,7 +9,8 @@ one batch size (windows interleaved, median of window ratios, so a busy machine 
 ``--simulate`` each Paddle export gets a second row, its int8 program simulated in fp32
 (``paddletrain.quantize.simulated_logits``): what calibration loses, apart from what this CPU's int8 kernels add.
 ``--train-images N`` also counts top-1 flips against the checkpoint on N training images, a finer count than a
-small validation split gives. ``--calibration-seed S`` calibrates on ``--calibration-images`` training images drawn
+small validation split gives. ``--bias-correction both`` adds each Paddle setting again with
+``quant_bias_correction=false``. ``--calibration-seed S`` calibrates on ``--calibration-images`` training images drawn
 at random with seed S (written as PNG files), to see how much the result depends on which images calibrate::
 
     python benchmarks/int8.py --checkpoint outputs/<run>:best --calibration <train images> --out int8.json
@@ -73,12 +74,14 @@ def _random_calibration(rebuilt: Any, count: int, seed: int, folder: Path) -> Pa
 
 def _row(name: str, logits: np.ndarray, reference: np.ndarray, labels: np.ndarray, speed: float,
          seconds: float) -> dict[str, Any]:
-    """Accuracy and agreement on the validation images (the first ``len(labels)``); flips on every image."""
+    """Accuracy and agreement on the validation images (the first ``len(labels)``); flips and the logit error
+    (mean absolute logit difference over the mean absolute reference logit) on every image."""
     top1, ref = logits.argmax(1), reference.argmax(1)
     val, val_ref = top1[:len(labels)], ref[:len(labels)]
     return {"setting": name, "top1": float(np.mean(val == labels)),
             "delta_points": 100 * float(np.mean(val == labels) - np.mean(val_ref == labels)),
             "agreement": float(np.mean(val == val_ref)), "flips": int(np.sum(top1 != ref)), "images": len(top1),
+            "logit_error": float(np.mean(np.abs(logits - reference)) / np.mean(np.abs(reference))),
             "speed_vs_fp32": speed, "export_seconds": seconds}
 
 
@@ -98,6 +101,8 @@ def main() -> None:
     parser.add_argument("--max-images", type=int, default=10_000)
     parser.add_argument("--train-images", type=int, default=0, help="also count flips on this many training images")
     parser.add_argument("--simulate", action="store_true", help="also each Paddle int8 program simulated in fp32")
+    parser.add_argument("--bias-correction", choices=("on", "off", "both"), default="on",
+                        help="Paddle exports with quant_bias_correction on (the default), off, or both")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -115,15 +120,18 @@ def main() -> None:
         fp32_dir = export_checkpoint(args.checkpoint, Path(tmp) / "fp32", check=False,
                                      format="onnx" if args.onnx or args.onnx_only else "paddle").out_dir
         fp32 = Predictor(fp32_dir)
-        settings = [(keep_ends, False) for keep_ends in (True, False)] + ([(True, True)] if args.reduce_range else [])
+        corrections = {"on": (True,), "off": (False,), "both": (True, False)}[args.bias_correction]
+        settings = [(keep_ends, False, correct) for keep_ends in (True, False) for correct in corrections]
+        settings += [(True, True, correct) for correct in corrections] if args.reduce_range else []
         for algo in [] if args.onnx_only else args.algos.split(","):
-            for keep_ends, reduce_range in settings:
+            for keep_ends, reduce_range, correct in settings:
                 name = (f"paddle int8 {algo}{'' if keep_ends else ', every layer int8'}"
-                        f"{', reduce_range' if reduce_range else ''}")
+                        f"{', reduce_range' if reduce_range else ''}{'' if correct else ', no bias correction'}")
                 start = _now()
                 out = export_checkpoint(args.checkpoint, Path(tmp) / name.replace(" ", "_").replace(",", ""),
                                         precision="int8", quant_algo=algo, quant_keep_ends=keep_ends,
-                                        quant_reduce_range=reduce_range, **common).out_dir
+                                        quant_reduce_range=reduce_range, quant_bias_correction=correct,
+                                        **common).out_dir
                 seconds = _now() - start
                 int8 = Predictor(out)
                 rows.append(_row(name, int8.predict(inputs), reference, labels, _speed(fp32, int8, batch,
@@ -138,10 +146,11 @@ def main() -> None:
     result = {"checkpoint": args.checkpoint, "images": len(labels), "batch": args.batch, "rows": rows}
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"| setting | top1 | delta points | agreement | flips of {len(inputs)} | speed vs fp32 | export s |")
+    print(f"| setting | top1 | delta points | agreement | flips of {len(inputs)} | logit error | speed vs fp32 | "
+          "export s |")
     for row in rows:
         print(f"| {row['setting']} | {row['top1']:.3f} | {row['delta_points']:+.1f} | {row['agreement']:.3f} | "
-              f"{row['flips']} | {row['speed_vs_fp32']:.2f} | {row['export_seconds']:.0f} |")
+              f"{row['flips']} | {row['logit_error']:.3f} | {row['speed_vs_fp32']:.2f} | {row['export_seconds']:.0f} |")
 
 
 def _onnx_rows(args: argparse.Namespace, fp32_dir: Path, tmp: Path, inputs: np.ndarray, reference: np.ndarray,

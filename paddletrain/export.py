@@ -126,6 +126,9 @@ class ExportConfig(RuntimeConfig):
     # in Paddle, 7-bit weights in onnxruntime (paddletrain.quantize.REDUCED_ACTIVATION_WIDENING). None: each
     # runtime's measured default, off for Paddle, on for onnxruntime (paddletrain.quantize.REDUCE_RANGE_BY_RUNTIME).
     quant_reduce_range: bool | None = None
+    # Move the mean output change that rounding each layer's weights to int8 causes into the batch norm (or bias)
+    # after it (paddletrain.bias_correction). Paddle int8 only; onnxruntime rounds its weights itself.
+    quant_bias_correction: bool = True
     # The int8 parity check: least top-1 (multi-label: decision) agreement, largest accuracy drop (0..1).
     quant_min_agreement: float = allowed(QUANT_MIN_AGREEMENT, ge=0, le=1)
     quant_max_accuracy_drop: float = allowed(QUANT_MAX_ACCURACY_DROP, ge=0, le=1)
@@ -242,7 +245,8 @@ def export_model(model: paddle.nn.Layer, out_dir: str | Path, input_size: tuple[
                  batch: int | None = None, precision: str = "fp32", preprocessing: dict | None = None,
                  labels: list[str] | None = None, multilabel_threshold: float | None = None,
                  calibration: np.ndarray | None = None, quant_algo: str = DEFAULT_QUANT_ALGO,
-                 quant_keep_ends: bool = True, quant_reduce_range: bool | None = None) -> Path:
+                 quant_keep_ends: bool = True, quant_reduce_range: bool | None = None,
+                 quant_bias_correction: bool = True) -> Path:
     """Trace ``model`` in eval mode and save it for Paddle Inference, plus ``preprocess.json``.
 
     Args:
@@ -265,6 +269,8 @@ def export_model(model: paddle.nn.Layer, out_dir: str | Path, input_size: tuple[
             whether the first convolution and the classifier stay fp32, and whether activations are quantized
             into 7 bits so CPUs without VNNI cannot saturate (``None``: Paddle's default,
             :func:`paddletrain.quantize.reduce_range_for`); recorded in ``preprocess.json``'s ``"quantization"``.
+        quant_bias_correction: ``precision="int8"`` only: correct the output means of layers whose weights are
+            rounded to int8 (:mod:`paddletrain.bias_correction`); recorded there as ``"bias_correction"``.
 
     Returns:
         ``out_dir`` as a Path.
@@ -292,7 +298,7 @@ def export_model(model: paddle.nn.Layer, out_dir: str | Path, input_size: tuple[
         if precision == "int8":
             with stdout_to_stderr():  # stdout carries the export's JSON summary
                 quantize_paddle(model, out, spec, calibration, quant_algo, quant_keep_ends, batch,
-                                reduce_range_for("paddle", quant_reduce_range))
+                                reduce_range_for("paddle", quant_reduce_range), quant_bias_correction)
         else:
             static = paddle.jit.to_static(model, input_spec=[spec], full_graph=True)
             paddle.jit.save(static, str(out / MODEL_PREFIX))
@@ -310,7 +316,8 @@ def export_model(model: paddle.nn.Layer, out_dir: str | Path, input_size: tuple[
     }
     if precision == "int8":  # the Predictor reads keep_ends (paddletrain.inference.int8_op_types)
         meta["quantization"] = {"algo": quant_algo, "keep_ends": bool(quant_keep_ends),
-                                "reduce_range": reduce_range_for("paddle", quant_reduce_range)}
+                                "reduce_range": reduce_range_for("paddle", quant_reduce_range),
+                                "bias_correction": bool(quant_bias_correction)}
     if multilabel_threshold is not None:  # single-label exports stay as they were: readers default to softmax
         meta.update(multilabel=True, threshold=float(multilabel_threshold))
     (out / PREPROCESS_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
@@ -505,7 +512,7 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path, format: s
                       cpu_threads: int | None = None, imports: Sequence[str] = (),
                       calibration: str | Path | None = None, calibration_images: int = DEFAULT_CALIBRATION_IMAGES,
                       quant_algo: str = DEFAULT_QUANT_ALGO, quant_keep_ends: bool = True,
-                      quant_reduce_range: bool | None = None,
+                      quant_reduce_range: bool | None = None, quant_bias_correction: bool = True,
                       quant_min_agreement: float = QUANT_MIN_AGREEMENT,
                       quant_max_accuracy_drop: float = QUANT_MAX_ACCURACY_DROP) -> ExportResult:
     """Rebuild the model of a training checkpoint, export it, and (``check=True``) verify the export.
@@ -522,7 +529,8 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path, format: s
     folder, a list file or a glob; ``None``: the checkpoint's training split) with ``quant_algo``; with
     ``format="onnx"``, ``model.onnx`` is quantized by onnxruntime on the same images; ``quant_reduce_range``
     quantizes for CPUs without VNNI (7-bit activations in Paddle, 7-bit weights in onnxruntime; ``None``: each
-    runtime's measured default, :func:`paddletrain.quantize.reduce_range_for`). Its parity
+    runtime's measured default, :func:`paddletrain.quantize.reduce_range_for`); ``quant_bias_correction``
+    corrects the Paddle model for its int8 weight rounding (:mod:`paddletrain.bias_correction`). Its parity
     is judged by agreement and accuracy drop (``quant_min_agreement``, ``quant_max_accuracy_drop``;
     :func:`judge_quantized`).
     """
@@ -551,7 +559,8 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path, format: s
     out = export_model(rebuilt.exportable, out_dir, input_size=tuple(rebuilt.preprocessing["input_size"]),
                        batch=fixed_batch, precision=precision, preprocessing=rebuilt.preprocessing, labels=labels,
                        multilabel_threshold=rebuilt.multilabel_threshold, calibration=calibration_set.inputs,
-                       quant_algo=quant_algo, quant_keep_ends=quant_keep_ends, quant_reduce_range=quant_reduce_range)
+                       quant_algo=quant_algo, quant_keep_ends=quant_keep_ends, quant_reduce_range=quant_reduce_range,
+                       quant_bias_correction=quant_bias_correction)
     files_written = sorted(p for p in out.iterdir() if p.name.startswith(MODEL_PREFIX) or p.name == PREPROCESS_FILE)
     result = ExportResult(out_dir=out, format=format, files=files_written, labels=labels, precision=precision,
                           calibration=calibration_set.names, quant_algo=quant_algo if quantized else None,
@@ -658,7 +667,7 @@ def _report(result: ExportResult) -> None:
 def _quant_options(cfg: DictConfig) -> dict[str, Any]:
     """The int8 keys of an ``ExportConfig``, as :func:`export_checkpoint` takes them."""
     keys = ("calibration", "calibration_images", "quant_algo", "quant_keep_ends", "quant_reduce_range",
-            "quant_min_agreement", "quant_max_accuracy_drop")
+            "quant_bias_correction", "quant_min_agreement", "quant_max_accuracy_drop")
     return {key: cfg[key] for key in keys}
 
 

@@ -15,7 +15,8 @@ Three steps, each its own function, composed by :func:`paddletrain.export.export
 
 The first convolution (3 input channels: little work, and it sees raw pixels) and the classifier (it writes
 the logits) stay fp32 by default (``keep_ends``; Paddle Inference needs the Predictor's help for the classifier,
-``paddletrain.inference.int8_op_types``): see docs/inference.md ("int8") for the measurement.
+``paddletrain.inference.int8_op_types``): see docs/inference.md ("int8") for the measurement. Before tracing, the
+model's batch norms absorb the output shift its int8 weight rounding causes (``paddletrain.bias_correction``).
 ``reduce_range`` quantizes for CPUs without VNNI (``REDUCED_ACTIVATION_WIDENING``, ``REDUCE_RANGE_BY_RUNTIME``).
 """
 from __future__ import annotations
@@ -23,12 +24,13 @@ from __future__ import annotations
 import logging
 import tempfile
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from paddletrain.bias_correction import weight_rounding_corrected
 from paddletrain.errors import UserError
 from paddletrain.inputs import resolve_inputs
 
@@ -164,14 +166,18 @@ def _batches(inputs: np.ndarray, batch: int | None) -> list[np.ndarray]:
 
 
 def quantize_paddle(model: Any, out_dir: str | Path, input_spec: Any, inputs: np.ndarray, algo: str,
-                    keep_ends: bool = True, batch: int | None = None, reduce_range: bool = False) -> list[Path]:
+                    keep_ends: bool = True, batch: int | None = None, reduce_range: bool = False,
+                    bias_correction: bool = True) -> list[Path]:
     """Write ``model`` (a dygraph Layer in eval mode) as a Paddle Inference int8 program to ``out_dir``.
 
     The model is traced and saved in the ProgramDesc format into a temporary folder, calibrated on ``inputs``
     (float32 NCHW, already preprocessed) with ``algo`` (one of ``QUANT_ALGOS``), and saved as ``model.pdmodel``
     + ``model.pdiparams``. ``keep_ends`` keeps the first and the last weighted op (stem convolution,
     classifier) in fp32. ``reduce_range`` widens every activation's range by ``REDUCED_ACTIVATION_WIDENING`` so
-    CPUs without VNNI cannot saturate (see there). Returns the files written.
+    CPUs without VNNI cannot saturate (see there). ``bias_correction`` saves the model with the output mean that
+    rounding its weights to int8 shifts moved into the batch norms after them
+    (:func:`paddletrain.bias_correction.weight_rounding_corrected`; ``model`` itself is left as it was). Returns
+    the files written.
     """
     import paddle
     from paddle.pir_utils import OldIrGuard
@@ -181,7 +187,8 @@ def quantize_paddle(model: Any, out_dir: str | Path, input_spec: Any, inputs: np
         raise UserError(f"quant_algo={algo!r} is not one of {', '.join(QUANT_ALGOS)}")
     out = Path(out_dir)
     chunks = _batches(inputs, batch)
-    with tempfile.TemporaryDirectory(prefix="paddletrain-fp32-") as fp32_dir, OldIrGuard():
+    corrected = weight_rounding_corrected(model, inputs, keep_ends) if bias_correction else nullcontext()
+    with corrected, tempfile.TemporaryDirectory(prefix="paddletrain-fp32-") as fp32_dir, OldIrGuard():
         static = paddle.jit.to_static(model, input_spec=[input_spec], full_graph=True)
         paddle.jit.save(static, str(Path(fp32_dir) / "model"))
         paddle.enable_static()
