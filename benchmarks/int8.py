@@ -10,8 +10,10 @@ one batch size (windows interleaved, median of window ratios, so a busy machine 
 (``paddletrain.quantize.simulated_logits``): what calibration loses, apart from what this CPU's int8 kernels add.
 ``--train-images N`` also counts top-1 flips against the checkpoint on N training images, a finer count than a
 small validation split gives. ``--bias-correction both`` adds each Paddle setting again with
-``quant_bias_correction=false``. ``--calibration-seed S`` calibrates on ``--calibration-images`` training images drawn
-at random with seed S (written as PNG files), to see how much the result depends on which images calibrate::
+``quant_bias_correction=false``; ``--weights-only`` adds the checkpoint with only its weights rounded to int8
+(activations fp32), with and without bias correction. ``--calibration-seed S`` calibrates on
+``--calibration-images`` training images drawn at random with seed S (written as PNG files), to see how much the
+result depends on which images calibrate::
 
     python benchmarks/int8.py --checkpoint outputs/<run>:best --calibration <train images> --out int8.json
 
@@ -101,6 +103,9 @@ def main() -> None:
     parser.add_argument("--max-images", type=int, default=10_000)
     parser.add_argument("--train-images", type=int, default=0, help="also count flips on this many training images")
     parser.add_argument("--simulate", action="store_true", help="also each Paddle int8 program simulated in fp32")
+    parser.add_argument("--weights-only", action="store_true",
+                        help="also the checkpoint with only its weights rounded to int8, with and without bias "
+                             "correction")
     parser.add_argument("--bias-correction", choices=("on", "off", "both"), default="on",
                         help="Paddle exports with quant_bias_correction on (the default), off, or both")
     parser.add_argument("--out", default=None)
@@ -141,6 +146,8 @@ def main() -> None:
                     rows.append(_row(f"{name}, simulated in fp32", simulated_logits(out, inputs), reference, labels,
                                      float("nan"), 0.0))
                     print(json.dumps(rows[-1]), flush=True)
+        if args.weights_only:
+            rows += _weights_only_rows(rebuilt, args, inputs, reference, labels)
         if args.onnx or args.onnx_only:
             rows += _onnx_rows(args, fp32_dir, Path(tmp), inputs, reference, labels, batch)
     result = {"checkpoint": args.checkpoint, "images": len(labels), "batch": args.batch, "rows": rows}
@@ -151,6 +158,29 @@ def main() -> None:
     for row in rows:
         print(f"| {row['setting']} | {row['top1']:.3f} | {row['delta_points']:+.1f} | {row['agreement']:.3f} | "
               f"{row['flips']} | {row['logit_error']:.3f} | {row['speed_vs_fp32']:.2f} | {row['export_seconds']:.0f} |")
+
+
+def _weights_only_rows(rebuilt: Any, args: argparse.Namespace, inputs: np.ndarray, reference: np.ndarray,
+                       labels: np.ndarray) -> list[dict[str, Any]]:
+    """The checkpoint's model with only the weights int8 rounds rounded (activations fp32): what weight rounding
+    alone costs, and what bias correction (on the export's calibration images) gives back."""
+    from paddletrain.bias_correction import weight_rounding_corrected, weights_rounded
+    from paddletrain.export import _calibration_set
+    from paddletrain.quantize import calibration_files
+
+    files = calibration_files(args.calibration) if args.calibration is not None else None
+    calibration = _calibration_set(rebuilt, files, args.calibration, args.calibration_images).inputs
+    model = rebuilt.model
+    with weights_rounded(model, calibration):
+        plain = reference_logits(model, inputs)
+    with weight_rounding_corrected(model, calibration), weights_rounded(model, calibration):
+        corrected = reference_logits(model, inputs)
+    rows = [_row("checkpoint, int8-rounded weights only", plain, reference, labels, float("nan"), 0.0),
+            _row("checkpoint, int8-rounded weights only, bias-corrected", corrected, reference, labels, float("nan"),
+                 0.0)]
+    for row in rows:
+        print(json.dumps(row), flush=True)
+    return rows
 
 
 def _onnx_rows(args: argparse.Namespace, fp32_dir: Path, tmp: Path, inputs: np.ndarray, reference: np.ndarray,

@@ -70,7 +70,7 @@ def weight_rounding_corrected(model: Any, inputs: np.ndarray, keep_ends: bool = 
     """
     order, reader = _layer_input_means(model, inputs, batch)
     names = {id(layer): name for name, layer in model.named_sublayers()}
-    targets = order[1:-1] if keep_ends else order
+    targets = _quantized(order, keep_ends)
     saved: list[tuple[Any, np.ndarray]] = []
     uncorrected = []
     try:
@@ -92,6 +92,33 @@ def weight_rounding_corrected(model: Any, inputs: np.ndarray, keep_ends: bool = 
     finally:
         for parameter, value in reversed(saved):
             parameter.set_value(value)
+
+
+@contextmanager
+def weights_rounded(model: Any, inputs: np.ndarray, keep_ends: bool = True, bits: int = 8,
+                    batch: int = 8) -> Iterator[int]:
+    """Within the block, the weights of every ``Conv2D`` and ``Linear`` of ``model`` that int8 quantization rounds
+    (all but the first and the last to run with ``keep_ends``) are rounded as it rounds them
+    (:func:`rounded_weights`); activations stay fp32. On leaving, ``model`` is restored. Yields the number of
+    layers rounded. What weight rounding alone costs a model, with or without :func:`weight_rounding_corrected`
+    (benchmarks/int8.py ``--weights-only``); ``inputs`` only find the order the layers run in.
+    """
+    order, _ = _layer_input_means(model, inputs[:batch], batch)
+    targets = [layer for layer, _ in _quantized(order, keep_ends)]
+    originals = [layer.weight.numpy() for layer in targets]
+    try:
+        for layer, original in zip(targets, originals, strict=True):
+            layer.weight.set_value(rounded_weights(original, _QUANT_AXIS[type(layer).__name__], bits))
+        yield len(targets)
+    finally:
+        for layer, original in zip(targets, originals, strict=True):
+            layer.weight.set_value(original)
+
+
+def _quantized(order: list[Any], keep_ends: bool) -> list[Any]:
+    """The entries of ``order`` (weighted layers in the order they run) whose weights int8 quantization rounds:
+    all but the first and the last with ``keep_ends`` (paddletrain.quantize keeps those two fp32)."""
+    return order[1:-1] if keep_ends else order
 
 
 def _layer_input_means(model: Any, inputs: np.ndarray, batch: int) -> tuple[list[tuple[Any, np.ndarray]],

@@ -7,7 +7,7 @@ import numpy as np
 import paddle
 import pytest
 
-from paddletrain.bias_correction import output_shift, rounded_weights, weight_rounding_corrected
+from paddletrain.bias_correction import output_shift, rounded_weights, weight_rounding_corrected, weights_rounded
 
 
 def _rng(seed: int = 0) -> np.random.Generator:
@@ -182,3 +182,20 @@ def test_a_model_traced_before_is_still_measured_in_dygraph():
     with weight_rounding_corrected(net, inputs, keep_ends=True) as corrected:
         assert corrected == 3
     assert paddle.jit.dy2static.program_translator.ProgramTranslator().enable_to_static
+
+
+def test_weights_rounded_rounds_what_the_quantization_rounds_and_restores_the_model():
+    net, inputs = _net_and_inputs()
+    before = _state(net)
+    with weights_rounded(net, inputs, keep_ends=True) as count:
+        inside = _state(net)
+    assert count == 4  # dw, pw, biased, bare; the stem and the classifier are the ends kept fp32
+    for name in ("dw.weight", "pw.weight", "biased.weight", "bare.weight"):
+        np.testing.assert_array_equal(inside[name], rounded_weights(before[name], 0))
+    assert all(np.array_equal(before[name], inside[name]) for name in before
+               if name not in ("dw.weight", "pw.weight", "biased.weight", "bare.weight"))
+    after = _state(net)
+    assert all(np.array_equal(before[name], after[name]) for name in before)
+    with weights_rounded(net, inputs, keep_ends=False) as count:
+        np.testing.assert_array_equal(net.fc.weight.numpy(), rounded_weights(before["fc.weight"], 1))
+    assert count == 6

@@ -204,7 +204,8 @@ def test_the_int8_program_simulated_in_fp32_rounds_with_its_own_scales(trained, 
     assert simulated.shape == fp32.shape
     # 8-bit rounding moves every logit (the fp32 program alone matches to ~1e-6) but keeps them near fp32's:
     # measured over the fixture's 5 seeds (as for MIN_AGREEMENT), relative error 0.022-0.048 and top-1 agreement
-    # 0.953-1.0 (with bias correction 0.019-0.049 and 0.953-1.0); the bound below is two images under the lowest. A wider activation grid rounds differently.
+    # 0.953-1.0 (with bias correction 0.019-0.049 and 0.953-1.0); the bound below is two images under the lowest.
+    # A wider activation grid rounds differently.
     relative_error = np.linalg.norm(simulated - fp32) / np.linalg.norm(fp32)
     assert 1e-3 < relative_error < 0.3, relative_error
     assert np.mean(simulated.argmax(1) == fp32.argmax(1)) >= 0.92
@@ -402,13 +403,16 @@ def test_the_maintainers_int8_benchmark_reports_simulation_and_flips(trained, tm
     monkeypatch.setattr(sys, "argv", [
         "int8.py", "--checkpoint", str(trained), "--calibration-seed", "3", "--calibration-images", "8",
         "--algos", "abs_max", "--simulate", "--train-images", "8", "--max-images", "16", "--windows", "1",
-        "--bias-correction", "both", "--out", str(out)])
+        "--bias-correction", "both", "--weights-only", "--out", str(out)])
     int8_bench.main()
     rows = {row["setting"]: row for row in json.loads(out.read_text())["rows"]}
     settings = [f"paddle int8 abs_max{ends}{correction}" for ends in ("", ", every layer int8")
                 for correction in ("", ", no bias correction")]
+    weights_only = "checkpoint, int8-rounded weights only"
     assert list(rows) == ["checkpoint (fp32 dygraph)",
-                          *[row for name in settings for row in (name, f"{name}, simulated in fp32")]]
+                          *[row for name in settings for row in (name, f"{name}, simulated in fp32")],
+                          weights_only, f"{weights_only}, bias-corrected"]
+    assert all(rows[name]["logit_error"] > 0 for name in (weights_only, f"{weights_only}, bias-corrected"))
     assert rows["checkpoint (fp32 dygraph)"]["logit_error"] == 0
     assert all(row["logit_error"] > 0 for name, row in rows.items() if name.startswith("paddle"))
     # The export without bias correction is another program: its simulation gives other logits.
