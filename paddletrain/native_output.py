@@ -13,7 +13,7 @@ import re
 import sys
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 
 log = logging.getLogger("paddletrain")
 
@@ -33,7 +33,8 @@ def stdout_to_stderr() -> Iterator[None]:
         return
     try:
         os.dup2(2, 1)
-        yield
+        with redirect_stdout(sys.stderr):  # Python's prints too, where sys.stdout is not fd 1 (a captured stdout)
+            yield
     finally:
         sys.stdout.flush()
         os.dup2(saved, 1)

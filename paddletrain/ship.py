@@ -61,6 +61,7 @@ from paddletrain.inference import (
 from paddletrain.job.runtime import set_cpu_threads
 from paddletrain.metrics import topk_correct
 from paddletrain.metrics_multilabel import multilabel_report
+from paddletrain.native_output import stdout_to_stderr
 from paddletrain.quantize import quantize_onnx
 
 log = logging.getLogger("paddletrain")
@@ -177,7 +178,8 @@ class Target:
             exporting.export_model(layer, scratch, input_size=input_size)
             fp32_onnx = exporting.export_onnx(scratch)
             if calibration is not None:
-                quantize_onnx(fp32_onnx, fp32_onnx, calibration, exporting.DEFAULT_QUANT_ALGO)
+                with stdout_to_stderr():  # onnxruntime's calibration prints; stdout carries the table
+                    quantize_onnx(fp32_onnx, fp32_onnx, calibration, exporting.DEFAULT_QUANT_ALGO)
         else:
             exporting.export_model(layer, scratch, input_size=input_size, precision=self.precision,
                                    calibration=calibration)

@@ -32,3 +32,13 @@ def test_stdout_to_stderr_keeps_stdout_for_the_summary(capfd):
     print("summary")
     out, err = capfd.readouterr()
     assert out == "summary\n" and err == "progress from C++\n"
+
+
+def test_stdout_to_stderr_also_moves_python_prints_where_sys_stdout_is_not_fd_1(capsys):
+    # onnxruntime's calibration prints its progress with print(); under a captured sys.stdout (pytest, or a caller
+    # that replaced it) moving fd 1 alone would leave those lines on stdout.
+    with stdout_to_stderr():
+        print("Collecting tensor data and making histogram ...")
+    print("summary")
+    out, err = capsys.readouterr()
+    assert out == "summary\n" and err == "Collecting tensor data and making histogram ...\n"
