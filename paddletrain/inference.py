@@ -45,9 +45,9 @@ RESIZE_MODES = ("shorter_side", "exact")
 # runs in on a CPU. Measured with `python -m paddletrain.bench inference` (docs/performance.md, "Paddle Inference
 # vs onnxruntime"): in fp32, Paddle Inference with oneDNN ran a ResNet-50 at 0.78-0.89 x onnxruntime at 1 and 2
 # threads, batch 1 and 8, on an idle AVX2 CPU, with every Predictor setting tried; bf16 runs only in Paddle
-# Inference (the ONNX graph is fp32); in int8 Paddle Inference ran 4.8-5.9 x onnxruntime's QDQ graph (resnet20,
-# `python -m paddletrain.ship`, docs/inference.md), and both kept its accuracy once Paddle ran the classifier in
-# fp32 (INT8_FP32_OP_TYPES_WITH_ENDS_KEPT); which keeps more depends on the model: ship compares both.
+# Inference (the ONNX graph is fp32); in int8 Paddle Inference ran 1.2-5.0 x onnxruntime's QDQ graph at batch 8
+# and 32 (the resnet20 and the ants/bees shufflenet, `python -m paddletrain.ship`, docs/inference.md); which keeps
+# more accuracy depends on the model: ship compares both.
 FASTEST_CPU_RUNTIME = {"fp32": "onnx", "bf16": "paddle", "int8": "paddle"}
 # What each backend is called in log lines and summaries.
 RUNTIME_NAMES = {"paddle": "Paddle Inference", "onnx": "onnxruntime"}

@@ -174,10 +174,10 @@ def quantize_paddle(model: Any, out_dir: str | Path, input_spec: Any, inputs: np
     (float32 NCHW, already preprocessed) with ``algo`` (one of ``QUANT_ALGOS``), and saved as ``model.pdmodel``
     + ``model.pdiparams``. ``keep_ends`` keeps the first and the last weighted op (stem convolution,
     classifier) in fp32. ``reduce_range`` widens every activation's range by ``REDUCED_ACTIVATION_WIDENING`` so
-    CPUs without VNNI cannot saturate (see there). ``bias_correction`` saves the model with the output mean that
-    rounding its weights to int8 shifts moved into the batch norms after them
-    (:func:`paddletrain.bias_correction.weight_rounding_corrected`; ``model`` itself is left as it was). Returns
-    the files written.
+    CPUs without VNNI cannot saturate (see there). With ``bias_correction`` the output-mean shift that rounding
+    each layer's weights to int8 causes is moved into the batch norm (or bias) after it before tracing
+    (:func:`paddletrain.bias_correction.weight_rounding_corrected`; ``model`` is restored afterwards). Returns the
+    files written.
     """
     import paddle
     from paddle.pir_utils import OldIrGuard
