@@ -21,9 +21,18 @@ import numpy as np
 
 log = logging.getLogger("paddletrain")
 
-# Paddle's PostTrainingQuantization rounds weights per output channel (channel_wise_abs_max): a Conv2D's weight
-# [out, in / groups, kh, kw] along axis 0, a Linear's [in, out] along axis 1.
-_QUANT_AXIS = {"Conv2D": 0, "Linear": 1}
+
+def quant_axis(layer: Any) -> int | None:
+    """The axis Paddle's PostTrainingQuantization rounds ``layer``'s weight along (channel_wise_abs_max: per
+    output channel): 0 for a ``Conv2D`` (weight [out, in / groups, kh, kw]), 1 for a ``Linear`` ([in, out]),
+    ``None`` for a layer this module does not correct. Subclasses count: they run the same ops."""
+    import paddle
+
+    if isinstance(layer, paddle.nn.Conv2D):
+        return 0
+    if isinstance(layer, paddle.nn.Linear):
+        return 1
+    return None
 
 
 def rounded_weights(weight: np.ndarray, axis: int, bits: int = 8) -> np.ndarray:
@@ -44,10 +53,10 @@ def output_shift(layer: Any, input_mean: np.ndarray, bits: int = 8) -> np.ndarra
 
     A convolution's zero padding is taken to have the inputs' mean too, a small error at the borders only.
     """
-    kind = type(layer).__name__
+    axis = quant_axis(layer)
     weight = layer.weight.numpy()
-    delta = rounded_weights(weight, _QUANT_AXIS[kind], bits).astype(np.float64) - weight
-    if kind == "Linear":
+    delta = rounded_weights(weight, axis, bits).astype(np.float64) - weight
+    if axis == 1:  # Linear
         return (input_mean @ delta).astype(np.float32)
     per_tap = delta.reshape(*delta.shape[:2], -1).sum(axis=2)  # [out, in / groups]
     outputs, group_inputs = per_tap.shape
@@ -108,7 +117,7 @@ def weights_rounded(model: Any, inputs: np.ndarray, keep_ends: bool = True, bits
     originals = [layer.weight.numpy() for layer in targets]
     try:
         for layer, original in zip(targets, originals, strict=True):
-            layer.weight.set_value(rounded_weights(original, _QUANT_AXIS[type(layer).__name__], bits))
+            layer.weight.set_value(rounded_weights(original, quant_axis(layer), bits))
         yield len(targets)
     finally:
         for layer, original in zip(targets, originals, strict=True):
@@ -128,7 +137,7 @@ def _layer_input_means(model: Any, inputs: np.ndarray, batch: int) -> tuple[list
     import paddle
     from paddle.jit.dy2static.program_translator import ProgramTranslator
 
-    weighted = {id(layer): layer for layer in model.sublayers() if type(layer).__name__ in _QUANT_AXIS}
+    weighted = {id(layer): layer for layer in model.sublayers() if quant_axis(layer) is not None}
     norms = [layer for layer in model.sublayers()
              if isinstance(layer, (paddle.nn.layer.norm._BatchNormBase, paddle.nn.BatchNorm))]
     sums: dict[int, np.ndarray] = {}  # in the order the layers first run

@@ -187,7 +187,8 @@ def quantize_paddle(model: Any, out_dir: str | Path, input_spec: Any, inputs: np
         raise UserError(f"quant_algo={algo!r} is not one of {', '.join(QUANT_ALGOS)}")
     out = Path(out_dir)
     chunks = _batches(inputs, batch)
-    corrected = weight_rounding_corrected(model, inputs, keep_ends) if bias_correction else nullcontext()
+    corrected = (weight_rounding_corrected(model, inputs, keep_ends, CALIBRATION_BATCH) if bias_correction
+                 else nullcontext())
     with corrected, tempfile.TemporaryDirectory(prefix="paddletrain-fp32-") as fp32_dir, OldIrGuard():
         static = paddle.jit.to_static(model, input_spec=[input_spec], full_graph=True)
         paddle.jit.save(static, str(Path(fp32_dir) / "model"))
