@@ -254,10 +254,11 @@ FIRST_BATCH_FRACTION = 8
 def batch_chunks(paths: Sequence[str], batch_size: int, small_first: bool = True) -> list[list[str]]:
     """``paths`` in predictor calls of ``batch_size``, the first one smaller with ``small_first``.
 
-    Nothing is predicted until the first batch is decoded: with 1 worker, 32 images of 224 px took 0.19 s to
-    arrive against 0.058 s for 4 (worker start-up included, busy 2-core machine, docs/performance.md), time the
-    predictor would otherwise sit idle. Not worth it without workers (decoding then waits for the predictor
-    anyway), nor for an export with a fixed batch size, which would pad a small batch to its size.
+    Nothing is predicted until the first batch is decoded, which with workers happens in the predictor's own
+    process while they start (:func:`paddletrain.decoding.decoded_batches`): 32 images of 224 px take about 0.04 s
+    to decode there and 4 an eighth of that (docs/performance.md), time the predictor would otherwise sit idle.
+    Not worth it without workers (decoding then waits for the predictor anyway), nor for an export with a fixed
+    batch size, which would pad a small batch to its size.
     """
     if not paths:
         return []

@@ -5,6 +5,7 @@ import logging
 import os
 
 import numpy as np
+import psutil
 import pytest
 from omegaconf import OmegaConf
 from PIL import Image
@@ -81,6 +82,35 @@ def test_abandoning_the_batches_early_still_unlinks_the_shared_blocks(files, pre
     assert len(_shared_blocks() - before) == 2 * decoding.PREFETCH_PER_WORKER + 1
     batches.close()
     assert _shared_blocks() == before
+
+
+class _DecodedBy:
+    """A preprocessing whose every input holds the id of the process that decoded it."""
+
+    def __call__(self, image):
+        return np.full(INPUT, os.getpid(), np.float32)  # float32 holds Linux pids (< 2**22) exactly
+
+
+def test_this_process_decodes_the_first_batch_and_the_workers_the_rest_then_exit(files):
+    chunks = [files[i:i + 2] for i in range(6, 11, 2)] + [files[:2]]  # 2 + 2 + 1 + 2, all readable
+    deciders = [{int(v) for v in np.unique(x)} for _, x, _ in _collect(chunks, _DecodedBy(), 2)]
+    assert deciders[0] == {os.getpid()}  # ready without waiting for a worker to start
+    workers = set().union(*deciders[1:])
+    assert workers and os.getpid() not in workers
+    # The generator does not wait for the workers to exit, but they do exit.
+    _, alive = psutil.wait_procs([psutil.Process(pid) for pid in workers if psutil.pid_exists(pid)], timeout=10)
+    assert alive == []
+
+
+def test_a_single_batch_is_decoded_here_without_starting_workers(files, preprocessing, monkeypatch):
+    def no_pool(*args, **kwargs):
+        raise AssertionError("a worker pool was started for one batch")
+
+    monkeypatch.setattr(decoding, "ProcessPoolExecutor", no_pool)
+    [(ok, x, _)] = _collect([files[:3]], preprocessing, 2)
+    assert ok == files[:3]
+    np.testing.assert_array_equal(x, load_batch(files[:3], preprocessing)[1])
+    assert _collect([], preprocessing, 2) == []
 
 
 def test_a_chunk_of_only_bad_files_gives_no_array(files, preprocessing):

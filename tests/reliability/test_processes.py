@@ -40,6 +40,19 @@ class Zeros:
         return np.zeros((3, 8, 8), np.float32), index % 2
 
 
+def _loader_workers(me: psutil.Process) -> list[psutil.Process]:
+    """Live children of ``me`` other than the forking server and multiprocessing's resource tracker, which any
+    earlier test in this process that made a shared-memory block (``paddletrain.decoding``) has started."""
+    def worker(process: psutil.Process) -> bool:
+        try:
+            return (process.status() != psutil.STATUS_ZOMBIE and process.pid not in server_pids()
+                    and "multiprocessing.resource_tracker" not in " ".join(process.cmdline()))
+        except psutil.NoSuchProcess:  # a process that exited meanwhile is no worker left behind
+            return False
+
+    return [p for p in me.children() if worker(p)]
+
+
 @pytest.mark.parametrize("persistent", [False, True])
 def test_loader_workers_do_not_pile_up_when_an_epoch_stops_at_len_loader(persistent):
     # The trainer reads len(loader) batches and stops without exhausting the iterator: paddle then kept that
@@ -56,7 +69,7 @@ def test_loader_workers_do_not_pile_up_when_an_epoch_stops_at_len_loader(persist
             next(iterator)
         del iterator
         time.sleep(0.3)
-        workers = [p for p in me.children() if p.status() != psutil.STATUS_ZOMBIE and p.pid not in server_pids()]
+        workers = _loader_workers(me)
         assert len(workers) == (2 if persistent else 0), (epoch, workers)
 
 
