@@ -148,9 +148,9 @@ def decoded_batches(chunks: list[list[str]], preprocessing: Preprocessing, num_w
 
     With workers, this process decodes the first chunk itself while the workers start, and it does not wait
     for them to exit at the end: forking a process that has loaded a predictor took ~20 ms here and a worker's
-    exit 35-65 ms, time the predictor sat idle before. Measured on an int8 resnet18 (128 JPEGs, 1 worker,
-    eight interleaved runs each): ``predict_files`` / bare predictor went from median 0.865 to 0.906
-    (docs/performance.md). A single chunk starts no workers.
+    exit 35-65 ms, time the predictor sat idle before. On an int8 resnet18 (128 JPEGs, 1 worker) the
+    ``predict_files`` / bare predictor ratio went from 0.851-0.904 to 0.867-0.935 (docs/performance.md, the
+    int8 ``predict_files`` runs). A single chunk starts no workers.
     """
     if num_workers == 0 or len(chunks) <= 1:
         for chunk in chunks:
