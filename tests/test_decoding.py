@@ -98,8 +98,19 @@ def test_this_process_decodes_the_first_batch_and_the_workers_the_rest_then_exit
     workers = set().union(*deciders[1:])
     assert workers and os.getpid() not in workers
     # The generator does not wait for the workers to exit, but they do exit.
-    _, alive = psutil.wait_procs([psutil.Process(pid) for pid in workers if psutil.pid_exists(pid)], timeout=10)
+    _, alive = psutil.wait_procs(_processes(workers), timeout=10)
     assert alive == []
+
+
+def _processes(pids):
+    """The processes of ``pids`` still running."""
+    found = []
+    for pid in pids:
+        try:
+            found.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    return found
 
 
 def test_a_single_batch_is_decoded_here_without_starting_workers(files, preprocessing, monkeypatch):
