@@ -4,6 +4,7 @@ from __future__ import annotations
 import configparser
 import dataclasses
 import importlib
+import logging
 import shlex
 import sys
 from pathlib import Path
@@ -27,13 +28,23 @@ HYDRA_COMMANDS = {
 
 
 def help_of(module: str, args: list[str], monkeypatch, capsys) -> tuple[int, str]:
-    """``python -m <module> <args>`` in this process (Hydra's --help exits): its exit status and stdout."""
+    """``python -m <module> <args>`` in this process (Hydra's --help exits): its exit status and stdout.
+
+    Hydra configures logging for the help: the root logger's handlers and level are put back afterwards, or its
+    console handler would stay bound to this test's captured stderr, closed when the test ends, and a later test
+    of this worker that logs would print "--- Logging error ---" (seen in test_native_output).
+    """
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
     monkeypatch.setattr(sys, "argv", [module, *args])
     try:
         importlib.import_module(module).main()
         code = 0
     except SystemExit as exc:
         code = exc.code or 0
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
     return code, capsys.readouterr().out
 
 
