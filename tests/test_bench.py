@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import multiprocessing
 from pathlib import Path
 
 import numpy as np
@@ -188,6 +189,31 @@ def test_decode_compares_the_pool_with_a_dataloader_doing_the_same_work():
     assert set(result["summary"]) == {"dataloader_vs_pool", "pool_vs_main", "dataloader_vs_main"}
     [goal] = result["goals"]
     assert goal["met"] == (result["summary"]["dataloader_vs_pool"] < 0.95)
+
+
+def test_decode_waits_for_its_own_workers_only(monkeypatch):
+    """A pass joins the pool's workers to count their CPU, not other children of the process (a test's forking
+    server: joining it cost 30 s a pass in CI)."""
+    stop = multiprocessing.Event()
+    bystander = multiprocessing.Process(target=stop.wait, daemon=True)
+    bystander.start()
+    joined = []
+    join = multiprocessing.Process.join
+
+    def spying_join(process, timeout=None):
+        joined.append(process.pid)
+        return join(process, timeout)
+
+    monkeypatch.setattr(multiprocessing.Process, "join", spying_join)
+    try:
+        result = run_decode(DecodeBenchConfig(images=6, image_size=16, batch_size=2, num_workers=1, windows=1,
+                                              warmup=0, arms=["pool"]))
+        assert bystander.pid not in joined and bystander.is_alive()
+        assert result["rows"][0]["worker_cpu_s"] > 0  # the pool's own worker, reaped before the count
+    finally:
+        stop.set()
+        monkeypatch.undo()
+        bystander.join(10)
 
 
 def test_decode_dataloader_arm_gives_the_pools_batches_bad_files_included(tmp_path):
