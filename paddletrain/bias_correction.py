@@ -147,7 +147,8 @@ def _layer_input_means(model: Any, inputs: np.ndarray, batch: int) -> tuple[list
 
     def record_input(layer: Any, args: tuple) -> None:
         x = args[0]
-        axes = [0, 2, 3] if x.ndim == 4 else list(range(x.ndim - 1))
+        channels = 1 if quant_axis(layer) == 0 and layer._data_format == "NCHW" else x.ndim - 1
+        axes = [axis for axis in range(x.ndim) if axis != channels]
         rows = int(np.prod([x.shape[a] for a in axes]))
         sums[id(layer)] = sums.get(id(layer), 0) + x.astype("float64").mean(axis=axes).numpy() * rows
         counts[id(layer)] = counts.get(id(layer), 0) + rows

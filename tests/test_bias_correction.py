@@ -137,6 +137,26 @@ def test_each_shift_goes_to_the_norm_after_its_layer_or_its_bias_and_the_model_i
     assert all(np.array_equal(before[name], after[name]) for name in before)
 
 
+def test_a_channels_last_model_is_measured_per_channel():
+    paddle.seed(0)
+    net = paddle.nn.Sequential(
+        paddle.nn.Conv2D(3, 8, 3, data_format="NHWC"), paddle.nn.BatchNorm2D(8, data_format="NHWC"),
+        paddle.nn.Conv2D(8, 16, 1, data_format="NHWC", bias_attr=False), paddle.nn.BatchNorm2D(16, data_format="NHWC"),
+        paddle.nn.Conv2D(16, 4, 1, data_format="NHWC"))
+    net.eval()
+    inputs = (_rng().normal(size=(4, 9, 11, 3)) + 0.5).astype(np.float32)  # height, width and channels all differ
+    captured = {}
+    hook = net[2].register_forward_pre_hook(lambda layer, args: captured.update(x=args[0].numpy()))
+    net(paddle.to_tensor(inputs))
+    hook.remove()
+    before = net[3]._mean.numpy().copy()
+    with weight_rounding_corrected(net, inputs, keep_ends=True) as corrected:
+        moved = net[3]._mean.numpy() - before
+    assert corrected == 1
+    expected = output_shift(net[2], captured["x"].astype(np.float64).mean(axis=(0, 1, 2)))
+    np.testing.assert_allclose(moved, expected, rtol=1e-4, atol=1e-6)
+
+
 def test_every_layer_is_corrected_when_the_ends_are_quantized_too():
     net, inputs = _net_and_inputs()
     before = _state(net)
