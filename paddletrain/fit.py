@@ -164,6 +164,13 @@ def finish(code: int, message: str, lost_ranks: list[int] | None = None,
     exit_with(code, message)
 
 
+def command_line_config_dirs() -> list[str]:
+    """``--config-dir=<dir>`` for each config directory this command line added, as absolute paths."""
+    sources = HydraConfig.get().runtime.config_sources
+    return [f"--config-dir={Path(source.path).resolve()}" for source in sources
+            if source.provider == "command-line" and source.schema == "file"]
+
+
 def launch_workers(cfg: DictConfig, run_dir: Path, spec: NodeSpec) -> None:
     """Start this node's ranks (``spec``) with this run's overrides and run directory.
 
@@ -177,8 +184,9 @@ def launch_workers(cfg: DictConfig, run_dir: Path, spec: NodeSpec) -> None:
     # The ranks (this machine, this config) inherit the verdict instead of validating again (validation.py).
     os.environ[VALIDATED_ENV] = validated_marker(cfg)
     overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("hydra.run.dir=")]
-    # The ranks share this run directory; this process already wrote its .hydra/ config there.
-    args = [*overrides, f"hydra.run.dir={run_dir}", "hydra.output_subdir=null"]
+    # The ranks share this run directory; this process already wrote its .hydra/ config there. They search the
+    # config directories of this command line too (--config-dir), where e.g. +experiment=... lives.
+    args = [*command_line_config_dirs(), *overrides, f"hydra.run.dir={run_dir}", "hydra.output_subdir=null"]
     log_dir = run_dir / "launch" if spec.nnodes == 1 else run_dir / "launch" / f"node{spec.node_rank}"
     if spec.node_rank > 0:  # the run's fit.log belongs to rank 0's node
         root = logging.getLogger()

@@ -92,6 +92,19 @@ def test_fit_on_two_processes_one_run_dir_rank0_output_and_exact_eval(tmp_path):
     assert json.loads((run_dir / "summary.json").read_text())["epochs"] == 3
 
 
+def test_the_ranks_read_the_config_directory_of_the_command_line(tmp_path):
+    experiments = tmp_path / "recipes" / "experiment"
+    experiments.mkdir(parents=True)
+    (experiments / "two.yaml").write_text("# @package _global_\nname: from_the_recipe\ndata:\n  holdout: 0.25\n")
+    run_dir = tmp_path / "run"
+    result = run_module("paddletrain.fit", ["--config-dir", str(tmp_path / "recipes"), *TINY, "trainer.devices=2",
+                                            "+experiment=two", "callbacks.visualdl=null", f"hydra.run.dir={run_dir}"],
+                        cwd=tmp_path, timeout=240)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert sum(map(sum, summary["val/confusion_matrix"])) == 18  # both ranks validated on the held-out quarter
+
+
 @pytest.mark.slow  # tests/reliability/test_processes.py ends a job on a failing rank
 def test_a_crashing_rank_stops_the_job_quickly_and_is_named(tmp_path):
     write_image_folder(tmp_path / "data", bad_val_index=1)
