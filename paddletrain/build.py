@@ -77,14 +77,22 @@ class DataBundle:
 
 
 def build_data(cfg: DictConfig, seed: int, rank: int = 0, world_size: int = 1, eval_crop: bool = True,
-               training: bool = True) -> DataBundle:
+               training: bool = True, eval_split: str = "val") -> DataBundle:
     """Datasets, transforms and loaders from the ``data`` config.
 
     ``eval_crop=False``: evaluation images keep the ``eval_resize`` square (multi-crop test-time augmentation).
     ``training=False``: only evaluation is coming, so ``trainer.distill.unlabeled_root`` is not read.
+    ``eval_split="test"``: the evaluation loader reads the test split, which exists when ``data.holdout`` held
+    the validation split out of the training split.
     """
     # Transforms need the channel count the dataset reports, so the loaders apply them (per seeded sample).
     splits = build_datasets(cfg.data)
+    if eval_split == "test":
+        if splits.test is None:
+            raise UserError(f"split=test: data.name={cfg.data.name} has no test split apart from its validation "
+                            "split, because data.holdout is 0 (the run validated on the dataset's own validation "
+                            "split); evaluate split=val")
+        splits.val = splits.test
     unlabeled = (cfg.trainer.get("distill") or {}).get("unlabeled_root")
     if unlabeled and training:  # label-free distillation (SSLD) learns from these too
         splits.train = with_unlabeled(splits.train, unlabeled, splits.in_chans)

@@ -188,6 +188,12 @@ class DataConfig:
     multilabel_threshold: float = allowed(0.5, gt=0, lt=1)
     # labellist: a bad line refuses the list ("error") or is skipped with a warning ("skip").
     bad_lines: str = allowed("error", choices=("error", "skip"))
+    # Share of each class of the training split held out as the validation split (fit validates and picks its
+    # best checkpoint on it); the dataset's own validation split becomes the test split (evaluate split=test).
+    # 0 = validate on the dataset's own validation split. See docs/data.md#a-held-out-validation-split.
+    holdout: float = allowed(0.0, ge=0, lt=1)
+    # Seeds which images are held out; not trainer.seed, so that every seed of a recipe sees the same split.
+    holdout_seed: int = allowed(0, ge=0)
     # image_size, interpolation, mean, std: null = from the pretrained weights (model.pretrained), else these
     # defaults; see docs/finetuning.md.
     image_size: int | None = allowed(32, ge=1)
@@ -425,6 +431,9 @@ class TTAConfig:
 @dataclass
 class EvaluateConfig(FitConfig):
     checkpoint: str = MISSING
+    # The split evaluated: "val", or "test" (the dataset's own validation split when data.holdout kept a
+    # validation split apart from the training split; see paddletrain.data.holdout).
+    split: str = allowed("val", choices=("val", "test"))
     tta: TTAConfig = field(default_factory=TTAConfig)
 
 

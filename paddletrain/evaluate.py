@@ -9,7 +9,9 @@ the command line (e.g. ``data.root=/other/val``, ``data.eval_batch_size=256``) i
 ``tta.flip=true`` / ``tta.crops=5`` average the predictions over flipped / cropped views (paddletrain.tta).
 
 The last line on stdout is one JSON object: ``checkpoint``, the metrics (``val/loss``, ``val/top1``, ...), and
-``val/per_class`` / ``val/confusion_matrix`` as in ``summary.json`` (:meth:`paddletrain.metrics.ClassReport.to_dict`).
+``val/per_class`` / ``val/confusion_matrix`` as in ``summary.json``. ``split=test`` evaluates the test split
+of a run that held its validation split out of the training split (``data.holdout``); the keys are then
+``test/top1``, ... (:meth:`paddletrain.metrics.ClassReport.to_dict`).
 """
 from __future__ import annotations
 
@@ -52,7 +54,9 @@ def evaluate(cfg: DictConfig, checkpoint: Checkpoint) -> dict[str, float]:
     setup_runtime(cfg.trainer.device, cfg.trainer.cpu_threads)
     seed_everything(cfg.trainer.seed)
     tta = cfg.get("tta") or {}
-    data = build_data(cfg, seed=cfg.trainer.seed, eval_crop=tta.get("crops", 1) == 1, training=False)
+    split = cfg.get("split", "val")
+    data = build_data(cfg, seed=cfg.trainer.seed, eval_crop=tta.get("crops", 1) == 1, training=False,
+                      eval_split=split)
     model = checkpoint_model(cfg, checkpoint.state, len(data.classes), data.in_chans,
                              source=f"checkpoint={checkpoint.path}")
     if tta.get("flip") or tta.get("crops", 1) > 1:  # test-time augmentation (paddletrain.tta)
@@ -61,25 +65,27 @@ def evaluate(cfg: DictConfig, checkpoint: Checkpoint) -> dict[str, float]:
     trainer = Trainer(model, num_classes=len(data.classes), limits=build_limits(cfg),
                       loss_fn=build_criterion(cfg, data), meters=build_meters(cfg, len(data.classes)),
                       class_names=data.classes)
-    metrics = trainer.validate(data.val_loader)
+    # The Trainer names what it validates val/...; the split evaluated names it here (test/top1, ...).
+    metrics = {f"{split}/{key.removeprefix('val/')}": value for key, value in trainer.validate(data.val_loader).items()}
     line = " ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items()))
-    log.info("Evaluation of %s: %s", checkpoint.path, line)
-    print(json.dumps({"checkpoint": str(checkpoint.path), **metrics, **_per_class(trainer, data.classes)}))
+    log.info("Evaluation of %s on the %s split: %s", checkpoint.path, split, line)
+    print(json.dumps({"checkpoint": str(checkpoint.path), "split": split, **metrics,
+                      **_per_class(trainer, data.classes, split)}))
     return metrics
 
 
-def _per_class(trainer: Trainer, classes: list[str]) -> dict:
-    """Log the last validation's per-class table; its entries for the JSON line (``val/per_class``, and for a
-    single-label run ``val/classes`` and ``val/confusion_matrix``, as in ``summary.json``)."""
+def _per_class(trainer: Trainer, classes: list[str], split: str) -> dict:
+    """Log the last validation's per-class table; its entries for the JSON line (``<split>/per_class``, and for a
+    single-label run ``<split>/classes`` and ``<split>/confusion_matrix``, as ``val/...`` in ``summary.json``)."""
     multilabel = getattr(trainer.val_meter, "report", None)
     if isinstance(multilabel, MultiLabelReport):
         log.info("Per class (threshold %g):\n%s", multilabel.threshold, "\n".join(multilabel.table(classes)))
-        return {"val/per_class": multilabel.rows(classes)}
+        return {f"{split}/per_class": multilabel.rows(classes)}
     if trainer.val_report is None:
         return {}
     for row in trainer.val_report.table():
         log.info("%s", row)
-    return {f"val/{key}": value for key, value in trainer.val_report.to_dict().items()}
+    return {f"{split}/{key}": value for key, value in trainer.val_report.to_dict().items()}
 
 
 register_configs()

@@ -51,6 +51,27 @@ def test_fit_then_evaluate_end_to_end(tmp_path):
     assert len(table) == 1 and "circle" in result.stderr + result.stdout
 
 
+def test_a_held_out_run_validates_on_its_holdout_and_evaluate_reads_its_test_split(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_module("paddletrain.fit", [*TINY, "data.holdout=0.25", "callbacks.visualdl=null",
+                                            f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert sum(map(sum, summary["val/confusion_matrix"])) == 18  # a quarter of each class of the 64 training images
+
+    def evaluate(*extra: str) -> dict:
+        ran = run_module("paddletrain.evaluate", [f"checkpoint={run_dir}:best", *extra,
+                                                  f"hydra.run.dir={tmp_path / 'ev'}"], cwd=tmp_path)
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        return json.loads(ran.stdout.strip().splitlines()[-1])
+
+    val = evaluate()
+    assert val["split"] == "val" and val["val/top1"] == summary["val/top1"]
+    test = evaluate("split=test")
+    assert test["split"] == "test" and "val/top1" not in test and 0 <= test["test/top1"] <= 1
+    assert sum(map(sum, test["test/confusion_matrix"])) == 32  # the shapes val split, now the test split
+
+
 @pytest.mark.parametrize("override, line", [
     ("trainer.max_epoch=3", "unknown config key trainer.max_epoch (not in the schema; did you mean "
                             "trainer.max_epochs, trainer.max_steps?)"),
