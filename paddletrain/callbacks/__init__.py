@@ -6,6 +6,7 @@ from .checkpoint import ModelCheckpoint
 from .early_stopping import EarlyStopping
 from .ema import ModelEMA
 from .finetune import BackboneFreeze, FreezeBatchNorm
+from .history import MetricsHistory
 from .lr_monitor import LearningRateMonitor
 from .profiler import ProfilerCallback
 from .progress import ProgressBar
@@ -20,6 +21,7 @@ __all__ = [
     "EarlyStopping",
     "FreezeBatchNorm",
     "LearningRateMonitor",
+    "MetricsHistory",
     "ModelCheckpoint",
     "ModelEMA",
     "ProfilerCallback",
