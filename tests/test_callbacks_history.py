@@ -11,11 +11,13 @@ from tests.conftest import TINY, run_module
 
 
 def fake_trainer(tmp_path, epoch: int, step: int, is_main: bool = True):
-    return SimpleNamespace(epoch=epoch, global_step=step, is_main=is_main, run_dir=str(tmp_path))
+    return SimpleNamespace(epoch=epoch, global_step=step, is_main=is_main, run_dir=str(tmp_path), metrics={})
 
 
 def validate(callback: MetricsHistory, trainer, top1: float) -> None:
-    callback.on_train_epoch_end(trainer, {"train/loss": 1.0 - top1, "train/lr": 0.1, "val/ignored": 3.0})
+    callback.on_train_epoch_start(trainer)
+    trainer.metrics.update({"train/loss": 1.0 - top1, "train/lr": 0.1, "other": 3.0})  # as the Trainer does
+    callback.on_validation_start(trainer)
     callback.on_validation_end(trainer, {"val/top1": top1, "val/loss": float("nan")})
 
 
@@ -27,8 +29,10 @@ def test_rows_hold_each_validation_with_growing_wall_time(tmp_path):
     written = json.loads((tmp_path / HISTORY_FILE).read_text())
     assert written["resumes"] == 0 and [r["epoch"] for r in written["rows"]] == [1, 2]
     first, second = written["rows"]
+    timings = {"seconds/train": first["seconds/train"], "seconds/validation": first["seconds/validation"]}
     assert first == {"epoch": 1, "global_step": 10, "wall_seconds": first["wall_seconds"], "train/loss": 0.5,
-                     "train/lr": 0.1, "val/top1": 0.5}  # no NaN, no val/* from the training metrics
+                     "train/lr": 0.1, "val/top1": 0.5, **timings}  # no NaN, nothing but train/ and val/ metrics
+    assert all(0 <= seconds < first["wall_seconds"] + 1 for seconds in timings.values())
     assert 0 <= first["wall_seconds"] <= second["wall_seconds"]
 
 
@@ -73,6 +77,8 @@ def test_fit_writes_the_history_and_a_resume_extends_it(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert [r["epoch"] for r in history["rows"]] == [1, 2] and history["resumes"] == 0
     assert history["rows"][-1]["val/top1"] == summary["val/top1"]
+    assert history["rows"][-1]["train/loss"] == summary["train/loss"]  # the same epoch's, not the one before
+    assert history["rows"][0]["train/loss"] != history["rows"][1]["train/loss"]
     assert history["rows"][-1]["wall_seconds"] <= summary["wall_seconds"] + 1
     result = run_module("paddletrain.fit", [*args, "trainer.max_epochs=3", "trainer.resume=auto"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]

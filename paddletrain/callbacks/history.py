@@ -7,8 +7,10 @@ continues the history of its checkpoint: rows written after that checkpoint (wor
 and ``wall_seconds`` adds this process's time to the time the run had spent up to the checkpoint. The minutes a
 crash lost are therefore not counted; ``resumes`` says how often the run was continued.
 
-Each row: ``epoch`` (1-based), ``global_step``, ``wall_seconds``, and the epoch's ``train/*`` and ``val/*`` numbers.
-Only the main rank writes the file; it is replaced whole at each validation.
+Each row: ``epoch`` (1-based), ``global_step``, ``wall_seconds``, the epoch's ``train/*`` and ``val/*`` numbers, and
+where the epoch's time went: ``seconds/train`` (its training loop: data wait, steps, per-step hooks) and
+``seconds/validation``; the rest of the time between two rows' ``wall_seconds`` is the epoch-end work
+(checkpoint, logs). Only the main rank writes the file; it is replaced whole at each validation.
 """
 from __future__ import annotations
 
@@ -39,7 +41,8 @@ class MetricsHistory(Callback):
         self.resumes = 0
         self._seconds_before = 0.0  # wall time of the run up to the checkpoint this process resumed from
         self._started: float | None = None
-        self._train_metrics: dict[str, float] = {}
+        self._epoch_started: float | None = None
+        self._validation_started: float | None = None
 
     def wall_seconds(self) -> float:
         """The run's wall time so far: before the resumed checkpoint, plus this process's."""
@@ -49,14 +52,24 @@ class MetricsHistory(Callback):
     def on_fit_start(self, trainer: Trainer) -> None:
         self._started = time.perf_counter()
 
-    def on_train_epoch_end(self, trainer: Trainer, metrics: dict[str, float]) -> None:
-        self._train_metrics = {k: float(v) for k, v in metrics.items() if k.startswith("train/") and _finite(v)}
+    def on_train_epoch_start(self, trainer: Trainer) -> None:
+        self._epoch_started = time.perf_counter()
+
+    def on_validation_start(self, trainer: Trainer) -> None:
+        self._validation_started = time.perf_counter()
 
     def on_validation_end(self, trainer: Trainer, metrics: dict[str, float]) -> None:
+        now = time.perf_counter()
         row: dict[str, Any] = {"epoch": trainer.epoch + 1, "global_step": trainer.global_step,
                                "wall_seconds": round(self.wall_seconds(), 3)}
-        row.update(self._train_metrics)
-        row.update({k: float(v) for k, v in metrics.items() if k.startswith("val/") and _finite(v)})
+        # The epoch's training metrics are the trainer's by now (validation runs before the epoch-end hooks).
+        values = {**getattr(trainer, "metrics", {}), **metrics}
+        row.update({k: float(v) for k, v in values.items() if k.startswith(("train/", "val/")) and _finite(v)})
+        if self._epoch_started is not None and self._validation_started is not None:
+            row["seconds/train"] = round(self._validation_started - self._epoch_started, 3)
+        if self._validation_started is not None:
+            row["seconds/validation"] = round(now - self._validation_started, 3)
+        self._epoch_started = self._validation_started = None
         self.rows = [r for r in self.rows if r["global_step"] < trainer.global_step] + [row]
         if trainer.is_main and trainer.run_dir is not None:
             replace_json_atomically(Path(trainer.run_dir) / self.filename, self.state_dict())
