@@ -1,10 +1,14 @@
-"""``python -m benchmarks <overhead|recipes|decode> [key=value ...] [out=results.json]`` from a checkout.
+"""``python -m benchmarks <benchmark> [key=value ...] [out=results.json]`` from a checkout.
+
+Benchmarks: overhead, decode, recipes, full_scale, step_profile.
 
 Examples::
 
     python -m benchmarks overhead model=tiny batch_size=8 image_size=8 steps=50
     python -m benchmarks decode images=256 image_size=224
     python -m benchmarks recipes datasets=[fashion_mnist] seeds=[0,1,2] out=bench/recipes.json
+    python -m benchmarks full_scale runs=[outputs/fashion_mnist_949/seed0] picture=curves.png
+    python -m benchmarks step_profile model=resnet20 batch_size=64 image_size=28 in_chans=1
 """
 from __future__ import annotations
 
@@ -17,13 +21,17 @@ from paddletrain.cli import run_script
 
 def benchmarks() -> dict[str, tuple[type, Callable[[Any], dict[str, Any]]]]:
     from benchmarks.decode import DecodeBenchConfig, run_decode
+    from benchmarks.full_scale import FullScaleConfig, run_full_scale
     from benchmarks.overhead import OverheadBenchConfig, run_overhead
     from benchmarks.recipes import RecipesBenchConfig, run_recipes
+    from benchmarks.step_profile import StepProfileConfig, run_step_profile
 
     return {
         "overhead": (OverheadBenchConfig, run_overhead),
         "decode": (DecodeBenchConfig, run_decode),
         "recipes": (RecipesBenchConfig, run_recipes),
+        "full_scale": (FullScaleConfig, run_full_scale),
+        "step_profile": (StepProfileConfig, run_step_profile),
     }
 
 
@@ -35,6 +43,10 @@ ABOUT = {
                "python -m benchmarks decode images=256 image_size=224"),
     "recipes": ("plain vs regularised vs distilled val top-1, mean ± std over seeds, via the fit command line",
                 "python -m benchmarks recipes datasets=[fashion_mnist] seeds=[0,1,2] out=bench/recipes.json"),
+    "full_scale": ("finished full-scale runs: val and test top-1, minutes, images/s, time-to-accuracy, a picture",
+                   "python -m benchmarks full_scale runs=[outputs/fashion_mnist_949/seed0] picture=curves.png"),
+    "step_profile": ("a training step's forward/backward/optimizer split and GFLOP/s against the measured peak",
+                     "python -m benchmarks step_profile model=resnet20 batch_size=64 image_size=28 in_chans=1"),
 }
 
 SUITE = Suite("python -m benchmarks", benchmarks, ABOUT)

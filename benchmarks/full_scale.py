@@ -1,0 +1,145 @@
+"""Full-scale runs side by side: validation and test top-1, wall time, throughput, time-to-accuracy, one picture.
+
+Reads finished ``fit`` run directories, nothing else: ``history.json`` (every validation with the run's wall time,
+:mod:`paddletrain.callbacks.history`), ``summary.json`` (throughput, world size, best checkpoint) and ``test.json``
+(the last line of ``python -m paddletrain.evaluate checkpoint=<run>:best split=test``, saved in the run
+directory). Writes one table row per run and, with ``picture=<file>.png``, validation top-1 against wall-clock
+minutes for every run, with each run's test top-1 marked where its best checkpoint was written.
+
+The time to a target is the wall time of the first validation at or above it (validation once an epoch, so the
+figure is an epoch's end); a run continued after an interruption counts the time of its checkpointed work, not
+the minutes lost to the interruption (``continued`` says how often it was continued).
+"""
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from paddletrain.bench.common import check_options, environment, finished
+from paddletrain.callbacks.history import HISTORY_FILE, time_to_reach
+from paddletrain.config import allowed
+from paddletrain.errors import ConfigError
+
+TEST_FILE = "test.json"
+
+
+@dataclass
+class FullScaleConfig:
+    # Run directories of finished fit runs, each with history.json, summary.json and test.json.
+    runs: list[str] = field(default_factory=list)
+    # Targets of the time-to-accuracy columns (on the validation split).
+    targets: list[float] = allowed(factory=lambda: [0.90, 0.93, 0.94, 0.949], gt=0, le=1)
+    metric: str = "val/top1"
+    # Where to draw validation top-1 against wall-clock minutes (PNG); null: no picture.
+    picture: str | None = None
+    # The accuracy line drawn across the picture (the published figure the recipe aims at); null: none.
+    goal: float | None = allowed(0.949, gt=0, le=1)
+
+
+def _read_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"full_scale: {path} is missing ({what})") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"full_scale: cannot read {path}: {exc}") from None
+
+
+def read_run(run_dir: Path) -> dict[str, Any]:
+    """What one run directory holds for the table and the picture."""
+    history = _read_json(run_dir / HISTORY_FILE, "written by fit's history callback")
+    summary = _read_json(run_dir / "summary.json", "written at the end of fit")
+    test = _read_json(run_dir / TEST_FILE, "the last line of `python -m paddletrain.evaluate "
+                                           f"checkpoint={run_dir}:best split=test`")
+    overrides = run_dir / ".hydra" / "overrides.yaml"
+    return {"dir": run_dir, "rows": history.get("rows", []), "resumes": int(history.get("resumes", 0)),
+            "summary": summary, "test": test,
+            "overrides": overrides.read_text() if overrides.is_file() else ""}
+
+
+def table_row(run: dict[str, Any], cfg: FullScaleConfig) -> dict[str, Any]:
+    summary, rows = run["summary"], run["rows"]
+    best = summary.get("best") or {}
+    best_epoch = best.get("epoch")
+    best_row = next((r for r in rows if r.get("epoch") == best_epoch), rows[-1] if rows else {})
+    world = int(summary.get("world_size", 1))
+    row: dict[str, Any] = {
+        "run": str(run["dir"]),
+        "seed": _seed(run["overrides"]),
+        f"best {cfg.metric}": _fmt(best.get("value", best_row.get(cfg.metric))),
+        "at epoch": best_epoch,
+        "test/top1": _fmt(run["test"].get("test/top1")),
+        "minutes": round(rows[-1]["wall_seconds"] / 60, 1) if rows else None,
+        "images/s": round(float(summary.get("train/throughput", 0.0)) * world, 1),
+        "continued": run["resumes"],
+    }
+    for target in cfg.targets:
+        seconds = time_to_reach(rows, cfg.metric, target)
+        row[f"min to {target:g}"] = round(seconds / 60, 1) if seconds is not None else "not reached"
+    return row
+
+
+def _fmt(value: Any) -> Any:
+    return round(float(value), 4) if isinstance(value, (int, float)) else value
+
+
+def _seed(overrides: str) -> Any:
+    for line in overrides.splitlines():
+        text = line.strip().lstrip("- ").strip("'\"")
+        if text.startswith("trainer.seed="):
+            return text.split("=", 1)[1]
+    return "default"
+
+
+def draw(runs: list[dict[str, Any]], cfg: FullScaleConfig, path: Path) -> None:
+    """Validation top-1 against wall-clock minutes, one line per run, its test top-1 as a marker."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7.5, 4.5), dpi=120)
+    for run in runs:
+        rows = run["rows"]
+        minutes = [r["wall_seconds"] / 60 for r in rows]
+        label = f"seed {_seed(run['overrides'])}"
+        (line,) = axes.plot(minutes, [r.get(cfg.metric) for r in rows], marker=".", label=f"{label}: {cfg.metric}")
+        best_epoch = (run["summary"].get("best") or {}).get("epoch")
+        at = next((r["wall_seconds"] / 60 for r in rows if r.get("epoch") == best_epoch), minutes[-1])
+        test = run["test"].get("test/top1")
+        if test is not None:
+            axes.plot([at], [test], marker="*", markersize=12, color=line.get_color(), linestyle="none",
+                      label=f"{label}: test/top1 {test:.4f} (best checkpoint)")
+    if cfg.goal is not None:
+        axes.axhline(cfg.goal, color="grey", linestyle="--", linewidth=1, label=f"goal {cfg.goal:g}")
+    axes.set_xlabel("wall-clock minutes")
+    axes.set_ylabel("top-1")
+    low = min([cfg.goal or 1.0] + [r.get(cfg.metric, 1.0) for run in runs for r in run["rows"][len(run["rows"]) // 4:]])
+    axes.set_ylim(max(0.0, low - 0.01), 1.0 if low > 0.99 else min(1.0, max(
+        [r.get(cfg.metric, 0.0) for run in runs for r in run["rows"]] + [cfg.goal or 0.0]) + 0.01))
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize=8, loc="lower right")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def run_full_scale(cfg: FullScaleConfig) -> dict[str, Any]:
+    check_options(cfg, "full_scale")
+    env = environment()
+    if not cfg.runs:
+        raise ConfigError("full_scale: runs=[] names no run directory; e.g. runs=[outputs/fashion_mnist_949/seed0]")
+    runs = [read_run(Path(run)) for run in cfg.runs]
+    rows = [table_row(run, cfg) for run in runs]
+    if cfg.picture:
+        draw(runs, cfg, Path(cfg.picture))
+    notes = [f"times to a target: wall minutes of the first validation with {cfg.metric} at or above it",
+             "test/top1: the best checkpoint (by the validation split) on the test split, evaluated once",
+             f"command: python -m benchmarks full_scale runs=[{','.join(cfg.runs)}]"
+             + (f" picture={shlex.quote(cfg.picture)}" if cfg.picture else "")]
+    return {"benchmark": "full_scale", "config": vars(cfg), "environment": finished(env), "rows": rows,
+            "notes": notes}

@@ -1,0 +1,48 @@
+"""benchmarks/full_scale.py: the table and the picture of finished full-scale runs, read from their run directories."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from PIL import Image
+
+from benchmarks.full_scale import FullScaleConfig, run_full_scale
+from paddletrain.errors import ConfigError
+
+
+def fake_run(root, name: str, seed: int, top1s: list[float], resumes: int = 0, test: float = 0.95):
+    run = root / name
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "overrides.yaml").write_text(f"- +experiment=fashion_mnist_949\n- trainer.seed={seed}\n")
+    rows = [{"epoch": i + 1, "global_step": 100 * (i + 1), "wall_seconds": 120.0 * (i + 1), "val/top1": top1}
+            for i, top1 in enumerate(top1s)]
+    (run / "history.json").write_text(json.dumps({"resumes": resumes, "rows": rows}))
+    best = max(range(len(top1s)), key=top1s.__getitem__)
+    (run / "summary.json").write_text(json.dumps({
+        "world_size": 2, "train/throughput": 300.0,
+        "best": {"monitor": "val/top1", "value": top1s[best], "epoch": best + 1}}))
+    (run / "test.json").write_text(json.dumps({"split": "test", "test/top1": test}))
+    return run
+
+
+def test_rows_give_best_val_test_minutes_throughput_and_time_to_each_target(tmp_path):
+    first = fake_run(tmp_path, "seed0", 0, [0.85, 0.91, 0.935, 0.95, 0.948], test=0.9512)
+    second = fake_run(tmp_path, "seed1", 1, [0.80, 0.92, 0.93], resumes=1, test=0.93)
+    picture = tmp_path / "curves.png"
+    result = run_full_scale(FullScaleConfig(runs=[str(first), str(second)], picture=str(picture)))
+    one, two = result["rows"]
+    assert one["seed"] == "0" and one["best val/top1"] == 0.95 and one["at epoch"] == 4
+    assert one["test/top1"] == 0.9512 and one["minutes"] == 10.0 and one["images/s"] == 600.0
+    assert [one[f"min to {t}"] for t in ("0.9", "0.93", "0.94", "0.949")] == [4.0, 6.0, 8.0, 8.0]
+    assert two["continued"] == 1 and two["min to 0.94"] == "not reached" and two["min to 0.93"] == 6.0
+    with Image.open(picture) as image:
+        assert image.format == "PNG" and image.size[0] >= 600
+
+
+def test_a_run_without_its_test_evaluation_is_named(tmp_path):
+    run = fake_run(tmp_path, "seed0", 0, [0.9])
+    (run / "test.json").unlink()
+    with pytest.raises(ConfigError, match=r"test.json is missing .*split=test"):
+        run_full_scale(FullScaleConfig(runs=[str(run)]))
+    with pytest.raises(ConfigError, match="runs=\\[\\] names no run directory"):
+        run_full_scale(FullScaleConfig())
