@@ -93,6 +93,10 @@ def build_data(cfg: DictConfig, seed: int, rank: int = 0, world_size: int = 1, e
                             "split, because data.holdout is 0 (the run validated on the dataset's own validation "
                             "split); evaluate split=val")
         splits.val = splits.test
+    elif splits.test is not None and training:
+        log.info("data.holdout=%g: %d training images, %d validation images held out of them (data.holdout_seed=%d), "
+                 "%d test images (evaluate split=test)", cfg.data.holdout, len(splits.train), len(splits.val),
+                 cfg.data.holdout_seed, len(splits.test))
     unlabeled = (cfg.trainer.get("distill") or {}).get("unlabeled_root")
     if unlabeled and training:  # label-free distillation (SSLD) learns from these too
         splits.train = with_unlabeled(splits.train, unlabeled, splits.in_chans)

@@ -29,11 +29,11 @@ def test_registered_names_target_classes_and_null_entries():
     assert built[1].patience == 3 and built[2].every == 5
 
 
-def test_the_default_preset_builds_progress_lr_visualdl_and_checkpoint_in_order():
+def test_the_default_preset_builds_progress_lr_history_visualdl_and_checkpoint_in_order():
     cfg = compose_fit(TINY)
     built = instantiate_callbacks(cfg.callbacks)
-    assert [type(c).__name__ for c in built] == ["ProgressBar", "LearningRateMonitor", "VisualDLLogger",
-                                                 "ModelCheckpoint"]
+    assert [type(c).__name__ for c in built] == ["ProgressBar", "LearningRateMonitor", "MetricsHistory",
+                                                 "VisualDLLogger", "ModelCheckpoint"]
     visualdl = next(c for c in built if isinstance(c, VisualDLLogger))
     assert visualdl.mean == list(cfg.data.mean)  # the preset's ${data.mean}
     checkpoint = built[-1]
