@@ -1,6 +1,6 @@
 """``python -m benchmarks <benchmark> [key=value ...] [out=results.json]`` from a checkout.
 
-Benchmarks: overhead, decode, recipes, full_scale, step_profile.
+Benchmarks: overhead, decode, recipes, full_scale, step_profile, mkl_dispatch.
 
 Examples::
 
@@ -9,6 +9,7 @@ Examples::
     python -m benchmarks recipes datasets=[fashion_mnist] seeds=[0,1,2] out=bench/recipes.json
     python -m benchmarks full_scale runs=[outputs/fashion_mnist_949/seed0] picture=curves.png
     python -m benchmarks step_profile model=resnet20 batch_size=64 image_size=28 in_chans=1
+    python -m benchmarks mkl_dispatch rounds=3
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from paddletrain.cli import run_script
 def benchmarks() -> dict[str, tuple[type, Callable[[Any], dict[str, Any]]]]:
     from benchmarks.decode import DecodeBenchConfig, run_decode
     from benchmarks.full_scale import FullScaleConfig, run_full_scale
+    from benchmarks.mkl_dispatch import MklDispatchConfig, run_mkl_dispatch
     from benchmarks.overhead import OverheadBenchConfig, run_overhead
     from benchmarks.recipes import RecipesBenchConfig, run_recipes
     from benchmarks.step_profile import StepProfileConfig, run_step_profile
@@ -32,6 +34,7 @@ def benchmarks() -> dict[str, tuple[type, Callable[[Any], dict[str, Any]]]]:
         "recipes": (RecipesBenchConfig, run_recipes),
         "full_scale": (FullScaleConfig, run_full_scale),
         "step_profile": (StepProfileConfig, run_step_profile),
+        "mkl_dispatch": (MklDispatchConfig, run_mkl_dispatch),
     }
 
 
@@ -47,6 +50,8 @@ ABOUT = {
                    "python -m benchmarks full_scale runs=[outputs/fashion_mnist_949/seed0] picture=curves.png"),
     "step_profile": ("a training step's forward/backward/optimizer split and GFLOP/s against the measured peak",
                      "python -m benchmarks step_profile model=resnet20 batch_size=64 image_size=28 in_chans=1"),
+    "mkl_dispatch": ("MKL's own code path on this CPU against the one paddletrain sets (training images/s, matmul)",
+                     "python -m benchmarks mkl_dispatch rounds=3"),
 }
 
 SUITE = Suite("python -m benchmarks", benchmarks, ABOUT)

@@ -23,3 +23,4 @@ def test_a_short_profile_reports_every_part_and_the_peaks():
     assert sum(float(row["share"].rstrip("%")) for row in result["rows"]) == pytest.approx(100, abs=0.2)
     assert result["achieved_gflops"] > 0 and len(result["peaks"]) == 6
     assert all(row["GFLOP/s"] > 0 for row in result["peaks"])
+
