@@ -132,7 +132,8 @@ def build_data(cfg: DictConfig, seed: int, rank: int = 0, world_size: int = 1, e
 
 
 # Model options passed to the builder only when the config changes them, so a user's builder need not take them.
-_MODEL_OPTIONS = {"drop_rate": 0.0, "drop_path_rate": 0.0, "zero_init_residual": False, "data_format": "NCHW"}
+_MODEL_OPTIONS = {"width": 1.0, "drop_rate": 0.0, "drop_path_rate": 0.0, "zero_init_residual": False,
+                  "data_format": "NCHW"}
 
 
 def build_model(cfg: DictConfig, num_classes: int, in_chans: int) -> paddle.nn.Layer:

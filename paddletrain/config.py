@@ -111,6 +111,8 @@ class ModelConfig:
     pretrained: str | None = None
     # For model=vision: any paddle.vision.models builder name.
     arch: str | None = None
+    # Channels of the stem and every stage times this (a Wide ResNet's k): resnet20 width=2 has 32/64/128.
+    width: float = allowed(1.0, gt=0)
     drop_rate: float = allowed(0.0, ge=0, lt=1)
     # Stochastic depth: the residual branches' drop probability rises linearly over the blocks to this value.
     drop_path_rate: float = allowed(0.0, ge=0, lt=1)

@@ -345,3 +345,15 @@ def test_drop_path_keeps_parameter_names_and_eval_logits(name):
         stochastic.train()
         paddle.seed(4)
         assert max_abs_diff(stochastic(x), plain(x)) > 1e-3  # training drops blocks for some samples
+
+
+def test_width_multiplies_the_stem_and_every_stage():
+    wide = create_model("resnet20", width=2, num_classes=10, in_chans=1)
+    assert [tuple(wide.conv1.weight.shape), tuple(wide.layer1[0].conv1.weight.shape),
+            tuple(wide.layer3[0].conv1.weight.shape), tuple(wide.fc.weight.shape)] == [
+        (32, 1, 3, 3), (32, 32, 3, 3), (128, 64, 3, 3), (128, 10)]
+    narrow = create_model("resnet18", width=0.5)
+    assert tuple(narrow.conv1.weight.shape) == (32, 3, 7, 7) and tuple(narrow.fc.weight.shape) == (256, 1000)
+    assert create_model("resnet20", width=1).layer3[0].conv1.weight.shape == [64, 32, 3, 3]
+    with pytest.raises(ModelOptionError, match="width must be a number > 0"):
+        create_model("resnet20", width=0)

@@ -459,6 +459,8 @@ def _create_resnet(
     Options are checked first, so a typo or an attempt to override what defines the architecture (e.g.
     ``groups`` of a ResNeXt) names the option and the model instead of failing deep inside ``__init__``.
     """
+    options = dict(options)
+    width = options.pop("width", 1.0)
     check_model_options(name, options, ResNet.__init__)
     fixed = sorted(set(options) & (set(arch) | {"block", "layers"}))
     if fixed:
@@ -466,9 +468,22 @@ def _create_resnet(
             f"Model {name!r} fixes {', '.join(map(repr, fixed))} as part of its architecture; "
             f"build ResNet(...) directly for another layout."
         )
+    if width != 1.0:
+        arch = widened(arch, width)
     model = ResNet(block, layers, **arch, **options)
     model.pretrained_cfg["architecture"] = name
     return model
+
+
+def widened(arch: dict[str, Any], width: float) -> dict[str, Any]:
+    """``arch`` with its stem and stage widths times ``width`` (rounded): the "k" of Wide ResNets (Zagoruyko &
+    Komodakis 2016), e.g. ``create_model("resnet20", width=2)`` has stages of 32, 64 and 128 channels."""
+    if not (isinstance(width, (int, float)) and width > 0):
+        raise ModelOptionError(f"width must be a number > 0 (a multiplier of every stage's channels), got {width!r}")
+    stem = arch.get("stem_width", 64)
+    stages = arch.get("stage_widths", (64, 128, 256, 512))
+    return {**arch, "stem_width": max(1, round(stem * width)),
+            "stage_widths": tuple(max(1, round(c * width)) for c in stages)}
 
 
 _VD = dict(stem_type="deep", avg_down=True, project_first_shortcut=True)
