@@ -8,7 +8,7 @@ Examples::
     python -m benchmarks decode images=256 image_size=224
     python -m benchmarks recipes datasets=[fashion_mnist] seeds=[0,1,2] out=bench/recipes.json
     python -m benchmarks full_scale runs=[outputs/fashion_mnist_949/seed0] picture=curves.png
-    python -m benchmarks step_profile model=resnet20 batch_size=64 image_size=28 in_chans=1
+    python -m benchmarks step_profile model=resnet20 width=2 batch_size=64 image_size=28 in_chans=1
     python -m benchmarks mkl_dispatch rounds=3
 """
 from __future__ import annotations
@@ -49,7 +49,7 @@ ABOUT = {
     "full_scale": ("finished full-scale runs: val and test top-1, minutes, images/s, time-to-accuracy, a picture",
                    "python -m benchmarks full_scale runs=[outputs/fashion_mnist_949/seed0] picture=curves.png"),
     "step_profile": ("a training step's forward/backward/optimizer split and GFLOP/s against the measured peak",
-                     "python -m benchmarks step_profile model=resnet20 batch_size=64 image_size=28 in_chans=1"),
+                     "python -m benchmarks step_profile model=resnet20 width=2 batch_size=64 image_size=28 in_chans=1"),
     "mkl_dispatch": ("MKL's own code path on this CPU against the one paddletrain sets (training images/s, matmul)",
                      "python -m benchmarks mkl_dispatch rounds=3"),
 }

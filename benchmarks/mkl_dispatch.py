@@ -29,6 +29,7 @@ ARMS = {"MKL's own path": "", "paddletrain's": None}
 @dataclass
 class MklDispatchConfig:
     model: str = "resnet20"
+    width: float = allowed(1.0, gt=0)
     in_chans: int = allowed(1, ge=1)
     image_size: int = allowed(28, ge=1)
     batch_size: int = allowed(64, ge=1)
@@ -42,7 +43,8 @@ def _arm(value: str | None, cfg: MklDispatchConfig, out: Path) -> dict[str, Any]
     env = {k: v for k, v in os.environ.items() if k != MKL_CPU_TYPE_ENV}
     if value is not None:
         env[MKL_CPU_TYPE_ENV] = value
-    args = [sys.executable, "-m", "benchmarks", "step_profile", f"model={cfg.model}", f"in_chans={cfg.in_chans}",
+    args = [sys.executable, "-m", "benchmarks", "step_profile", f"model={cfg.model}", f"width={cfg.width}",
+            f"in_chans={cfg.in_chans}",
             f"image_size={cfg.image_size}", f"batch_size={cfg.batch_size}", f"steps={cfg.steps}", "warmup=3",
             "repeats=5", f"cpu_threads={cfg.cpu_threads}", f"out={out}"]
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60 * cfg.timeout_minutes,

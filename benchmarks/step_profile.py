@@ -31,6 +31,8 @@ from paddletrain.models import create_model
 @dataclass
 class StepProfileConfig:
     model: str = "resnet20"
+    # model.width: the channels of every stage times this (the Fashion-MNIST recipe: 2).
+    width: float = allowed(1.0, gt=0)
     in_chans: int = allowed(1, ge=1)
     num_classes: int = allowed(10, ge=1)
     image_size: int = allowed(28, ge=1)
@@ -118,7 +120,7 @@ def run_step_profile(cfg: StepProfileConfig) -> dict[str, Any]:
     paddle.base.core.set_num_threads(cfg.cpu_threads)
     env = environment()
     paddle.seed(0)
-    model = create_model(cfg.model, num_classes=cfg.num_classes, in_chans=cfg.in_chans)
+    model = create_model(cfg.model, num_classes=cfg.num_classes, in_chans=cfg.in_chans, width=cfg.width)
     optimizer = paddle.optimizer.Momentum(learning_rate=0.1, momentum=0.9, use_nesterov=True, weight_decay=5e-4,
                                           parameters=model.parameters())
     shape = [cfg.batch_size, cfg.in_chans, cfg.image_size, cfg.image_size]
@@ -172,7 +174,8 @@ def run_step_profile(cfg: StepProfileConfig) -> dict[str, Any]:
         {"what": "2048 x 2048 matrix product, paddle.matmul", "GFLOP/s": round(square["paddle"], 1)},
         {"what": "2048 x 2048 matrix product, NumPy", "GFLOP/s": round(square["numpy"], 1)},
     ]
-    notes = [f"{cfg.model} at batch {cfg.batch_size}, {cfg.image_size} px, {cfg.cpu_threads} thread(s): "
+    notes = [f"{cfg.model} (width {cfg.width:g}) at batch {cfg.batch_size}, {cfg.image_size} px, "
+             f"{cfg.cpu_threads} thread(s): "
              f"{flops / 1e9:.2f} GFLOP a training step ({flops / cfg.batch_size / 1e6:.1f} MFLOP an image), "
              f"{1000 * step_seconds:.1f} ms a step, {cfg.batch_size / step_seconds:.1f} images/s",
              "achieved = counted training FLOPs / measured step time; the peaks are measured in this run"]

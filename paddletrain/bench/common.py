@@ -67,9 +67,10 @@ class TinyNet(paddle.nn.Layer):
         return self.fc(self.pool(paddle.nn.functional.relu(self.bn(self.conv(x)))).flatten(1))
 
 
-def bench_model(name: str, num_classes: int, data_format: str = "NCHW", seed: int = 0) -> paddle.nn.Layer:
+def bench_model(name: str, num_classes: int, data_format: str = "NCHW", seed: int = 0,
+                width: float = 1.0) -> paddle.nn.Layer:
     """A registry model built as ``fit`` builds it (:func:`paddletrain.build.build_model` on a ``model`` config),
-    or the bench's ``tiny``; initialised from ``seed`` so every arm starts equal."""
+    or the bench's ``tiny``; initialised from ``seed`` so every arm starts equal. ``width``: ``model.width``."""
     from omegaconf import OmegaConf
 
     from paddletrain.build import build_model
@@ -77,10 +78,11 @@ def bench_model(name: str, num_classes: int, data_format: str = "NCHW", seed: in
 
     paddle.seed(seed)
     if name == TINY_MODEL:
-        if data_format != "NCHW":
-            raise ConfigError(f"bench: model={TINY_MODEL} supports only data_format=NCHW")
+        if data_format != "NCHW" or width != 1.0:
+            raise ConfigError(f"bench: model={TINY_MODEL} supports only data_format=NCHW and width=1")
         return TinyNet(num_classes)
-    cfg = OmegaConf.create({"model": OmegaConf.structured(ModelConfig(name=name, data_format=data_format))})
+    model = ModelConfig(name=name, data_format=data_format, width=width)
+    cfg = OmegaConf.create({"model": OmegaConf.structured(model)})
     return build_model(cfg, num_classes=num_classes, in_chans=3)
 
 

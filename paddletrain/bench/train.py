@@ -38,6 +38,8 @@ PRECISIONS = ("fp32", "amp_o1", "amp_o2")
 @dataclass
 class TrainBenchConfig:
     model: str = "resnet20"
+    # model.width: the channels of every stage times this.
+    width: float = allowed(1.0, gt=0)
     batch_size: int = allowed(64, ge=1)
     image_size: int = allowed(32, ge=1)
     num_classes: int = allowed(10, ge=1)
@@ -68,7 +70,7 @@ def make_step_window(cfg: TrainBenchConfig, seed: int = 0) -> Callable[[int], fl
     """A fresh model + Momentum optimizer and ``run(steps) -> seconds`` over synthetic batches."""
     device = paddle.device.get_device()
     precision = bench_precision(cfg.precision, cfg.amp_dtype, device)
-    model = bench_model(cfg.model, cfg.num_classes, cfg.data_format, seed=seed)
+    model = bench_model(cfg.model, cfg.num_classes, cfg.data_format, seed=seed, width=cfg.width)
     optimizer = paddle.optimizer.Momentum(0.01, momentum=0.9, parameters=model.parameters())
     model, optimizer = precision.setup(model, optimizer)
     model.train()
