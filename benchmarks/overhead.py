@@ -59,6 +59,8 @@ LR = 0.01
 @dataclass
 class OverheadBenchConfig:
     model: str = "resnet20"
+    # model.width: the channels of every stage times this.
+    width: float = allowed(1.0, gt=0)
     batch_size: int = allowed(64, ge=1)
     image_size: int = allowed(32, ge=1)
     num_classes: int = allowed(10, ge=1)
@@ -81,7 +83,7 @@ def trainer_arm(cfg: OverheadBenchConfig, batches: list[Any]) -> Callable[[int],
     from paddletrain.limits import Limits
     from paddletrain.trainer import Trainer
 
-    model = bench_model(cfg.model, cfg.num_classes)
+    model = bench_model(cfg.model, cfg.num_classes, width=cfg.width)
     trainer = Trainer(model, _optimizer(model), callbacks=[ProgressBar(enabled=False), LearningRateMonitor()],
                       num_classes=cfg.num_classes, limits=Limits(max_epochs=0))
 
@@ -93,7 +95,7 @@ def trainer_arm(cfg: OverheadBenchConfig, batches: list[Any]) -> Callable[[int],
 
 
 def hand_arm(cfg: OverheadBenchConfig, batches: list[Any], equivalent_work: bool = True) -> Callable[[int], float]:
-    model = bench_model(cfg.model, cfg.num_classes)
+    model = bench_model(cfg.model, cfg.num_classes, width=cfg.width)
     model.train()
     optimizer = _optimizer(model)
     params = list(model.parameters())
@@ -130,7 +132,7 @@ def hand_arm(cfg: OverheadBenchConfig, batches: list[Any], equivalent_work: bool
 def model_fit_arm(cfg: OverheadBenchConfig, batches: list[Any]) -> Callable[[int], float]:
     from paddle.static import InputSpec
 
-    network = bench_model(cfg.model, cfg.num_classes)
+    network = bench_model(cfg.model, cfg.num_classes, width=cfg.width)
     model = paddle.Model(network, inputs=[InputSpec([None, 3, cfg.image_size, cfg.image_size], "float32", "x")],
                          labels=[InputSpec([None], "int64", "y")])
     ks = tuple(k for k in (1, 5) if k <= cfg.num_classes)
@@ -162,7 +164,7 @@ def trainer_step_parts(cfg: OverheadBenchConfig, batches: list[Any]) -> dict[str
     from paddletrain.metrics import ClassificationMeter
     from paddletrain.trainer import Trainer
 
-    model = bench_model(cfg.model, cfg.num_classes)
+    model = bench_model(cfg.model, cfg.num_classes, width=cfg.width)
     optimizer = _optimizer(model)
     callbacks = [ProgressBar(enabled=False), LearningRateMonitor()]
     trainer = Trainer(model, optimizer, callbacks=callbacks, num_classes=cfg.num_classes)
