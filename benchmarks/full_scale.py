@@ -13,10 +13,13 @@ the minutes lost to the interruption (``continued`` says how often it was contin
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from paddletrain.bench.common import check_options, environment, finished
 from paddletrain.callbacks.history import HISTORY_FILE, time_to_reach
@@ -57,7 +60,28 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     overrides = run_dir / ".hydra" / "overrides.yaml"
     return {"dir": run_dir, "rows": history.get("rows", []), "resumes": int(history.get("resumes", 0)),
             "summary": summary, "test": test,
-            "overrides": overrides.read_text() if overrides.is_file() else ""}
+            "overrides": overrides.read_text() if overrides.is_file() else "",
+            "command": fit_command(run_dir)}
+
+
+def fit_command(run_dir: Path) -> str:
+    """The ``fit`` command line of a run, from its ``.hydra/`` records (config directories relative to here)."""
+    hydra_dir = run_dir / ".hydra"
+    try:
+        overrides = yaml.safe_load((hydra_dir / "overrides.yaml").read_text()) or []
+    except (OSError, yaml.YAMLError):
+        return ""
+    words = ["python", "-m", "paddletrain.fit"]
+    try:
+        sources = yaml.safe_load((hydra_dir / "hydra.yaml").read_text())["hydra"]["runtime"]["config_sources"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        sources = []
+    for source in sources:
+        if source.get("provider") == "command-line" and source.get("schema") == "file":
+            path = os.path.relpath(source["path"]) if Path(source["path"]).resolve().is_relative_to(Path.cwd()) \
+                else source["path"]
+            words += ["--config-dir", path]
+    return shlex.join(words + [str(o) for o in overrides])
 
 
 def table_row(run: dict[str, Any], cfg: FullScaleConfig) -> dict[str, Any]:
@@ -79,6 +103,7 @@ def table_row(run: dict[str, Any], cfg: FullScaleConfig) -> dict[str, Any]:
     for target in cfg.targets:
         seconds = time_to_reach(rows, cfg.metric, target)
         row[f"min to {target:g}"] = round(seconds / 60, 1) if seconds is not None else "not reached"
+    row["command"] = f"`{run['command']}`" if run["command"] else ""
     return row
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.step_profile import StepProfileConfig
 from paddletrain.bench.common import check_options, environment, finished
 from paddletrain.config import allowed
 from paddletrain.errors import ConfigError
@@ -27,15 +28,12 @@ ARMS = {"MKL's own path": "", "paddletrain's": None}
 
 
 @dataclass
-class MklDispatchConfig:
-    model: str = "resnet20"
-    width: float = allowed(1.0, gt=0)
-    in_chans: int = allowed(1, ge=1)
-    image_size: int = allowed(28, ge=1)
-    batch_size: int = allowed(64, ge=1)
+class MklDispatchConfig(StepProfileConfig):
+    """The step profile's keys (its model, batch, threads...), run once per arm and round."""
+
     steps: int = allowed(30, ge=1)
+    repeats: int = allowed(5, ge=1)
     rounds: int = allowed(3, ge=1)
-    cpu_threads: int = allowed(1, ge=1)
     timeout_minutes: float = allowed(10.0, gt=0)
 
 
@@ -43,10 +41,8 @@ def _arm(value: str | None, cfg: MklDispatchConfig, out: Path) -> dict[str, Any]
     env = {k: v for k, v in os.environ.items() if k != MKL_CPU_TYPE_ENV}
     if value is not None:
         env[MKL_CPU_TYPE_ENV] = value
-    args = [sys.executable, "-m", "benchmarks", "step_profile", f"model={cfg.model}", f"width={cfg.width}",
-            f"in_chans={cfg.in_chans}",
-            f"image_size={cfg.image_size}", f"batch_size={cfg.batch_size}", f"steps={cfg.steps}", "warmup=3",
-            "repeats=5", f"cpu_threads={cfg.cpu_threads}", f"out={out}"]
+    profile = {key: getattr(cfg, key) for key in StepProfileConfig.__dataclass_fields__}
+    args = [sys.executable, "-m", "benchmarks", "step_profile", *(f"{k}={v}" for k, v in profile.items()), f"out={out}"]
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60 * cfg.timeout_minutes,
                           cwd=Path(__file__).resolve().parents[1])
     if done.returncode != 0:

@@ -14,6 +14,9 @@ def fake_run(root, name: str, seed: int, top1s: list[float], resumes: int = 0, t
     run = root / name
     (run / ".hydra").mkdir(parents=True)
     (run / ".hydra" / "overrides.yaml").write_text(f"- +experiment=fashion_mnist_949\n- trainer.seed={seed}\n")
+    (run / ".hydra" / "hydra.yaml").write_text(
+        "hydra:\n  runtime:\n    config_sources:\n    - {path: /pkg/conf, schema: file, provider: main}\n"
+        f"    - {{path: {root / 'recipes'}, schema: file, provider: command-line}}\n")
     rows = [{"epoch": i + 1, "global_step": 100 * (i + 1), "wall_seconds": 120.0 * (i + 1), "val/top1": top1}
             for i, top1 in enumerate(top1s)]
     (run / "history.json").write_text(json.dumps({"resumes": resumes, "rows": rows}))
@@ -33,6 +36,8 @@ def test_rows_give_best_val_test_minutes_throughput_and_time_to_each_target(tmp_
     one, two = result["rows"]
     assert one["seed"] == "0" and one["best val/top1"] == 0.95 and one["at epoch"] == 4
     assert one["test/top1"] == 0.9512 and one["minutes"] == 10.0 and one["images/s"] == 600.0
+    assert one["command"] == (f"`python -m paddletrain.fit --config-dir {tmp_path / 'recipes'} "
+                              "+experiment=fashion_mnist_949 trainer.seed=0`")
     assert [one[f"min to {t}"] for t in ("0.9", "0.93", "0.94", "0.949")] == [4.0, 6.0, 8.0, 8.0]
     assert two["continued"] == 1 and two["min to 0.94"] == "not reached" and two["min to 0.93"] == 6.0
     with Image.open(picture) as image:

@@ -96,6 +96,8 @@ RULES = [
     Rule("docs/quickstart.md", r"^pip install -e", SKIP, "installs into the environment the suite runs in"),
     Rule("docs/quickstart.md", r"^apt-get install", SKIP, "installs a system package (the fast run makes its own "
                                                           "Fashion-MNIST files)"),
+    Rule("docs/recipes.md", r"^apt-get install", SKIP, "installs a system package (the runs use the suite's own tiny "
+                                                       "Fashion-MNIST files)"),
     Rule("docs/extending.md", r"^pip install \./examples/downstream_app", SKIP,
          "installs into the environment; tests/test_plugins.py installs it into a fresh virtual environment and "
          "runs the commands after it"),
