@@ -108,7 +108,8 @@ def table_row(run: dict[str, Any], cfg: FullScaleConfig) -> dict[str, Any]:
 
 
 def _fmt(value: Any) -> Any:
-    return round(float(value), 4) if isinstance(value, (int, float)) else value
+    """Four decimals, as text: the table's formatter would keep three significant digits (0.9482 -> 0.948)."""
+    return f"{float(value):.4f}" if isinstance(value, (int, float)) else value
 
 
 def _seed(overrides: str) -> Any:

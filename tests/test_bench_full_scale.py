@@ -34,8 +34,8 @@ def test_rows_give_best_val_test_minutes_throughput_and_time_to_each_target(tmp_
     picture = tmp_path / "curves.png"
     result = run_full_scale(FullScaleConfig(runs=[str(first), str(second)], picture=str(picture)))
     one, two = result["rows"]
-    assert one["seed"] == "0" and one["best val/top1"] == 0.95 and one["at epoch"] == 4
-    assert one["test/top1"] == 0.9512 and one["minutes"] == 10.0 and one["images/s"] == 600.0
+    assert one["seed"] == "0" and one["best val/top1"] == "0.9500" and one["at epoch"] == 4
+    assert one["test/top1"] == "0.9512" and one["minutes"] == 10.0 and one["images/s"] == 600.0
     assert one["command"] == (f"`python -m paddletrain.fit --config-dir {tmp_path / 'recipes'} "
                               "+experiment=fashion_mnist_949 trainer.seed=0`")
     assert [one[f"min to {t}"] for t in ("0.9", "0.93", "0.94", "0.949")] == [4.0, 6.0, 8.0, 8.0]

@@ -125,6 +125,8 @@ RULES = [
     Rule("README.md", r"^python -m (paddletrain\.bench|benchmarks)", SLOW, "a benchmark: minutes"),
     Rule("README.md", r"Limits\(max_epochs=5\), num_classes", BOTH, "5 epochs of the default job: 2 minutes"),
     Rule("docs/performance.md", r"\$[BM] |^[BM]=", SLOW, "a benchmark: minutes"),
+    Rule("docs/performance.md", r"^MKL_DEBUG_CPU_TYPE= python -m paddletrain\.fit", SLOW,
+         "a measurement on the real Fashion-MNIST files, as written (the fast runs have none of this size)"),
     Rule("docs/recipes.md", r"^python -m benchmarks recipes", SLOW,
          "every run of the measured table: about an hour (finished runs under runs_dir are read, not redone)"),
     Rule("docs/recipes.md", r"hydra\.run\.dir=/tmp/measure/runs/", SKIP,
