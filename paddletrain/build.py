@@ -35,6 +35,7 @@ from paddletrain.checkpoint.locate import locate_checkpoint
 from paddletrain.config import DataConfig, FitConfig
 from paddletrain.data import DatasetError, build_datasets, build_loader, build_transform, preprocessing_info
 from paddletrain.data.balance import class_balanced_weights, class_counts, dataset_targets
+from paddletrain.data.holdout import hold_out_by_config
 from paddletrain.data.mixup import Mixup
 from paddletrain.data.unlabeled import with_unlabeled
 from paddletrain.distill import Distiller
@@ -86,7 +87,7 @@ def build_data(cfg: DictConfig, seed: int, rank: int = 0, world_size: int = 1, e
     the validation split out of the training split.
     """
     # Transforms need the channel count the dataset reports, so the loaders apply them (per seeded sample).
-    splits = build_datasets(cfg.data)
+    splits = hold_out_by_config(build_datasets(cfg.data), cfg.data)
     if eval_split == "test":
         if splits.test is None:
             raise UserError(f"split=test: data.name={cfg.data.name} has no test split apart from its validation "

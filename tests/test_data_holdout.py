@@ -9,7 +9,7 @@ import pytest
 from paddletrain.build import build_data
 from paddletrain.config import DataConfig
 from paddletrain.data.datasets import DatasetError, DatasetSplits, build_datasets
-from paddletrain.data.holdout import SubsetDataset, hold_out, holdout_indices
+from paddletrain.data.holdout import SubsetDataset, hold_out, hold_out_by_config, holdout_indices
 from paddletrain.errors import UserError
 from tests.conftest import TINY, compose_fit
 from tests.test_data_mnist import write_idx_split
@@ -45,10 +45,12 @@ def fashion_root(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_build_datasets_holds_out_val_and_keeps_the_own_split_as_test(fashion_root):
+def test_the_data_config_holds_out_val_and_keeps_the_own_split_as_test(fashion_root):
     plain = build_datasets(DataConfig(name="fashion_mnist", root=str(fashion_root)))
     assert plain.test is None and len(plain.val) == 7
-    splits = build_datasets(DataConfig(name="fashion_mnist", root=str(fashion_root), holdout=0.2, holdout_seed=3))
+    assert hold_out_by_config(plain, DataConfig(name="fashion_mnist")) is plain  # holdout 0: unchanged
+    cfg = DataConfig(name="fashion_mnist", root=str(fashion_root), holdout=0.2, holdout_seed=3)
+    splits = hold_out_by_config(build_datasets(cfg), cfg)
     assert (len(splits.train), len(splits.val), len(splits.test)) == (32, 8, 7)
     assert list(splits.test.targets) == list(range(7))  # the official test files, untouched
     assert np.bincount(splits.val.targets).tolist() == [2, 2, 2, 2]
@@ -59,12 +61,6 @@ def test_build_datasets_holds_out_val_and_keeps_the_own_split_as_test(fashion_ro
     assert label == plain.train.targets[inner]
     assert splits.val.describe(0) == plain.train.describe(inner)
     assert splits.classes == plain.classes and splits.in_chans == 1
-
-
-def test_held_out_images_get_the_evaluation_transform(fashion_root):
-    cfg = DataConfig(name="fashion_mnist", root=str(fashion_root), holdout=0.2)
-    splits = build_datasets(cfg, train_transform=lambda image: "train", eval_transform=lambda image: "eval")
-    assert splits.train[0][0] == "train" and splits.val[0][0] == "eval" and splits.test[0][0] == "eval"
 
 
 def test_a_dataset_without_one_class_per_sample_cannot_be_held_out():

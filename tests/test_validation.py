@@ -77,7 +77,7 @@ def _guarded_task(overrides: list[str], run_dir) -> object:
     return task
 
 
-CONFIGURED = ("progress_bar", "lr_monitor", "visualdl", "checkpoint")
+CONFIGURED = ("progress_bar", "lr_monitor", "history", "visualdl", "checkpoint")
 
 
 @pytest.mark.parametrize("entry", ["command line", "python api"])

@@ -100,8 +100,8 @@ class ImageDataset(paddle.io.Dataset):
 class DatasetSplits:
     """The train and validation datasets of one data config, with what the model needs to know of them.
 
-    ``test`` is set when the validation split was held out of the training split (``data.holdout``): it is then
-    the dataset's own validation split, read by ``evaluate split=test``.
+    ``test`` is set when the validation split was held out of the training split (``data.holdout``,
+    :mod:`paddletrain.data.holdout`): it is then the dataset's own validation split, read by ``evaluate split=test``.
     """
 
     train: paddle.io.Dataset
@@ -164,8 +164,8 @@ def list_datasets() -> list[str]:
 def build_datasets(cfg: Any, train_transform: Transform = None, eval_transform: Transform = None) -> DatasetSplits:
     """Build the train/val datasets named by ``cfg.name`` (a ``DataConfig`` or a DictConfig with its keys).
 
-    With ``cfg.holdout`` > 0 the validation split is that share of the training split and the builder's own
-    validation split is the test split (:mod:`paddletrain.data.holdout`).
+    ``cfg.holdout`` is not applied here: :func:`paddletrain.data.holdout.hold_out_by_config` does it on what this
+    returns (``paddletrain.build.build_data`` calls both).
 
     Raises:
         UnknownDatasetError: nothing is registered under ``data.name``, not even by an installed plugin.
@@ -178,15 +178,6 @@ def build_datasets(cfg: Any, train_transform: Transform = None, eval_transform: 
     splits = builder(cfg, train_transform, eval_transform)
     if not isinstance(splits, DatasetSplits):
         raise TypeError(f"dataset builder {name!r} returned {type(splits).__name__}, expected DatasetSplits")
-    fraction = getattr(cfg, "holdout", 0) or 0
-    if fraction:
-        # Imported here: the holdout module uses the data-split rules, whose module imports this one.
-        from paddletrain.data.holdout import hold_out
-
-        held = hold_out(splits, fraction, cfg.holdout_seed, name)
-        if train_transform is not eval_transform:  # the held-out images are evaluated: the eval transform
-            held.val.dataset = builder(cfg, eval_transform, eval_transform).train
-        splits = held
     return splits
 
 

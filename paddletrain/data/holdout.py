@@ -22,7 +22,7 @@ from paddletrain.data.balance import dataset_targets
 from paddletrain.data.datasets import DatasetError, DatasetSplits
 from paddletrain.data.split import val_count
 
-__all__ = ["SubsetDataset", "hold_out", "holdout_indices"]
+__all__ = ["SubsetDataset", "hold_out", "hold_out_by_config", "holdout_indices"]
 
 
 class SubsetDataset(paddle.io.Dataset):
@@ -66,8 +66,19 @@ def holdout_indices(targets: np.ndarray, fraction: float, seed: int) -> tuple[np
     return kept, held_out
 
 
+def hold_out_by_config(splits: DatasetSplits, cfg: Any) -> DatasetSplits:
+    """``splits`` as the data config ``cfg`` asks: held out by ``cfg.holdout`` (seeded by ``cfg.holdout_seed``),
+    or unchanged when it is 0."""
+    fraction = getattr(cfg, "holdout", 0) or 0
+    return hold_out(splits, fraction, cfg.holdout_seed, cfg.name) if fraction else splits
+
+
 def hold_out(splits: DatasetSplits, fraction: float, seed: int, dataset_name: str = "") -> DatasetSplits:
     """``splits`` with ``fraction`` of each training class as the validation split, its validation split as test.
+
+    The held-out images are the training dataset's own samples, so the datasets must not apply a transform
+    themselves (``build_datasets(cfg)`` without transforms; the loaders apply them, as ``build_data`` does):
+    otherwise the validation images would be augmented.
 
     Raises:
         DatasetError: the training split has no single class per sample (multi-hot labels, or none at all).
