@@ -143,9 +143,10 @@ def draw(runs: list[dict[str, Any]], cfg: FullScaleConfig, path: Path) -> None:
         axes.axhline(cfg.goal, color="grey", linestyle="--", linewidth=1, label=f"goal {cfg.goal:g}")
     axes.set_xlabel("wall-clock minutes")
     axes.set_ylabel("top-1")
-    low = min([cfg.goal or 1.0] + [r.get(cfg.metric, 1.0) for run in runs for r in run["rows"][len(run["rows"]) // 4:]])
-    axes.set_ylim(max(0.0, low - 0.01), 1.0 if low > 0.99 else min(1.0, max(
-        [r.get(cfg.metric, 0.0) for run in runs for r in run["rows"]] + [cfg.goal or 0.0]) + 0.01))
+    # From the first quarter of each run on, so that the early epochs do not flatten the part that matters.
+    values = [r[cfg.metric] for run in runs for r in run["rows"][len(run["rows"]) // 4:] if cfg.metric in r]
+    goal = [cfg.goal] if cfg.goal is not None else []
+    axes.set_ylim(max(0.0, min(values + goal) - 0.01), min(1.0, max(values + goal) + 0.01))
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize=8, loc="lower right")
     figure.tight_layout()

@@ -1,4 +1,4 @@
-"""MKL's code path on this CPU: its own choice against the one paddletrain sets (:mod:`paddletrain.job.cpu_dispatch`).
+"""MKL's code path on this CPU: its own choice against the one paddletrain sets (:mod:`paddletrain.devices`).
 
 The path is fixed when MKL first runs, so each arm is a process of its own: ``python -m benchmarks step_profile``
 with ``MKL_DEBUG_CPU_TYPE`` set empty (MKL's own choice: what a program that does not import paddletrain gets) or
@@ -21,8 +21,8 @@ from typing import Any
 from benchmarks.step_profile import StepProfileConfig
 from paddletrain.bench.common import check_options, environment, finished
 from paddletrain.config import allowed
+from paddletrain.devices import MKL_CPU_TYPE_ENV, cpu_flags, mkl_cpu_type
 from paddletrain.errors import ConfigError
-from paddletrain.job.cpu_dispatch import MKL_CPU_TYPE_ENV, cpu_flags, mkl_cpu_type
 
 ARMS = {"MKL's own path": "", "paddletrain's": None}
 

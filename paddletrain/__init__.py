@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 
 # Before any Paddle kernel runs: MKL's code path on AMD CPUs (2.3x faster resnet20 training on one; the module says
 # why). Reads /proc/cpuinfo and sets one environment variable; imports nothing heavy.
-from paddletrain.job.cpu_dispatch import set_mkl_cpu_type  # noqa: E402
+from paddletrain.devices import set_mkl_cpu_type  # noqa: E402
 
 set_mkl_cpu_type()
 

@@ -1,9 +1,68 @@
-"""The device names every CLI and API accepts (``trainer.device``, ``export``/``predict`` ``device=``).
+"""The devices paddletrain runs on: the device names every CLI and API accepts, and the CPU math path on AMD CPUs.
 
-A leaf module, so that the light inference module and the config schema can share the one list without importing
-each other or Paddle.
+``DEVICES`` (``trainer.device``, ``export``/``predict`` ``device=``) lives in a leaf module, so that the light
+inference module and the config schema can share the one list without importing each other or Paddle.
+
+**MKL on AMD CPUs.** Paddle's CPU kernels for convolutions and matrix products call ``libmklml_intel``, an MKL
+that chooses its code path by CPU vendor: on an AMD CPU it takes a generic path whatever the CPU supports. Its
+``MKL_DEBUG_CPU_TYPE`` variable names the path instead (5: AVX2, 7: AVX-512). On a 2-core AMD EPYC with AVX-512,
+``python -m benchmarks mkl_dispatch``: Fashion-MNIST recipe training 44.1 -> 133 images/s, ``paddle.matmul``
+46.5 -> 237 GFLOP/s (docs/performance.md#cpu-math-on-amd-cpus). The variable is read when MKL first
+dispatches, so it is set when paddletrain is imported (before any Paddle kernel runs in a program that imports
+paddletrain first) and is inherited by data workers and ranks. A value the user set is kept; on Intel CPUs and
+CPUs without AVX2 nothing is set.
 """
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+__all__ = ["DEVICES", "MKL_CPU_TYPE_ENV", "cpu_flags", "mkl_cpu_type", "set_mkl_cpu_type"]
+
 # auto: a GPU when this Paddle build has CUDA and sees one, else the CPU.
 DEVICES = ("auto", "cpu", "gpu")
+
+MKL_CPU_TYPE_ENV = "MKL_DEBUG_CPU_TYPE"
+# MKL's names for its code paths, and the CPU flags each needs (AVX-512 as on Skylake-SP and later, not Xeon Phi).
+_AVX512 = ("7", frozenset({"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"}))
+_AVX2 = ("5", frozenset({"avx2", "fma"}))
+
+
+def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> tuple[str, frozenset[str]]:
+    """The first CPU's vendor id and flags as Linux reports them; ``("", {})`` where there is no such file."""
+    try:
+        text = Path(cpuinfo).read_text(errors="replace")
+    except OSError:
+        return "", frozenset()
+    vendor, flags = "", frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "vendor_id" and not vendor:
+            vendor = value.strip()
+        elif key == "flags" and not flags:
+            flags = frozenset(value.split())
+        if vendor and flags:
+            break
+    return vendor, flags
+
+
+def mkl_cpu_type(vendor: str, flags: frozenset[str]) -> str | None:
+    """The MKL code path for an AMD CPU with ``flags``; None for other vendors or CPUs without AVX2 and FMA."""
+    if vendor != "AuthenticAMD":
+        return None
+    for value, needs in (_AVX512, _AVX2):
+        if needs <= flags:
+            return value
+    return None
+
+
+def set_mkl_cpu_type(environ: dict[str, str] | None = None, cpuinfo: str | Path = "/proc/cpuinfo") -> str | None:
+    """Set ``MKL_DEBUG_CPU_TYPE`` for this CPU unless it is set already; returns the value in force (or None)."""
+    environ = os.environ if environ is None else environ
+    if MKL_CPU_TYPE_ENV in environ:
+        return environ[MKL_CPU_TYPE_ENV]
+    value = mkl_cpu_type(*cpu_flags(cpuinfo))
+    if value is not None:
+        environ[MKL_CPU_TYPE_ENV] = value
+    return value

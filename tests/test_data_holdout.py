@@ -32,9 +32,8 @@ def test_the_split_is_a_function_of_the_holdout_seed_alone():
     assert len(other) == len(first[1]) and not np.array_equal(other, first[1])
     # A class's held-out images do not depend on the other classes (the permutation is seeded per class).
     only_class_3 = np.where(targets == 3, 3, 0)
-    held_3 = first[1][targets[first[1]] == 3]
-    np.testing.assert_array_equal(holdout_indices(only_class_3, 0.1, seed=0)[1][only_class_3[
-        holdout_indices(only_class_3, 0.1, seed=0)[1]] == 3], held_3)
+    held_alone = holdout_indices(only_class_3, 0.1, seed=0)[1]
+    np.testing.assert_array_equal(held_alone[only_class_3[held_alone] == 3], first[1][targets[first[1]] == 3])
 
 
 @pytest.fixture

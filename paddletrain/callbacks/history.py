@@ -63,7 +63,7 @@ class MetricsHistory(Callback):
         row: dict[str, Any] = {"epoch": trainer.epoch + 1, "global_step": trainer.global_step,
                                "wall_seconds": round(self.wall_seconds(), 3)}
         # The epoch's training metrics are the trainer's by now (validation runs before the epoch-end hooks).
-        values = {**getattr(trainer, "metrics", {}), **metrics}
+        values = {**trainer.metrics, **metrics}
         row.update({k: float(v) for k, v in values.items() if k.startswith(("train/", "val/")) and _finite(v)})
         if self._epoch_started is not None and self._validation_started is not None:
             row["seconds/train"] = round(self._validation_started - self._epoch_started, 3)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from paddletrain.job.cpu_dispatch import MKL_CPU_TYPE_ENV, cpu_flags, mkl_cpu_type, set_mkl_cpu_type
+from paddletrain.devices import MKL_CPU_TYPE_ENV, cpu_flags, mkl_cpu_type, set_mkl_cpu_type
 
 ZEN4 = "avx avx2 fma avx512f avx512cd avx512bw avx512dq avx512vl avx512_bf16"
 
