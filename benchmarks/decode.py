@@ -2,7 +2,7 @@
 
 Arms (the same files, preprocessing, batches and worker count; windows interleaved A B C A B C ...):
 
-- ``pool``: :func:`paddletrain.decoding.decoded_batches`, what ``predict`` uses: a process pool whose workers
+- ``pool``: :func:`paddletrain.deploy.decoding.decoded_batches`, what ``predict`` uses: a process pool whose workers
   write each image straight into its row of a shared-memory block that the main process reads in place.
 - ``dataloader``: the same work through ``paddle.io.DataLoader`` (``use_shared_memory=True``, workers set up as
   ``predict``'s: stop signals ignored, dying with the parent, pinned to the last cores), the batch handed over with
@@ -44,7 +44,7 @@ from paddletrain.bench.common import (
 )
 from paddletrain.config import allowed
 from paddletrain.data.loaders import _shut_down_workers
-from paddletrain.decoding import Batch, _decode_each, _worker_cores, decoded_batches
+from paddletrain.deploy.decoding import Batch, _decode_each, _worker_cores, decoded_batches
 from paddletrain.errors import ConfigError
 from paddletrain.job.processes import call_with_worker_setup, stop_signals_held
 
@@ -116,7 +116,7 @@ class _PinTo:
 
 def dataloader_batches(chunks: list[list[str]], preprocessing: Any, num_workers: int,
                        input_size: tuple[int, int, int]) -> Iterator[Batch]:
-    """:func:`paddletrain.decoding.decoded_batches`' contract through ``paddle.io.DataLoader`` (workers >= 1)."""
+    """:func:`paddletrain.deploy.decoding.decoded_batches`' contract through ``paddle.io.DataLoader`` (workers >= 1)."""
     del input_size  # the pool needs it to size its blocks; the DataLoader sizes its own
     paths = [path for chunk in chunks for path in chunk]
     setup = call_with_worker_setup(_PinTo(_worker_cores(num_workers)), os.getpid())
@@ -138,7 +138,7 @@ def _preprocessing(image_size: int) -> Any:
 
     from paddletrain.config import DataConfig
     from paddletrain.data import preprocessing_info
-    from paddletrain.inference import Preprocessing
+    from paddletrain.deploy.predictor import Preprocessing
 
     imagenet = dict(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
     data = OmegaConf.structured(DataConfig(image_size=image_size, eval_transform="imagenet", **imagenet))
@@ -182,7 +182,7 @@ def _arm(pipeline: Callable[..., Iterator[Batch]], chunks: list[list[str]], prep
 
 def run_decode(cfg: DecodeBenchConfig) -> dict[str, Any]:
     """Images/s of each arm (median over windows), split into start-up and steady state, and paired ratios."""
-    from paddletrain.predict import default_num_workers
+    from paddletrain.deploy.predict import default_num_workers
 
     check_options(cfg, "decode")
     if not cfg.arms:

@@ -7,7 +7,7 @@ checkpoint's whole validation split reports each export's top-1 accuracy, its di
 (fp32 dygraph) and its top-1 agreement with it, and its speed against the fp32 predictor of the same runtime at
 one batch size (windows interleaved, median of window ratios, so a busy machine slows both alike). With
 ``--simulate`` each Paddle export gets a second row, its int8 program simulated in fp32
-(``paddletrain.quantize.simulated_logits``): what calibration loses, apart from what this CPU's int8 kernels add.
+(``paddletrain.deploy.quantize.simulated_logits``): what calibration loses, apart from what this CPU's int8 kernels add.
 ``--train-images N`` also counts top-1 flips against the checkpoint on N training images, a finer count than a
 small validation split gives. ``--bias-correction both`` adds each Paddle setting again with
 ``quant_bias_correction=false``; ``--weights-only`` adds the checkpoint with only its weights rounded to int8
@@ -17,7 +17,7 @@ result depends on which images calibrate::
 
     python benchmarks/int8.py --checkpoint outputs/<run>:best --calibration <train images> --out int8.json
 
-Not part of the wheel: it compares settings for the defaults in paddletrain.quantize / paddletrain.export.
+Not part of the wheel: it compares settings for the defaults in paddletrain.deploy.quantize / paddletrain.export.
 """
 from __future__ import annotations
 
@@ -34,9 +34,9 @@ import numpy as np
 
 from paddletrain.bench.common import interleave, paired_ratio, timed
 from paddletrain.build import rebuild_checkpoint
-from paddletrain.export import export_checkpoint, reference_logits
-from paddletrain.inference import OnnxPredictor, Predictor
-from paddletrain.quantize import ONNX_CALIBRATION, QUANT_ALGOS, simulated_logits
+from paddletrain.deploy.export import export_checkpoint, reference_logits
+from paddletrain.deploy.predictor import OnnxPredictor, Predictor
+from paddletrain.deploy.quantize import ONNX_CALIBRATION, QUANT_ALGOS, simulated_logits
 
 
 def _inputs(rebuilt: Any, limit: int, train_images: int) -> tuple[np.ndarray, np.ndarray]:
@@ -164,9 +164,9 @@ def _weights_only_rows(rebuilt: Any, args: argparse.Namespace, inputs: np.ndarra
                        labels: np.ndarray) -> list[dict[str, Any]]:
     """The checkpoint's model with only the weights int8 rounds rounded (activations fp32): what weight rounding
     alone costs, and what bias correction (on the export's calibration images) gives back."""
-    from paddletrain.bias_correction import weight_rounding_corrected, weights_rounded
-    from paddletrain.export import _calibration_set
-    from paddletrain.quantize import calibration_files
+    from paddletrain.deploy.bias_correction import weight_rounding_corrected, weights_rounded
+    from paddletrain.deploy.export import _calibration_set
+    from paddletrain.deploy.quantize import calibration_files
 
     files = calibration_files(args.calibration) if args.calibration is not None else None
     calibration = _calibration_set(rebuilt, files, args.calibration, args.calibration_images).inputs
@@ -185,7 +185,7 @@ def _weights_only_rows(rebuilt: Any, args: argparse.Namespace, inputs: np.ndarra
 
 def _onnx_rows(args: argparse.Namespace, fp32_dir: Path, tmp: Path, inputs: np.ndarray, reference: np.ndarray,
                labels: np.ndarray, batch: np.ndarray) -> list[dict[str, Any]]:
-    import paddletrain.quantize as quantize
+    import paddletrain.deploy.quantize as quantize
 
     fp32 = OnnxPredictor(fp32_dir)
     rows = [_row("onnxruntime fp32", fp32.predict(inputs), reference, labels, 1.0, 0.0)]

@@ -39,9 +39,9 @@ from paddletrain.bench.common import (
     timed,
 )
 from paddletrain.config import allowed
+from paddletrain.engine.precision import clip_grad_norm_
 from paddletrain.errors import ConfigError
 from paddletrain.job.runtime import DEVICES
-from paddletrain.precision import clip_grad_norm_
 
 ARMS = ("trainer", "hand", "bare", "model_fit")
 # Per-step work of each arm, reported with the results (details in the module docstring).
@@ -80,8 +80,8 @@ def _optimizer(model: paddle.nn.Layer) -> paddle.optimizer.Optimizer:
 
 def trainer_arm(cfg: OverheadBenchConfig, batches: list[Any]) -> Callable[[int], float]:
     from paddletrain.callbacks import LearningRateMonitor, ProgressBar
-    from paddletrain.limits import Limits
-    from paddletrain.trainer import Trainer
+    from paddletrain.engine.limits import Limits
+    from paddletrain.engine.trainer import Trainer
 
     model = bench_model(cfg.model, cfg.num_classes, width=cfg.width)
     trainer = Trainer(model, _optimizer(model), callbacks=[ProgressBar(enabled=False), LearningRateMonitor()],
@@ -161,8 +161,8 @@ def per_call_us(fn: Callable[[], Any], number: int = 200, repeat: int = 5) -> fl
 def trainer_step_parts(cfg: OverheadBenchConfig, batches: list[Any]) -> dict[str, float]:
     """Microseconds per step of what the Trainer does beyond the hand loop, measured one part at a time."""
     from paddletrain.callbacks import LearningRateMonitor, ProgressBar, StepOutput
+    from paddletrain.engine.trainer import Trainer
     from paddletrain.metrics import ClassificationMeter
-    from paddletrain.trainer import Trainer
 
     model = bench_model(cfg.model, cfg.num_classes, width=cfg.width)
     optimizer = _optimizer(model)

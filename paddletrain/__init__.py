@@ -19,23 +19,28 @@ from paddletrain.devices import set_mkl_cpu_type  # noqa: E402
 
 set_mkl_cpu_type()
 
+# Release 0.1's module paths (paddletrain.trainer, paddletrain.inference, ...) keep importing, with a warning.
+from paddletrain._moved import install as _install_moved_paths  # noqa: E402
+
+_install_moved_paths()
+
 # public name -> module that defines it
 _PUBLIC = {
-    "Callback": "paddletrain.callbacks",
-    "StepOutput": "paddletrain.callbacks",
+    "Callback": "paddletrain.engine.callback",
+    "StepOutput": "paddletrain.engine.callback",
     "ConfigError": "paddletrain.errors",
     "ExitCode": "paddletrain.errors",
     "NonFiniteLossError": "paddletrain.errors",
     "TrainingInterrupted": "paddletrain.errors",
     "UserError": "paddletrain.errors",
-    "Limits": "paddletrain.limits",
-    "Predictor": "paddletrain.inference",
+    "Limits": "paddletrain.engine.limits",
+    "Predictor": "paddletrain.deploy.predictor",
     "create_model": "paddletrain.models",
     "list_models": "paddletrain.models",
     "register_model": "paddletrain.models",
     "load_pretrained": "paddletrain.models.pretrained",
-    "Precision": "paddletrain.precision",
-    "Trainer": "paddletrain.trainer",
+    "Precision": "paddletrain.engine.precision",
+    "Trainer": "paddletrain.engine.trainer",
 }
 
 __all__ = sorted([*_PUBLIC, "__version__"])

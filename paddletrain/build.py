@@ -1,5 +1,5 @@
 """The composition root: a validated config becomes a model, data, loss, optimizer, schedule, precision,
-callbacks and a :class:`~paddletrain.trainer.Trainer`.
+callbacks and a :class:`~paddletrain.engine.trainer.Trainer`.
 
 Every command line (``fit``, ``evaluate``, ``export``, ``predict``, ``ship``) builds through here, ``fit`` from
 its config, the others from the config saved in a checkpoint (:func:`checkpoint_model`,
@@ -28,7 +28,6 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from paddletrain.callbacks.base import Callback
 from paddletrain.callbacks.instantiate import instantiate_callbacks
 from paddletrain.checkpoint import load_checkpoint
 from paddletrain.checkpoint.locate import locate_checkpoint
@@ -39,24 +38,25 @@ from paddletrain.data.holdout import hold_out_by_config
 from paddletrain.data.mixup import Mixup
 from paddletrain.data.unlabeled import with_unlabeled
 from paddletrain.distill import Distiller
+from paddletrain.engine.callback import Callback
+from paddletrain.engine.limits import Limits
+from paddletrain.engine.precision import Precision
+from paddletrain.engine.resume import is_legacy_checkpoint, load_resume_checkpoint, warm_start_from_legacy
+from paddletrain.engine.state_checks import check_state_matches
+from paddletrain.engine.summary import write_summary
+from paddletrain.engine.trainer import Trainer, count_batches
 from paddletrain.errors import ConfigError, TrainingInterrupted, UserError
 from paddletrain.job import distributed
 from paddletrain.job.rundir import holding_run_dir
 from paddletrain.job.runtime import seed_everything, setup_runtime
 from paddletrain.job.watchdog import Heartbeat
-from paddletrain.limits import Limits
 from paddletrain.losses import LossFn, build_loss
-from paddletrain.metrics_multilabel import LossMeter, MultiLabelMeter
+from paddletrain.metrics.multilabel import LossMeter, MultiLabelMeter
 from paddletrain.models import create_model
 from paddletrain.models.weights import describe
 from paddletrain.optim import build_optimizer, run_lr
 from paddletrain.plugins import prepare
-from paddletrain.precision import Precision
-from paddletrain.resume import is_legacy_checkpoint, load_resume_checkpoint, warm_start_from_legacy
 from paddletrain.schedules import build_scheduler, optimizer_steps_per_epoch, schedule_steps
-from paddletrain.state_checks import check_state_matches
-from paddletrain.summary import write_summary
-from paddletrain.trainer import Trainer, count_batches
 from paddletrain.validation import DEFAULT_MONITOR, take_built_callbacks, validate_config, validate_once
 
 log = logging.getLogger("paddletrain")
@@ -189,7 +189,7 @@ def resolve_preprocessing(cfg: DictConfig) -> DictConfig:
 
 
 def build_limits(cfg: DictConfig) -> Limits:
-    """The loop's :class:`~paddletrain.limits.Limits` from the ``trainer`` keys of the same names."""
+    """The loop's :class:`~paddletrain.engine.limits.Limits` from the ``trainer`` keys of the same names."""
     return Limits(**{field.name: cfg.trainer[field.name] for field in fields(Limits)})
 
 

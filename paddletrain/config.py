@@ -421,7 +421,7 @@ class RuntimeConfig:
 
 @dataclass
 class TTAConfig:
-    """Test-time augmentation in ``paddletrain.evaluate`` (paddletrain.tta): the softmax outputs of the views
+    """Test-time augmentation in ``paddletrain.evaluate`` (paddletrain.models.tta): the softmax outputs of the views
     are averaged."""
 
     # Add the horizontally flipped image (doubles the views).

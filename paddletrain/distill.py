@@ -41,7 +41,7 @@ from paddletrain.errors import ConfigError
 from paddletrain.losses import cross_entropy
 
 if TYPE_CHECKING:  # pragma: no cover
-    from paddletrain.precision import Precision
+    from paddletrain.engine.precision import Precision
 
 KINDS = DISTILL_KINDS
 
@@ -116,7 +116,7 @@ class Distiller:
         kind, alpha, temperature: see :class:`~paddletrain.config.DistillConfig` and :func:`distillation_loss`.
         hard_loss: the hard-label loss (``loss_fn(logits, targets)``), e.g. from
             :func:`paddletrain.losses.build_loss`; default cross-entropy.
-        precision: the student's :class:`~paddletrain.precision.Precision`; the teacher runs under the same
+        precision: the student's :class:`~paddletrain.engine.precision.Precision`; the teacher runs under the same
             autocast. Default float32.
     """
 

@@ -6,7 +6,7 @@ accuracy of a checkpoint, with per-class precision, recall and F1 (a table in th
 
 The configuration saved in the checkpoint is used, so the model and data match training; any override given on
 the command line (e.g. ``data.root=/other/val``, ``data.eval_batch_size=256``) is applied on top of it.
-``tta.flip=true`` / ``tta.crops=5`` average the predictions over flipped / cropped views (paddletrain.tta).
+``tta.flip=true`` / ``tta.crops=5`` average the predictions over flipped / cropped views (paddletrain.models.tta).
 
 The last line on stdout is one JSON object: ``checkpoint``, the metrics (``val/loss``, ``val/top1``, ...), and
 ``val/per_class`` / ``val/confusion_matrix`` as in ``summary.json``. ``split=test`` evaluates the test split
@@ -36,12 +36,12 @@ from paddletrain.checkpoint.locate import locate_checkpoint
 from paddletrain.cli import command_task, run_command
 from paddletrain.config import EvaluateConfig, check_values, register_configs
 from paddletrain.data.transforms import eval_image_size
+from paddletrain.engine.trainer import Trainer
 from paddletrain.errors import UserError
 from paddletrain.job.runtime import seed_everything, setup_runtime
-from paddletrain.metrics_multilabel import MultiLabelReport
+from paddletrain.metrics.multilabel import MultiLabelReport
+from paddletrain.models.tta import TestTimeAugmentation
 from paddletrain.plugins import prepare
-from paddletrain.trainer import Trainer
-from paddletrain.tta import TestTimeAugmentation
 from paddletrain.validation import validate_config
 
 log = logging.getLogger("paddletrain")
@@ -59,7 +59,7 @@ def evaluate(cfg: DictConfig, checkpoint: Checkpoint) -> dict[str, float]:
                       eval_split=split)
     model = checkpoint_model(cfg, checkpoint.state, len(data.classes), data.in_chans,
                              source=f"checkpoint={checkpoint.path}")
-    if tta.get("flip") or tta.get("crops", 1) > 1:  # test-time augmentation (paddletrain.tta)
+    if tta.get("flip") or tta.get("crops", 1) > 1:  # test-time augmentation (paddletrain.models.tta)
         model = TestTimeAugmentation(model, flip=tta.flip, crops=tta.crops, crop_size=eval_image_size(cfg.data))
     # The training run's loss (val/loss as fit reports it) and the task's meters; no optimizer: it only validates.
     trainer = Trainer(model, num_classes=len(data.classes), limits=build_limits(cfg),

@@ -9,7 +9,7 @@ Optimizers are registered in :data:`paddletrain.registry.OPTIMIZERS` as
 ``factory(param_groups, learning_rate, cfg) -> paddle.optimizer.Optimizer``; :func:`build_optimizer` picks one
 by ``optim.name``.
 
-Gradient clipping is not configured on the optimizer: :meth:`paddletrain.precision.Precision.step` clips the
+Gradient clipping is not configured on the optimizer: :meth:`paddletrain.engine.precision.Precision.step` clips the
 unscaled gradients itself.
 """
 from __future__ import annotations

@@ -15,7 +15,7 @@ from PIL import Image
 import paddletrain.fit  # noqa: F401  (registers the schemas)
 from paddletrain.config import DataConfig
 from paddletrain.data import preprocessing_info
-from paddletrain.export import export_model
+from paddletrain.deploy.export import export_model
 from paddletrain.models import create_model
 from tests import forked
 

@@ -17,9 +17,9 @@ from paddletrain.bench.data import DataBenchConfig, run_data
 from paddletrain.bench.inference import InferenceBenchConfig, run_inference
 from paddletrain.bench.report import table, to_markdown
 from paddletrain.bench.train import ThreadsBenchConfig, TrainBenchConfig, run_threads, run_train
+from paddletrain.deploy.export import TOLERANCE
+from paddletrain.deploy.predictor import cpu_bf16_support
 from paddletrain.errors import ConfigError, UserError
-from paddletrain.export import TOLERANCE
-from paddletrain.inference import cpu_bf16_support
 
 from .conftest import run_module
 
@@ -221,7 +221,7 @@ def test_decode_dataloader_arm_gives_the_pools_batches_bad_files_included(tmp_pa
     from PIL import Image
 
     from benchmarks.decode import _preprocessing, dataloader_batches
-    from paddletrain.decoding import decoded_batches
+    from paddletrain.deploy.decoding import decoded_batches
 
     rng = np.random.default_rng(0)
     paths = []

@@ -8,7 +8,7 @@ import numpy as np
 import paddle
 import pytest
 
-from paddletrain.bias_correction import (
+from paddletrain.deploy.bias_correction import (
     output_shift,
     quant_axis,
     rounded_weights,

@@ -6,8 +6,8 @@ import paddle
 
 from paddletrain.callbacks import Callback, ModelEMA
 from paddletrain.checkpoint import load_checkpoint, save_checkpoint
-from paddletrain.limits import Limits
-from paddletrain.trainer import Trainer
+from paddletrain.engine.limits import Limits
+from paddletrain.engine.trainer import Trainer
 from tests.test_trainer import linear_model, make_batches, sgd
 
 

@@ -7,9 +7,9 @@ import pytest
 
 from paddletrain.callbacks import BackboneFreeze, Callback, FreezeBatchNorm
 from paddletrain.callbacks.finetune import head_parameters
-from paddletrain.limits import Limits
+from paddletrain.engine.limits import Limits
+from paddletrain.engine.trainer import Trainer
 from paddletrain.models import BasicBlock, ResNet
-from paddletrain.trainer import Trainer
 
 
 def tiny_model() -> ResNet:

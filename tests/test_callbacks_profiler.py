@@ -11,7 +11,7 @@ import pytest
 from paddletrain.bench.common import TinyNet, synthetic_batches
 from paddletrain.build import build_callbacks
 from paddletrain.callbacks import ProfilerCallback
-from paddletrain.trainer import Trainer
+from paddletrain.engine.trainer import Trainer
 
 
 def _fit(callback: ProfilerCallback, batches: int) -> Trainer:

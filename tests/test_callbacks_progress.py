@@ -9,7 +9,7 @@ import types
 import pytest
 
 from paddletrain.callbacks import ProgressBar, StepOutput
-from paddletrain.limits import Limits
+from paddletrain.engine.limits import Limits
 from paddletrain.metrics import Throughput
 
 LOGGER = "paddletrain.test.progress"

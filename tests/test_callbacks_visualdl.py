@@ -31,9 +31,9 @@ from paddletrain.callbacks.visualdl import (
     select_hparams,
     tag_sort_key,
 )
-from paddletrain.limits import Limits
+from paddletrain.engine.limits import Limits
+from paddletrain.engine.trainer import Trainer
 from paddletrain.metrics import ClassReport
-from paddletrain.trainer import Trainer
 from tests.conftest import TINY, run_module
 
 MEAN, STD = [0.5, 0.4, 0.3], [0.2, 0.25, 0.5]

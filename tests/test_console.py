@@ -25,7 +25,6 @@ import pytest
 from tqdm import tqdm
 
 from paddletrain import console
-from paddletrain.callbacks.base import Callback
 from paddletrain.console import (
     FILE_ONLY,
     KNOWN_WARNINGS,
@@ -34,6 +33,7 @@ from paddletrain.console import (
     route_warnings_to_log,
     warning_line,
 )
+from paddletrain.engine.callback import Callback
 
 REPO = Path(__file__).resolve().parents[1]
 TEST_WARNING = "a warning raised on every training batch by tests.test_console"

@@ -10,11 +10,11 @@ import pytest
 from omegaconf import OmegaConf
 from PIL import Image
 
-from paddletrain import decoding
 from paddletrain.config import DataConfig
 from paddletrain.data import preprocessing_info
-from paddletrain.decoding import decoded_batches, load_batch
-from paddletrain.inference import Preprocessing
+from paddletrain.deploy import decoding
+from paddletrain.deploy.decoding import decoded_batches, load_batch
+from paddletrain.deploy.predictor import Preprocessing
 
 SIZE = 16
 INPUT = (3, SIZE, SIZE)

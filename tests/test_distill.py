@@ -12,10 +12,10 @@ from paddletrain.checkpoint import save_checkpoint
 from paddletrain.data.loaders import CheckedDataLoader, SeededDataset
 from paddletrain.data.sampler import ResumableBatchSampler
 from paddletrain.distill import DistillConfig, Distiller, distillation_loss, kd_loss, ssld_loss
+from paddletrain.engine.limits import Limits
+from paddletrain.engine.precision import Precision
+from paddletrain.engine.trainer import Trainer
 from paddletrain.errors import ConfigError
-from paddletrain.limits import Limits
-from paddletrain.precision import Precision
-from paddletrain.trainer import Trainer
 from paddletrain.validation import validate_config
 from tests.conftest import TINY, compose_fit
 

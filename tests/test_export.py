@@ -18,8 +18,7 @@ from PIL import Image
 from paddletrain.build import rebuild_checkpoint, train
 from paddletrain.checkpoint import find_latest, load_checkpoint, save_checkpoint
 from paddletrain.data import build_datasets
-from paddletrain.errors import UserError
-from paddletrain.export import (
+from paddletrain.deploy.export import (
     TOLERANCE,
     ExportConfig,
     _check_images,
@@ -31,9 +30,10 @@ from paddletrain.export import (
     reference_logits,
     run,
 )
-from paddletrain.inference import Predictor, cpu_bf16_support
+from paddletrain.deploy.predict import PredictConfig
+from paddletrain.deploy.predictor import Predictor, cpu_bf16_support
+from paddletrain.errors import UserError
 from paddletrain.models import create_model
-from paddletrain.predict import PredictConfig
 from paddletrain.predict import run as predict
 from tests.conftest import TINY, compose_fit, run_module
 

@@ -15,9 +15,9 @@ from PIL import Image
 from paddletrain.build import build_run, train
 from paddletrain.callbacks import Callback
 from paddletrain.data.sampler import WeightedBatchSampler
+from paddletrain.engine.trainer import Trainer
 from paddletrain.models import register_model
 from paddletrain.models.registry import list_models
-from paddletrain.trainer import Trainer
 from paddletrain.validation import validate_config
 from tests.conftest import TINY, compose_fit, run_module
 

@@ -7,9 +7,9 @@ import paddle
 from paddletrain.config import DataConfig
 from paddletrain.data.loaders import build_loader
 from paddletrain.data.mixup import Mixup
-from paddletrain.hooks import EpochSampler, PaddedLoader, SkippingSampler, Stateful, batch_sampler_of
-from paddletrain.limits import Limits
-from paddletrain.trainer import Trainer
+from paddletrain.engine.hooks import EpochSampler, PaddedLoader, SkippingSampler, Stateful, batch_sampler_of
+from paddletrain.engine.limits import Limits
+from paddletrain.engine.trainer import Trainer
 from tests.test_trainer import linear_model, make_batches, sgd
 
 

@@ -16,9 +16,8 @@ from PIL import Image
 import paddletrain
 from paddletrain.config import DataConfig
 from paddletrain.data import build_transform, preprocessing_info
-from paddletrain.errors import UserError
-from paddletrain.export import TOLERANCE, compare_logits, export_model, export_onnx
-from paddletrain.inference import (
+from paddletrain.deploy.export import TOLERANCE, compare_logits, export_model, export_onnx
+from paddletrain.deploy.predictor import (
     OnnxPredictor,
     Predictor,
     Preprocessing,
@@ -29,6 +28,7 @@ from paddletrain.inference import (
     find_graph_file,
     load_predictor,
 )
+from paddletrain.errors import UserError
 from paddletrain.models import create_model
 
 LABELS = ["cat", "dog", "fox", "owl"]
@@ -169,7 +169,7 @@ def test_a_bf16_export_records_its_precision_for_the_predictor(model, tmp_path):
 
 @needs_cpu_bf16
 def test_device_auto_runs_bf16_on_the_cpu_even_where_there_is_a_gpu(exported, monkeypatch):
-    monkeypatch.setattr("paddletrain.inference._resolve_device", lambda device: "gpu")
+    monkeypatch.setattr("paddletrain.deploy.predictor._resolve_device", lambda device: "gpu")
     assert Predictor(exported, precision="bf16").runtime.device == "cpu"
     with pytest.raises(UserError, match="on a GPU use precision=fp16"):
         Predictor(exported, device="gpu", precision="bf16")
@@ -180,7 +180,7 @@ def test_bf16_is_refused_where_it_cannot_run(exported, tmp_path, monkeypatch):
         Predictor(exported, device="cpu", precision="bf16", use_mkldnn=False)
     with pytest.raises(UserError, match="on a GPU use precision=fp16"):
         check_precision_runs_on("bf16", "gpu")
-    monkeypatch.setattr("paddletrain.inference.cpu_bf16_support", lambda: "none")
+    monkeypatch.setattr("paddletrain.deploy.predictor.cpu_bf16_support", lambda: "none")
     with pytest.raises(UserError, match="no bfloat16 support"):
         Predictor(exported, device="cpu", precision="bf16")
     with pytest.raises(UserError, match="precision=fp32"):
@@ -276,7 +276,7 @@ def test_auto_reads_the_precision_the_export_records(both_models, tmp_path):
 PROGRAMDESC_EXPORT = """
 import sys
 import paddle
-from paddletrain.export import export_model
+from paddletrain.deploy.export import export_model
 from paddletrain.models import create_model
 paddle.seed(0)
 export_model(create_model("resnet20", num_classes=4).eval(), sys.argv[1], input_size=(3, 16, 16))

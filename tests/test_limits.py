@@ -7,7 +7,7 @@ import pytest
 
 from paddletrain.build import build_limits
 from paddletrain.config import TrainerConfig
-from paddletrain.limits import Limits
+from paddletrain.engine.limits import Limits
 from tests.conftest import compose_fit
 
 

@@ -145,7 +145,7 @@ def test_summed_counts_of_two_ranks_give_the_report_of_all_samples():
 
 
 def test_above_the_cap_only_the_per_class_counts_are_kept(monkeypatch):
-    monkeypatch.setattr("paddletrain.metrics.MAX_CONFUSION_CLASSES", 4)
+    monkeypatch.setattr("paddletrain.metrics.single_label.MAX_CONFUSION_CLASSES", 4)
     batches = _random_batches()
     report = _per_class_meter(batches).report()
     assert report.confusion is None and "confusion_matrix" not in report.to_dict()

@@ -11,11 +11,11 @@ from safetensors.numpy import save_file
 from paddletrain.callbacks import BackboneFreeze
 from paddletrain.checkpoint import save_checkpoint
 from paddletrain.data.shapes import render_shape
-from paddletrain.limits import Limits
+from paddletrain.engine.limits import Limits
+from paddletrain.engine.trainer import Trainer
 from paddletrain.models import BasicBlock, LoadReport, PretrainedLoadError, ResNet, create_model, load_pretrained
 from paddletrain.models.pretrained import save_pretrained
 from paddletrain.models.weights import adapt_input_conv
-from paddletrain.trainer import Trainer
 
 
 def numpy_state(model: paddle.nn.Layer) -> dict[str, np.ndarray]:

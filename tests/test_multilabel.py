@@ -13,10 +13,10 @@ from omegaconf import OmegaConf
 
 from paddletrain.config import LossConfig
 from paddletrain.data.mixup import Mixup
+from paddletrain.deploy.export import TOLERANCE, compare_logits
 from paddletrain.errors import ConfigError, ExitCode
-from paddletrain.export import TOLERANCE, compare_logits
 from paddletrain.losses import binary_cross_entropy, build_loss, loss_name
-from paddletrain.metrics_multilabel import MultiLabelMeter, average_precision, multilabel_report
+from paddletrain.metrics.multilabel import MultiLabelMeter, average_precision, multilabel_report
 from tests.conftest import run_module, write_multilabel_squares
 
 
@@ -217,7 +217,7 @@ def test_test_time_augmentation_is_refused_for_multilabel():
 
 def test_validation_scores_are_gathered_from_ranks_of_unequal_size(monkeypatch):
     """Two ranks simulated: this one holds 3 rows, the other 1; all_gather needs equal shapes, so both pad."""
-    from paddletrain import metrics_multilabel
+    from paddletrain.metrics import multilabel as metrics_multilabel
 
     other = paddle.to_tensor([[9.0, 8.0]])
 

@@ -1,4 +1,4 @@
-"""paddletrain.native_output: what C++ code prints to file descriptors 1 and 2 goes where a command wants it."""
+"""paddletrain.deploy.native_output: what C++ code prints to file descriptors 1 and 2 goes where a command wants it."""
 from __future__ import annotations
 
 import logging
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from paddletrain.native_output import quiet_pass_statistics, stdout_to_stderr
+from paddletrain.deploy.native_output import quiet_pass_statistics, stdout_to_stderr
 
 
 def test_pass_statistics_are_dropped_to_debug_and_everything_else_written_back(capfd, caplog):

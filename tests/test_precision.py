@@ -14,7 +14,7 @@ import pytest
 from paddle.amp.auto_cast import amp_global_state
 
 from paddletrain.config import AmpConfig
-from paddletrain.precision import GradScaler, Precision, StepResult, clip_grad_norm_
+from paddletrain.engine.precision import GradScaler, Precision, StepResult, clip_grad_norm_
 from paddletrain.testing import FakeGradScaler
 
 paddle.set_device("cpu")
@@ -298,7 +298,7 @@ def test_state_dict_round_trip_is_plain_python_and_restores_scale_and_counters()
 
 def test_loading_scaler_state_into_a_run_without_scaler_warns_and_is_ignored(caplog):
     state = fp16_precision(FakeGradScaler()).state_dict()
-    with caplog.at_level(logging.WARNING, logger="paddletrain.precision"):
+    with caplog.at_level(logging.WARNING, logger="paddletrain.engine.precision"):
         Precision().load_state_dict(state)
     assert "ignored" in caplog.text
     assert Precision().state_dict() == {}
@@ -352,7 +352,7 @@ def test_state_round_trip_into_paddles_real_grad_scaler(real_grad_scaler):
 def test_amp_is_inert_on_cpu_logs_one_line_and_runs_float32(caplog):
     model = make_model()
     optimizer = make_optimizer("momentum", model)
-    with caplog.at_level(logging.INFO, logger="paddletrain.precision"):
+    with caplog.at_level(logging.INFO, logger="paddletrain.engine.precision"):
         precision = Precision(enabled=True, level="O2", dtype="float16", device="cpu")
     assert [r.levelno for r in caplog.records] == [logging.INFO]
     assert "inert on CPU" in caplog.text and "float32" in caplog.text

@@ -13,8 +13,7 @@ from PIL import Image
 from paddletrain.build import rebuild_checkpoint, train
 from paddletrain.checkpoint import find_latest
 from paddletrain.data import build_datasets
-from paddletrain.errors import UserError
-from paddletrain.export import (
+from paddletrain.deploy.export import (
     ExportConfig,
     export_checkpoint,
     export_model,
@@ -22,8 +21,8 @@ from paddletrain.export import (
     reference_logits,
     run,
 )
-from paddletrain.inference import Predictor, int8_op_types, load_predictor
-from paddletrain.quantize import (
+from paddletrain.deploy.predictor import Predictor, int8_op_types, load_predictor
+from paddletrain.deploy.quantize import (
     REDUCED_ACTIVATION_WIDENING,
     activation_scales,
     calibration_files,
@@ -32,6 +31,7 @@ from paddletrain.quantize import (
     saved_program,
     simulated_logits,
 )
+from paddletrain.errors import UserError
 from tests.conftest import TINY, compose_fit, run_module
 
 # Margins for int8 against fp32 on the test model's 64 validation images, measured over 5 seeds of the fixture's
@@ -376,7 +376,7 @@ def test_onnx_int8_is_quantized_by_onnxruntime_and_verified(trained, calibration
     graph = onnx.load(str(tmp_path / "model.onnx")).graph
     assert {"QuantizeLinear", "DequantizeLinear"} <= {node.op_type for node in graph.node}
     # quant_reduce_range=null: onnxruntime's 7-bit weights, [-64, 64] (8-bit ones reach 127), for CPUs without
-    # VNNI; the Paddle graph beside it keeps 8-bit codes (paddletrain.quantize.REDUCE_RANGE_BY_RUNTIME).
+    # VNNI; the Paddle graph beside it keeps 8-bit codes (paddletrain.deploy.quantize.REDUCE_RANGE_BY_RUNTIME).
     assert result.quant_reduce_range == {"paddle": False, "onnx": True}
     recorded = json.loads((tmp_path / "preprocess.json").read_text())["quantization"]
     assert recorded["reduce_range"] is False and recorded["onnx_reduce_range"] is True

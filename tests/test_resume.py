@@ -16,8 +16,8 @@ import paddle
 import pytest
 
 from paddletrain.checkpoint import find_latest, load_checkpoint
+from paddletrain.engine.resume import config_differences
 from paddletrain.models import create_model
-from paddletrain.resume import config_differences
 from tests.conftest import TINY, run_module
 
 # 64 training images / batch 16 = 4 optimizer steps per epoch.

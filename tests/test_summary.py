@@ -9,7 +9,7 @@ import pytest
 
 from paddletrain.build import train
 from paddletrain.checkpoint import read_pointer
-from paddletrain.summary import summary_table
+from paddletrain.engine.summary import summary_table
 from tests.conftest import TINY, compose_fit
 
 

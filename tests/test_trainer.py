@@ -13,16 +13,16 @@ import paddle
 import pytest
 
 from paddletrain.callbacks import ModelCheckpoint
-from paddletrain.callbacks.base import Callback, CheckpointCallback
 from paddletrain.checkpoint import find_latest
 from paddletrain.data.mixup import Mixup
+from paddletrain.engine.callback import Callback, CheckpointCallback
+from paddletrain.engine.limits import Limits
+from paddletrain.engine.precision import Precision
+from paddletrain.engine.trainer import NonFiniteLossError, Trainer
 from paddletrain.errors import TrainingInterrupted, UserError
 from paddletrain.job.processes import REPEAT_WINDOW
-from paddletrain.limits import Limits
 from paddletrain.losses import cross_entropy
-from paddletrain.precision import Precision
 from paddletrain.testing import FakeGradScaler
-from paddletrain.trainer import NonFiniteLossError, Trainer
 
 
 def make_batches(n_batches: int, batch_size: int, seed: int = 0, dim: int = 8, classes: int = 3):
@@ -387,7 +387,7 @@ def test_checkpoint_never_saves_nan_weights(tmp_path):
 
 SLOW_STEP_SCRIPT = """
 import time, paddle
-from paddletrain.trainer import Trainer
+from paddletrain.engine.trainer import Trainer
 
 class SlowModel(paddle.nn.Layer):
     def __init__(self):

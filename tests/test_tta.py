@@ -9,7 +9,7 @@ import paddle.nn.functional as F
 import pytest
 
 from paddletrain.models import create_model
-from paddletrain.tta import TestTimeAugmentation, five_crops
+from paddletrain.models.tta import TestTimeAugmentation, five_crops
 from tests.conftest import TINY, run_module
 
 

@@ -110,8 +110,8 @@ def interleaved_rates(dataset: Any, loaders: dict[int, Any], epochs: int) -> lis
 
 def trainer_data_wait(cfg: DataBenchConfig, loader: Any, num_classes: int) -> dict[str, float]:
     """The Trainer's own data-wait share and throughput in its second epoch on ``loader``."""
-    from paddletrain.limits import Limits
-    from paddletrain.trainer import Trainer
+    from paddletrain.engine.limits import Limits
+    from paddletrain.engine.trainer import Trainer
 
     model = bench_model(cfg.model, num_classes)
     optimizer = paddle.optimizer.Momentum(0.01, momentum=0.9, parameters=model.parameters())

@@ -28,9 +28,9 @@ from paddletrain.bench.common import (
 )
 from paddletrain.build import build_precision
 from paddletrain.config import AmpConfig, allowed
+from paddletrain.engine.precision import Precision
 from paddletrain.errors import ConfigError
 from paddletrain.job.runtime import DEVICES
-from paddletrain.precision import Precision
 
 PRECISIONS = ("fp32", "amp_o1", "amp_o2")
 

@@ -1,7 +1,8 @@
-"""Callbacks: the hook contract and the built-in callbacks."""
+"""The built-in callbacks; the hook contract they implement is :mod:`paddletrain.engine.callback` (its names are
+handed on here too)."""
 from __future__ import annotations
 
-from .base import Callback, CheckpointCallback, StepOutput, metric_improved
+from paddletrain.engine.callback import Callback, CheckpointCallback, StepOutput, metric_improved
 from .checkpoint import ModelCheckpoint
 from .early_stopping import EarlyStopping
 from .ema import ModelEMA

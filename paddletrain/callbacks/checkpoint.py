@@ -9,16 +9,16 @@ from typing import TYPE_CHECKING, Any
 
 import paddle
 
-from paddletrain.callbacks.base import MODES, CheckpointCallback, StepOutput
 from paddletrain.checkpoint import CheckpointManager, check_writable
 from paddletrain.checkpoint.untrusted import check_inside
 from paddletrain.config import check_option
+from paddletrain.engine.callback import MODES, CheckpointCallback, StepOutput
 from paddletrain.errors import ConfigError, TrainingInterrupted
 from paddletrain.job import distributed
 from paddletrain.registry import CALLBACKS
 
 if TYPE_CHECKING:  # pragma: no cover
-    from paddletrain.trainer import Trainer
+    from paddletrain.engine.trainer import Trainer
 
 log = logging.getLogger("paddletrain")
 
@@ -32,7 +32,7 @@ def _params_finite(model: paddle.nn.Layer) -> bool:
 class ModelCheckpoint(CheckpointCallback):
     """Save complete, verifiable checkpoints of the trainer into ``dirpath``.
 
-    What is saved is :meth:`Trainer.checkpoint_state <paddletrain.trainer.Trainer.checkpoint_state>`: the state
+    What is saved is :meth:`Trainer.checkpoint_state <paddletrain.engine.trainer.Trainer.checkpoint_state>`: the state
     of every stateful object, every callback's included, plus the trainer's ``checkpoint_extras`` (the
     resolved config and run facts under ``fit``) and this callback's ``extra_state``.
 

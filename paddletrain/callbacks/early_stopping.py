@@ -4,13 +4,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from paddletrain.callbacks.base import MODES, Callback, metric_improved
 from paddletrain.checkpoint.untrusted import checked_int, checked_number, checked_optional_int
 from paddletrain.config import check_option
+from paddletrain.engine.callback import MODES, Callback, metric_improved
 from paddletrain.registry import CALLBACKS
 
 if TYPE_CHECKING:  # pragma: no cover
-    from paddletrain.trainer import Trainer
+    from paddletrain.engine.trainer import Trainer
 
 _log = logging.getLogger(__name__)
 

@@ -5,13 +5,13 @@ from typing import TYPE_CHECKING, Any
 
 import paddle
 
-from paddletrain.callbacks.base import Callback, StepOutput
 from paddletrain.checkpoint.untrusted import StateValueError, checked_mapping, show
 from paddletrain.config import check_option
+from paddletrain.engine.callback import Callback, StepOutput
 from paddletrain.registry import CALLBACKS
 
 if TYPE_CHECKING:  # pragma: no cover
-    from paddletrain.trainer import Trainer
+    from paddletrain.engine.trainer import Trainer
 
 
 @CALLBACKS.register("ema")

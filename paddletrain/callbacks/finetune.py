@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any
 import paddle
 from paddle import nn
 
-from paddletrain.callbacks.base import Callback
 from paddletrain.config import check_option
+from paddletrain.engine.callback import Callback
 from paddletrain.registry import CALLBACKS
 
 if TYPE_CHECKING:  # pragma: no cover
-    from paddletrain.trainer import Trainer
+    from paddletrain.engine.trainer import Trainer
 
 __all__ = ["BackboneFreeze", "FreezeBatchNorm", "head_parameters"]
 

@@ -19,12 +19,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from paddletrain.callbacks.base import Callback
 from paddletrain.checkpoint._fs import replace_json_atomically
+from paddletrain.engine.callback import Callback
 from paddletrain.registry import CALLBACKS
 
 if TYPE_CHECKING:  # pragma: no cover
-    from paddletrain.trainer import Trainer
+    from paddletrain.engine.trainer import Trainer
 
 HISTORY_FILE = "history.json"
 

@@ -25,7 +25,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from paddletrain.callbacks.base import Callback
+from paddletrain.engine.callback import Callback
 from paddletrain.errors import ConfigError
 from paddletrain.registry import CALLBACKS, UnknownNameError, close_matches
 

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from paddletrain.callbacks.base import Callback
+from paddletrain.engine.callback import Callback
 from paddletrain.registry import CALLBACKS
 
 if TYPE_CHECKING:  # pragma: no cover
-    from paddletrain.trainer import Trainer
+    from paddletrain.engine.trainer import Trainer
 
 
 def group_lr_multipliers(optimizer: Any) -> list[float]:

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 import paddle
 
-from paddletrain.callbacks.base import Callback, StepOutput
 from paddletrain.config import check_option
+from paddletrain.engine.callback import Callback, StepOutput
 from paddletrain.errors import ConfigError
 from paddletrain.registry import CALLBACKS
 
 if TYPE_CHECKING:  # pragma: no cover
-    from paddletrain.trainer import Trainer
+    from paddletrain.engine.trainer import Trainer
 
 log = logging.getLogger("paddletrain")
 

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from tqdm import tqdm
 
-from paddletrain.callbacks.base import Callback, StepOutput
 from paddletrain.config import check_option
 from paddletrain.console import FILE_ONLY, above_bar, format_duration
+from paddletrain.engine.callback import Callback, StepOutput
 from paddletrain.registry import CALLBACKS
 
 if TYPE_CHECKING:  # pragma: no cover
-    from paddletrain.trainer import Trainer
+    from paddletrain.engine.trainer import Trainer
 
 # Keys shown in the epoch line, in this order, when the metrics hold them.
 _SUMMARY_KEYS = ("train/loss", "val/loss", "val/top1", "val/top5", "val/balanced_accuracy", "val/mAP", "val/f1")

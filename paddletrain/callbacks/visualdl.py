@@ -35,7 +35,6 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 from visualdl import LogWriter
 
-from paddletrain.callbacks.base import Callback, StepOutput
 from paddletrain.checkpoint.untrusted import (
     StateValueError,
     check_inside,
@@ -46,12 +45,13 @@ from paddletrain.checkpoint.untrusted import (
     confined_path,
 )
 from paddletrain.config import check_option
+from paddletrain.engine.callback import Callback, StepOutput
 from paddletrain.metrics import Throughput
 from paddletrain.registry import CALLBACKS
 from paddletrain.schedules import optimizer_steps_per_epoch
 
 if TYPE_CHECKING:  # pragma: no cover
-    from paddletrain.trainer import Trainer
+    from paddletrain.engine.trainer import Trainer
 
 log = logging.getLogger("paddletrain")
 

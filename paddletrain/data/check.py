@@ -32,8 +32,8 @@ import numpy as np
 from PIL import UnidentifiedImageError
 from tqdm import tqdm
 
-from paddletrain.class_names import read_names_file
 from paddletrain.data import imagefolder
+from paddletrain.data.class_names import read_names_file
 from paddletrain.data.datasets import DatasetError
 from paddletrain.data.images import (
     IMG_EXTENSIONS,

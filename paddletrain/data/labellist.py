@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from paddletrain.class_names import read_names_file
+from paddletrain.data.class_names import read_names_file
 from paddletrain.data.datasets import (
     BadSampleError,
     DatasetError,

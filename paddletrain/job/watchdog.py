@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from paddletrain.callbacks.base import Callback
+from paddletrain.engine.callback import Callback
 
 log = logging.getLogger("paddletrain")
 

@@ -21,8 +21,8 @@ from paddletrain.callbacks import ModelCheckpoint, VisualDLLogger
 from paddletrain.checkpoint import CheckpointError, CheckpointManager, load_checkpoint, save_checkpoint
 from paddletrain.checkpoint.storage import STATE, TENSORS
 from paddletrain.checkpoint.untrusted import StateValueError, confined_path
+from paddletrain.engine.resume import load_resume_checkpoint
 from paddletrain.errors import UserError
-from paddletrain.resume import load_resume_checkpoint
 from tests.conftest import TINY, compose_fit
 from tests.reliability.checkpoint_craft import (
     BAD_TENSOR_FILES,

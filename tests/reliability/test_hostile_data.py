@@ -27,8 +27,8 @@ from paddletrain.data import build_loader, imagefolder, preprocessing_info
 from paddletrain.data.datasets import BadSampleError, DatasetError
 from paddletrain.data.imagefolder import ImageFolderDataset
 from paddletrain.data.images import IMG_EXTENSIONS, ImageReadError, open_image, to_mode
-from paddletrain.decoding import load_batch
-from paddletrain.inference import Preprocessing
+from paddletrain.deploy.decoding import load_batch
+from paddletrain.deploy.predictor import Preprocessing
 from tests.conftest import run_module
 
 pytestmark = pytest.mark.timeout(120)  # every case here used to hang or explode: fail, don't wait

@@ -12,8 +12,8 @@ import pytest
 from omegaconf import OmegaConf
 from PIL import Image
 
+from paddletrain.deploy.predictor import PREPROCESS_FILE, Predictor
 from paddletrain.errors import UserError
-from paddletrain.inference import PREPROCESS_FILE, Predictor
 from paddletrain.predict import PredictConfig, run
 from tests.conftest import EXPORT_LABELS, run_module
 

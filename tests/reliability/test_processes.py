@@ -42,7 +42,7 @@ class Zeros:
 
 def _loader_workers(me: psutil.Process) -> list[psutil.Process]:
     """Live children of ``me`` other than the forking server and multiprocessing's resource tracker, which any
-    earlier test in this process that made a shared-memory block (``paddletrain.decoding``) has started."""
+    earlier test in this process that made a shared-memory block (``paddletrain.deploy.decoding``) has started."""
     def worker(process: psutil.Process) -> bool:
         try:
             return (process.status() != psutil.STATUS_ZOMBIE and process.pid not in server_pids()
@@ -106,7 +106,7 @@ def test_a_killed_two_rank_launcher_leaves_no_rank_and_rank_0_saves_on_the_way_o
 DECODING_SCRIPT = """
 import glob, sys, time
 import numpy as np
-from paddletrain.decoding import decoded_batches
+from paddletrain.deploy.decoding import decoded_batches
 
 class Slow:
     def __call__(self, image):

@@ -9,9 +9,9 @@ import paddle
 
 from paddletrain.config import DataConfig
 from paddletrain.data import build_loader
+from paddletrain.engine.limits import Limits
+from paddletrain.engine.trainer import Trainer
 from paddletrain.job import distributed
-from paddletrain.limits import Limits
-from paddletrain.trainer import Trainer
 
 
 class Blobs(paddle.io.Dataset):

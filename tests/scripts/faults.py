@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from paddletrain.callbacks.base import Callback
+from paddletrain.engine.callback import Callback
 
 
 class KillOnce(Callback):

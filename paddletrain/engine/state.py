@@ -2,7 +2,7 @@
 
 :func:`restore_checkpoint` is what ``Trainer.fit(ckpt_path=...)`` runs before its first epoch (and ``Trainer.restore``);
 :func:`load_trainer_state` is ``Trainer.load_state_dict``. Which checkpoint a run resumes from, and whether it
-fits the run's config, is :mod:`paddletrain.resume`'s business; the state's layout is ``Trainer.state_dict``'s.
+fits the run's config, is :mod:`paddletrain.engine.resume`'s business; the state's layout is ``Trainer.state_dict``'s.
 """
 from __future__ import annotations
 
@@ -15,19 +15,19 @@ from paddletrain.checkpoint import Checkpoint, load_checkpoint, set_rng_state
 from paddletrain.checkpoint.rng import check_rng_state
 from paddletrain.checkpoint.storage import STATE
 from paddletrain.checkpoint.untrusted import StateValueError, checked_mapping, required
-from paddletrain.errors import UserError
-from paddletrain.hooks import Stateful, batch_sampler_of
-from paddletrain.job.runtime import seed_everything
-from paddletrain.state_checks import (
+from paddletrain.engine.hooks import Stateful, batch_sampler_of
+from paddletrain.engine.state_checks import (
     check_optimizer_state,
     check_scheduler_state,
     check_state_matches,
     checked_metrics,
     checked_progress,
 )
+from paddletrain.errors import UserError
+from paddletrain.job.runtime import seed_everything
 
 if TYPE_CHECKING:  # pragma: no cover
-    from paddletrain.trainer import Trainer
+    from paddletrain.engine.trainer import Trainer
 
 log = logging.getLogger("paddletrain")
 

@@ -16,10 +16,9 @@ from typing import Any
 import numpy as np
 import paddle
 
-from paddletrain.callbacks.base import Callback, CheckpointCallback, StepOutput
 from paddletrain.checkpoint import rng_state
-from paddletrain.errors import NonFiniteLossError, TrainingInterrupted, UserError
-from paddletrain.hooks import (
+from paddletrain.engine.callback import Callback, CheckpointCallback, StepOutput
+from paddletrain.engine.hooks import (
     BatchTransform,
     EpochSampler,
     PaddedLoader,
@@ -27,13 +26,14 @@ from paddletrain.hooks import (
     Stateful,
     batch_sampler_of,
 )
+from paddletrain.engine.limits import Limits
+from paddletrain.engine.precision import Precision
+from paddletrain.engine.state import load_trainer_state, restore_checkpoint
+from paddletrain.errors import NonFiniteLossError, TrainingInterrupted, UserError
 from paddletrain.job import distributed
 from paddletrain.job.processes import stop_request
-from paddletrain.limits import Limits
 from paddletrain.losses import cross_entropy
 from paddletrain.metrics import ClassificationMeter, ClassReport, Throughput
-from paddletrain.precision import Precision
-from paddletrain.restore import load_trainer_state, restore_checkpoint
 
 log = logging.getLogger("paddletrain")
 
@@ -56,9 +56,9 @@ class Trainer:
         scheduler: an LR scheduler stepped once per optimizer step (``None`` for a constant LR).
         loss_fn: ``loss_fn(logits, targets) -> scalar``; default :func:`paddletrain.losses.cross_entropy`
             (class indices or soft targets).
-        precision: fp32/AMP behaviour (``paddletrain.precision.Precision``); default fp32.
+        precision: fp32/AMP behaviour (``paddletrain.engine.precision.Precision``); default fp32.
         callbacks: hooks run in the order given (checkpointing callbacks run last).
-        limits: how long the loop runs and how it steps (:class:`~paddletrain.limits.Limits`: epochs, steps,
+        limits: how long the loop runs and how it steps (:class:`~paddletrain.engine.limits.Limits`: epochs, steps,
             accumulation, clipping, batch caps, validation interval, non-finite tolerance); default one epoch.
         num_classes: for top-k metrics (top-5 only when there are at least 5 classes).
         class_names: the classes' names, for the per-class results of each validation (:attr:`val_report`:
@@ -75,14 +75,14 @@ class Trainer:
             after the first, exits at once.
         batch_transform: ``batch_transform(images, labels) -> (images, targets)`` run on every training batch
             before the forward pass (e.g. :class:`~paddletrain.data.mixup.Mixup`, whose soft targets the loss
-            takes); metrics still count the original labels (:class:`~paddletrain.hooks.BatchTransform`). A
-            :class:`~paddletrain.hooks.Stateful` one is saved in checkpoints (one entry per rank), so a resumed run
-            draws what an uninterrupted one would.
+            takes); metrics still count the original labels (:class:`~paddletrain.engine.hooks.BatchTransform`). A
+            :class:`~paddletrain.engine.hooks.Stateful` one is saved in checkpoints (one entry per rank), so a resumed
+            run draws what an uninterrupted one would.
         distiller: a :class:`~paddletrain.distill.Distiller`; training losses become its loss of the student's
             logits (its teacher sees the same, transformed, images). Validation keeps ``loss_fn``.
         meters: ``meters(stage)`` builds the meter of a training epoch (``"train"``) or of a validation
             (``"val"``), with :class:`~paddletrain.metrics.ClassificationMeter`'s interface; default: that meter
-            (top-k). Multi-label runs pass :mod:`paddletrain.metrics_multilabel`'s.
+            (top-k). Multi-label runs pass :mod:`paddletrain.metrics.multilabel`'s.
     """
 
     def __init__(
@@ -518,14 +518,14 @@ class Trainer:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` produced (see :func:`paddletrain.restore.load_trainer_state`: every
+        """Restore what :meth:`state_dict` produced (see :func:`paddletrain.engine.state.load_trainer_state`: every
         value is checked before anything changes; one that does not fit raises ``StateValueError`` naming its key).
         """
         load_trainer_state(self, state)
 
     def restore(self, checkpoint: Any) -> None:
         """Load a checkpoint (a directory, or a :class:`~paddletrain.checkpoint.Checkpoint`) into the trainer
-        (:func:`paddletrain.restore.restore_checkpoint`)."""
+        (:func:`paddletrain.engine.state.restore_checkpoint`)."""
         restore_checkpoint(self, checkpoint)
 
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 if TYPE_CHECKING:  # pragma: no cover
     from pathlib import Path
 
-    from paddletrain.trainer import Trainer
+    from paddletrain.engine.trainer import Trainer
 
 
 @dataclass
@@ -101,7 +101,7 @@ class Callback:
 
 class CheckpointCallback(Callback):
     """Base class of callbacks that write the trainer's state (:meth:`Trainer.checkpoint_state
-    <paddletrain.trainer.Trainer.checkpoint_state>`) to checkpoints, e.g.
+    <paddletrain.engine.trainer.Trainer.checkpoint_state>`) to checkpoints, e.g.
     :class:`~paddletrain.callbacks.ModelCheckpoint`.
 
     The Trainer finds them by this type (as Lightning does) and relies on the members below; a subclass writes

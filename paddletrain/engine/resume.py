@@ -10,8 +10,8 @@ import paddle
 from paddletrain.checkpoint import find_latest, load_checkpoint, load_legacy
 from paddletrain.checkpoint.legacy import LEGACY_SUFFIXES
 from paddletrain.checkpoint.untrusted import StateValueError, check_inside, show
+from paddletrain.engine.state_checks import check_optimizer_state, check_state_matches
 from paddletrain.errors import UserError
-from paddletrain.state_checks import check_optimizer_state, check_state_matches
 
 log = logging.getLogger("paddletrain")
 

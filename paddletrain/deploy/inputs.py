@@ -1,6 +1,6 @@
 """The image files a user names on the command line: a folder, a list file, a glob or one image.
 
-Shared by ``paddletrain.predict`` (``input=``) and ``paddletrain.quantize`` (``calibration=``), which must not
+Shared by ``paddletrain.predict`` (``input=``) and ``paddletrain.deploy.quantize`` (``calibration=``), which must not
 import each other (predict exports checkpoints, and export quantizes).
 """
 from __future__ import annotations

@@ -33,8 +33,8 @@ import numpy as np
 import paddle
 
 from paddletrain.config import AmpConfig, check_field
+from paddletrain.engine.state_checks import checked_scaler_state
 from paddletrain.errors import ConfigError
-from paddletrain.state_checks import checked_scaler_state
 
 log = logging.getLogger(__name__)
 

@@ -126,7 +126,7 @@ def weights_rounded(model: Any, inputs: np.ndarray, keep_ends: bool = True, bits
 
 def _quantized(order: list[Any], keep_ends: bool) -> list[Any]:
     """The entries of ``order`` (weighted layers in the order they run) whose weights int8 quantization rounds:
-    all but the first and the last with ``keep_ends`` (paddletrain.quantize keeps those two fp32)."""
+    all but the first and the last with ``keep_ends`` (paddletrain.deploy.quantize keeps those two fp32)."""
     return order[1:-1] if keep_ends else order
 
 

@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from paddletrain.class_names import read_names_file
+from paddletrain.data.class_names import read_names_file
+from paddletrain.deploy.native_output import quiet_pass_statistics
 from paddletrain.devices import DEVICES
 from paddletrain.errors import UserError
-from paddletrain.native_output import quiet_pass_statistics
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ BACKENDS = ("auto", "paddle", "onnx")
 PREPROCESS_FILE = "preprocess.json"
 PREPROCESS_FORMAT_VERSION = 1
 # fp16 runs on GPUs; bf16 on CPUs through oneDNN (fast with AVX512-BF16 or AMX, emulated and slow without);
-# int8 on CPUs through oneDNN, from a graph quantized at export (paddletrain.quantize), not from an fp32 one.
+# int8 on CPUs through oneDNN, from a graph quantized at export (paddletrain.deploy.quantize), not from an fp32 one.
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 RESIZE_MODES = ("shorter_side", "exact")
 # The runtime `backend=auto` picks for an export that has both a Paddle graph and model.onnx, by the precision it

@@ -1,6 +1,6 @@
 """int8 post-training quantization, next to export: calibration images, Paddle Inference int8, ONNX int8.
 
-Three steps, each its own function, composed by :func:`paddletrain.export.export_checkpoint`:
+Three steps, each its own function, composed by :func:`paddletrain.deploy.export.export_checkpoint`:
 
 1. :func:`calibration_files` and :func:`check_calibration_files`: the calibration source (a folder of images, a
    list file or a glob, read as ``paddletrain.predict`` reads its ``input=``) must name readable images of the
@@ -10,13 +10,13 @@ Three steps, each its own function, composed by :func:`paddletrain.export.export
    (``paddle.static.quantization.PostTrainingQuantization``) on the model saved in the older ProgramDesc format
    (the only one it reads in Paddle 3.3: on a PIR ``model.json`` it stops on an assertion that the program is
    a ``Program``). The int8 program runs in Paddle Inference on oneDNN's int8 kernels
-   (:class:`paddletrain.inference.Predictor` with ``precision="int8"``).
+   (:class:`paddletrain.deploy.predictor.Predictor` with ``precision="int8"``).
 3. :func:`quantize_onnx`: onnxruntime's static quantization of an fp32 ``model.onnx`` (the ``onnx`` extra).
 
 The first convolution (3 input channels: little work, and it sees raw pixels) and the classifier (it writes
 the logits) stay fp32 by default (``keep_ends``; Paddle Inference needs the Predictor's help for the classifier,
-``paddletrain.inference.int8_op_types``): see docs/inference.md ("int8") for the measurement. Before tracing, the
-model's batch norms absorb the output shift its int8 weight rounding causes (``paddletrain.bias_correction``).
+``paddletrain.deploy.predictor.int8_op_types``): see docs/inference.md ("int8") for the measurement. Before tracing, the
+model's batch norms absorb the output shift its int8 weight rounding causes (``paddletrain.deploy.bias_correction``).
 ``reduce_range`` quantizes for CPUs without VNNI (``REDUCED_ACTIVATION_WIDENING``, ``REDUCE_RANGE_BY_RUNTIME``).
 """
 from __future__ import annotations
@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from paddletrain.bias_correction import weight_rounding_corrected
+from paddletrain.deploy.bias_correction import weight_rounding_corrected
+from paddletrain.deploy.inputs import resolve_inputs
 from paddletrain.errors import UserError
-from paddletrain.inputs import resolve_inputs
 
 log = logging.getLogger("paddletrain")
 
@@ -58,7 +58,7 @@ MAX_UPSCALE = 2.0
 # fits in int16. The cost is one bit of activation resolution; measured in docs/inference.md ("int8").
 REDUCED_ACTIVATION_WIDENING = 255 / 127
 # quant_reduce_range=null picks per runtime, by measurement on the AVX2-only CPU (docs/inference.md, "int8"):
-# - Paddle: off. Its loss came mostly from the classifier running in int8 (paddletrain.inference.
+# - Paddle: off. Its loss came mostly from the classifier running in int8 (paddletrain.deploy.predictor.
 #   INT8_FP32_OP_TYPES_WITH_ENDS_KEPT); with that fixed, 7-bit activation codes moved the Fashion-MNIST resnet20
 #   from +0.35 to +0.01 points (97.8% -> 98.2% agreement) but the ants/bees shufflenet from -0.65 to -1.96
 #   (99.3% -> 96.7%): one bit of activation resolution cost more than the saturation it prevents.
@@ -143,7 +143,7 @@ def check_calibration_files(files: Sequence[str], input_size: Sequence[int], spe
 
 
 def calibration_inputs(files: Sequence[str], preprocessing: Any) -> np.ndarray:
-    """The files decoded and preprocessed (``preprocessing``: the export's :class:`~paddletrain.inference.
+    """The files decoded and preprocessed (``preprocessing``: the export's :class:`~paddletrain.deploy.predictor.
     Preprocessing`) into one float32 NCHW array."""
     from paddletrain.data.images import ImageReadError, open_image
 
@@ -176,8 +176,8 @@ def quantize_paddle(model: Any, out_dir: str | Path, input_spec: Any, inputs: np
     classifier) in fp32. ``reduce_range`` widens every activation's range by ``REDUCED_ACTIVATION_WIDENING`` so
     CPUs without VNNI cannot saturate (see there). With ``bias_correction`` the output-mean shift that rounding
     each layer's weights to int8 causes is moved into the batch norm (or bias) after it before tracing
-    (:func:`paddletrain.bias_correction.weight_rounding_corrected`; ``model`` is restored afterwards). Returns the
-    files written.
+    (:func:`~paddletrain.deploy.bias_correction.weight_rounding_corrected`; ``model`` is restored afterwards).
+    Returns the files written.
     """
     import paddle
     from paddle.pir_utils import OldIrGuard

@@ -25,7 +25,7 @@ from multiprocessing import shared_memory
 
 import numpy as np
 
-from paddletrain.inference import Preprocessing
+from paddletrain.deploy.predictor import Preprocessing
 from paddletrain.job.processes import die_with_parent, ignore_stop_signals
 
 log = logging.getLogger("paddletrain")

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import paddle
 
-from paddletrain.metrics import ClassificationMeter
+from paddletrain.metrics.single_label import ClassificationMeter
 
 __all__ = ["LossMeter", "MultiLabelMeter", "MultiLabelReport", "average_precision", "multilabel_report"]
 
