@@ -28,6 +28,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
+from paddletrain.callbacks.heartbeat import Heartbeat
 from paddletrain.callbacks.instantiate import instantiate_callbacks
 from paddletrain.checkpoint import load_checkpoint
 from paddletrain.checkpoint.locate import locate_checkpoint
@@ -49,7 +50,6 @@ from paddletrain.errors import ConfigError, TrainingInterrupted, UserError
 from paddletrain.job import distributed
 from paddletrain.job.rundir import holding_run_dir
 from paddletrain.job.runtime import seed_everything, setup_runtime
-from paddletrain.job.watchdog import Heartbeat
 from paddletrain.losses import LossFn, build_loss
 from paddletrain.metrics.multilabel import LossMeter, MultiLabelMeter
 from paddletrain.models import create_model

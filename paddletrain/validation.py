@@ -3,7 +3,7 @@ range (:func:`paddletrain.config.check_values`), the rules that compare keys, th
 what needs building to check (callback entries, augmentations, mixup, distillation), and what this machine can run.
 One home for every config rule beyond the schema's own; builders rely on it having run.
 
-Once per process: the entry point validates (``fit``: :class:`~paddletrain.job.rundir.RunDirGuard` before Hydra
+Once per process: the entry point validates (``fit``: :class:`RunDirGuard` before Hydra
 writes the run directory, else :func:`validate_once` in ``build.train``); later calls with the same config
 skip the work (:func:`validate_once`), and the callbacks the check built are handed to the run
 (:func:`take_built_callbacks`) instead of being built again. The ranks a launcher starts inherit its verdict
@@ -11,15 +11,19 @@ through :data:`VALIDATED_ENV`.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import itertools
 import os
 import re
 import typing
+from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
+from omegaconf import OmegaConf, open_dict, read_write
 
 import paddletrain.builtin_components  # noqa: F401  (registers the built-in names the config may use)
 from paddletrain.callbacks.instantiate import BuiltCallbacks, check_callback_entries
@@ -27,7 +31,9 @@ from paddletrain.config import EvaluateConfig, FitConfig, check_values
 from paddletrain.data.mixup import Mixup
 from paddletrain.data.transforms import DEFAULT_CROP_PCT, build_augmentations, eval_image_size
 from paddletrain.distill import resolve_alpha
-from paddletrain.errors import ConfigError
+from paddletrain.errors import ConfigError, StartRefused, UserError
+from paddletrain.job import distributed, slurm
+from paddletrain.job.rundir import hold_new_run_dir
 from paddletrain.job.runtime import select_device
 from paddletrain.losses import (
     BCE_ONLY_KEYS,
@@ -362,3 +368,36 @@ def _check_machine(cfg: Any, training: bool) -> None:
     if not device.startswith("gpu"):
         raise ConfigError(f"model.sync_bn=true needs GPUs (Paddle runs SyncBatchNorm only there); this run trains on "
                           f"the CPU (trainer.device={t.device}): set model.sync_bn=false")
+
+
+class RunDirGuard(Callback):
+    """Hydra callback for `paddletrain.fit`: validates the config (the run's one validation,
+    below) and locks the run directory before Hydra creates it and writes ``.hydra/``
+    there, so a bad value or a busy directory stops the run before any work. It raises
+    :class:`~paddletrain.errors.StartRefused`; the command's wrapper (:func:`paddletrain.cli.run_command`) says why.
+
+    Enabled in ``conf/fit.yaml`` under ``hydra.callbacks``. Ranks of a ``trainer.devices=N`` job skip it:
+    their launcher already checked and holds the directory.
+    """
+
+    def on_run_start(self, config: Any, **kwargs: Any) -> None:
+        if distributed.is_launched():
+            return
+        try:
+            # Resolving hydra.run.dir may use ${hydra:...}; Hydra sets this itself just after this hook, and
+            # resolves the same node (its ${now:...} is cached), so this is the directory the run will use.
+            HydraConfig.instance().set_config(config)
+            run_dir = Path(os.path.abspath(str(OmegaConf.select(config, "hydra.run.dir"))))
+            task = copy.deepcopy(config)  # what the task function will get, as Hydra builds it
+            with read_write(task), open_dict(task):
+                del task["hydra"]
+        except Exception:  # an odd config: fit's own checks report it once Hydra has set up logging
+            return
+        try:
+            validate_config(task)
+            # Several nodes share one run directory: node 0's launcher (under SLURM, task 0) holds it for the job.
+            if slurm.holds_run_dir(task):
+                hold_new_run_dir(run_dir)
+        except UserError as exc:
+            # Not an exit of its own: the command's wrapper (paddletrain.cli.run_command) says it in one line.
+            raise StartRefused(exc) from None

@@ -18,7 +18,7 @@ from PIL import Image
 from paddletrain.cli import command_task, ending_of, run_command, run_script
 from paddletrain.errors import ExitCode, NonFiniteLossError, RankLostError, StartRefused, TrainingInterrupted, UserError
 from paddletrain.job.processes import stop_request
-from paddletrain.job.rundir import RunDirGuard
+from paddletrain.validation import RunDirGuard
 from tests.conftest import EXPORT_SIZE, run_module
 
 # One mistake of each kind per command: (arguments, what the one line must say).

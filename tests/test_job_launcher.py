@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 from types import SimpleNamespace
 
+from paddletrain.callbacks.heartbeat import Heartbeat
 from paddletrain.errors import ExitCode
 from paddletrain.job.distributed import OUTCOME_MARKER, RankOutcome
 from paddletrain.job.launcher import (
@@ -18,7 +19,7 @@ from paddletrain.job.launcher import (
     first_failed_rank,
     shown_on_console,
 )
-from paddletrain.job.watchdog import Heartbeat, Watchdog
+from paddletrain.job.watchdog import Watchdog
 from tests.conftest import TINY, run_module
 
 RANK_LOG = f"""\

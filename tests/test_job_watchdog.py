@@ -11,8 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from paddletrain.callbacks.heartbeat import Heartbeat
 from paddletrain.errors import ExitCode
-from paddletrain.job.watchdog import TRAINING, VALIDATION, Heartbeat, RankState, Watchdog, heartbeat_path, stall_line
+from paddletrain.job.watchdog import TRAINING, VALIDATION, RankState, Watchdog, heartbeat_path, stall_line
 from tests.conftest import TINY, run_module
 
 ROOT = Path(__file__).resolve().parents[1]

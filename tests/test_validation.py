@@ -13,11 +13,11 @@ from omegaconf import open_dict, read_write
 
 from paddletrain import validation
 from paddletrain.build import train
-from paddletrain.job import rundir
-from paddletrain.job.rundir import RunDirGuard, release_run_dir
+from paddletrain.job.rundir import release_run_dir
 from paddletrain.registry import CALLBACKS
 from paddletrain.validation import (
     VALIDATED_ENV,
+    RunDirGuard,
     take_built_callbacks,
     validate_config,
     validate_once,
@@ -40,7 +40,6 @@ def counts(monkeypatch):
         return real_validate(cfg, use)
 
     monkeypatch.setattr(validation, "validate_config", counting_validate)
-    monkeypatch.setattr(rundir, "validate_config", counting_validate)
     for name in CALLBACKS.names():
         cls = CALLBACKS.get(name)
 

@@ -3,6 +3,7 @@ handed on here too)."""
 from __future__ import annotations
 
 from paddletrain.engine.callback import Callback, CheckpointCallback, StepOutput, metric_improved
+
 from .checkpoint import ModelCheckpoint
 from .early_stopping import EarlyStopping
 from .ema import ModelEMA

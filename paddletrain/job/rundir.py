@@ -5,14 +5,13 @@ process ends, however it ends (``kill -9`` included), so a lock file left behind
 only a live holder does. The file records the holder's pid and host so a refused run can say who holds it.
 With ``trainer.devices=N`` the launcher holds the lock and the ranks it starts do not take it.
 
-It is taken first by :class:`RunDirGuard`, a Hydra callback that runs before Hydra writes ``.hydra/`` into
-the run directory (so a refused run cannot overwrite the running one's saved config), then again (a no-op in
-the same process) by ``fit``'s launcher and by ``build.train``, which holds it for its own duration when called
-without the callback: sweeps, downstream Hydra apps, Python code.
+It is taken first by :class:`paddletrain.validation.RunDirGuard`, a Hydra callback that runs before Hydra writes
+``.hydra/`` into the run directory (so a refused run cannot overwrite the running one's saved config), then again (a
+no-op in the same process) by ``fit``'s launcher and by ``build.train``, which holds it for its own duration when
+called without the callback: sweeps, downstream Hydra apps, Python code.
 """
 from __future__ import annotations
 
-import copy
 import errno
 import json
 import logging
@@ -25,15 +24,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from hydra.core.hydra_config import HydraConfig
-from hydra.experimental.callback import Callback
-from omegaconf import OmegaConf, open_dict, read_write
-
-from paddletrain.errors import StartRefused, UserError
-from paddletrain.job import distributed, slurm
-from paddletrain.validation import validate_config
+from paddletrain.errors import UserError
 
 try:
     import fcntl
@@ -196,45 +188,17 @@ def discard_failed_start(run_dir: str | Path) -> bool:
     return True
 
 
+def hold_new_run_dir(run_dir: Path) -> None:
+    """Hold ``run_dir`` for this job (:func:`hold_run_dir`), noting whether this start creates it: only then may
+    :func:`discard_failed_start` remove it after a failed start."""
+    global _created
+    _created = None if run_dir.exists() else (run_dir.resolve(), _top_missing(run_dir.resolve()))
+    hold_run_dir(run_dir)
+
+
 def _top_missing(path: Path) -> Path:
     """The top-most of ``path`` and its parents that does not exist yet (``path`` itself does not)."""
     top = path
     while not top.parent.exists() and top.parent != top:
         top = top.parent
     return top
-
-
-class RunDirGuard(Callback):
-    """Hydra callback for `paddletrain.fit`: validates the config (the run's one validation,
-    :mod:`paddletrain.validation`) and locks the run directory before Hydra creates it and writes ``.hydra/``
-    there, so a bad value or a busy directory stops the run before any work. It raises
-    :class:`~paddletrain.errors.StartRefused`; the command's wrapper (:func:`paddletrain.cli.run_command`) says why.
-
-    Enabled in ``conf/fit.yaml`` under ``hydra.callbacks``. Ranks of a ``trainer.devices=N`` job skip it:
-    their launcher already checked and holds the directory.
-    """
-
-    def on_run_start(self, config: Any, **kwargs: Any) -> None:
-        global _created
-        if distributed.is_launched():
-            return
-        try:
-            # Resolving hydra.run.dir may use ${hydra:...}; Hydra sets this itself just after this hook, and
-            # resolves the same node (its ${now:...} is cached), so this is the directory the run will use.
-            HydraConfig.instance().set_config(config)
-            run_dir = Path(os.path.abspath(str(OmegaConf.select(config, "hydra.run.dir"))))
-            task = copy.deepcopy(config)  # what the task function will get, as Hydra builds it
-            with read_write(task), open_dict(task):
-                del task["hydra"]
-        except Exception:  # an odd config: fit's own checks report it once Hydra has set up logging
-            return
-        try:
-            validate_config(task)
-            # Several nodes share one run directory: node 0's launcher (under SLURM, task 0) holds it for the job.
-            if slurm.holds_run_dir(task):
-                _created = None if run_dir.exists() else (run_dir.resolve(), _top_missing(run_dir.resolve()))
-                hold_run_dir(run_dir)
-        except UserError as exc:
-            # Not an exit of its own: the command's wrapper (paddletrain.cli.run_command) says it in one line.
-            raise StartRefused(exc) from None
-

@@ -7,10 +7,10 @@ and a rank stuck inside a collective runs no Python code, so it cannot say who i
 which already supervises every rank, can: the ranks of a data-parallel job pass the same collectives in the same
 order, so when ranks stop moving, those furthest ahead are waiting for those behind.
 
-- **Rank side** (:class:`Heartbeat`, a callback added to every rank started by paddletrain's launcher): at each
-  training batch, validation and epoch boundary it writes ``heartbeat.<rank>.json`` in the launch log directory:
-  its position (comparable across ranks) and a description such as ``step 12 of epoch 0 (forward, backward and
-  the gradient all_reduce)``.
+- **Rank side** (:class:`paddletrain.callbacks.heartbeat.Heartbeat`, a callback added to every rank started by
+  paddletrain's launcher): at each training batch, validation and epoch boundary it writes
+  ``heartbeat.<rank>.json`` in the launch log directory: its position (comparable across ranks) and a description
+  such as ``step 12 of epoch 0 (forward, backward and the gradient all_reduce)``.
 - **Launcher side** (:class:`Watchdog`): notes when each rank's heartbeat last changed (on its own clock, so the
   nodes' clocks need not agree); when one has not changed for ``trainer.collective_timeout`` seconds,
   :func:`stall_line` names the ranks that did not arrive and where the others wait, and the launcher ends the job
@@ -22,14 +22,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from paddletrain.engine.callback import Callback
 
 log = logging.getLogger("paddletrain")
 
@@ -48,68 +44,6 @@ EPOCH_START, TRAINING, VALIDATION, AFTER_VALIDATION, EPOCH_END = range(5)
 
 def heartbeat_path(log_dir: Path, rank_id: int) -> Path:
     return Path(log_dir) / f"heartbeat.{rank_id}.json"
-
-
-class Heartbeat(Callback):
-    """Writes where this rank is to ``<log_dir>/heartbeat.<rank>.json`` at every boundary of the loop.
-
-    It is added after the configured callbacks (before the checkpointing ones), so work a callback does at a
-    boundary counts as part of the phase before it.
-    """
-
-    def __init__(self, log_dir: str | Path, rank_id: int) -> None:
-        self.path = heartbeat_path(Path(log_dir), rank_id)
-        self.rank = rank_id
-        self._fd: int | None = None
-        self._beat = 0
-        self._position: tuple = ()
-        self._written_at = 0.0
-
-    def _mark(self, position: tuple, where: str, refresh: bool = False, done: bool = False) -> None:
-        now = time.monotonic()
-        if refresh and position == self._position and now - self._written_at < REFRESH_SECONDS:
-            return
-        self._beat += 1
-        self._position, self._written_at = position, now
-        record = {"rank": self.rank, "beat": self._beat, "position": list(position), "where": where, "done": done}
-        data = json.dumps(record).encode()[:RECORD_BYTES].ljust(RECORD_BYTES)  # JSON allows trailing blanks
-        try:  # a reader catching a record half-written fails to parse it and reads again at its next poll
-            if self._fd is None:
-                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.pwrite(self._fd, data, 0)
-        except OSError as exc:  # the watchdog then sees no progress: say why here
-            log.warning("cannot write heartbeat %s: %s", self.path, exc)
-
-    def on_train_epoch_start(self, trainer: Any) -> None:
-        self._mark((trainer.epoch, EPOCH_START, 0, 0), f"the start of epoch {trainer.epoch}")
-
-    def on_train_batch_start(self, trainer: Any, batch: Any, batch_idx: int) -> None:
-        self._mark((trainer.epoch, TRAINING, batch_idx, 0),
-                   f"step {trainer.global_step + 1} of epoch {trainer.epoch} (batch {batch_idx}: forward, backward "
-                   "and the gradient all_reduce)")
-
-    def on_train_batch_end(self, trainer: Any, output: Any, batch: Any, batch_idx: int) -> None:
-        self._mark((trainer.epoch, TRAINING, batch_idx, 1),
-                   f"after step {trainer.global_step} of epoch {trainer.epoch} (batch {batch_idx}: the stop-check "
-                   "all_reduce, then loading the next batch)")
-
-    def on_validation_start(self, trainer: Any) -> None:
-        self._mark((trainer.epoch, VALIDATION, 0, 0), f"the validation of epoch {trainer.epoch}")
-
-    def on_validation_batch_end(self, trainer: Any, batch: Any, batch_idx: int) -> None:
-        self._mark((trainer.epoch, VALIDATION, 0, 0), f"the validation of epoch {trainer.epoch}", refresh=True)
-
-    def on_validation_end(self, trainer: Any, metrics: dict[str, float]) -> None:
-        self._mark((trainer.epoch, AFTER_VALIDATION, 0, 0), f"after the validation of epoch {trainer.epoch}")
-
-    def on_train_epoch_end(self, trainer: Any, metrics: dict[str, float]) -> None:
-        self._mark((trainer.epoch, EPOCH_END, 0, 0), f"the end of epoch {trainer.epoch} (saving, then the next epoch)")
-
-    def on_fit_end(self, trainer: Any) -> None:
-        self._mark((), "finished", done=True)  # nothing left to watch, and not late either
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
 
 
 @dataclass

@@ -20,6 +20,7 @@ import paddle
 from safetensors.numpy import save_file
 
 from paddletrain.engine.state_checks import compare_state
+
 from .weights.adapt import adapt_input_conv
 from .weights.mapping import FIRST_PROJECTION_PREFIXES, HEAD_PREFIXES, IDENTITY, convert_state
 from .weights.report import LoadReport, PretrainedLoadError, abbreviate
