@@ -129,6 +129,12 @@ class ModelCheckpoint(CheckpointCallback):
                  f" ({self.monitor}={metric:.4f})" if metric is not None else "")
         return self.last_path
 
+    def best_checkpoint(self) -> Path | None:
+        return self.manager.best_path if self.manager is not None else None
+
+    def newest_checkpoint(self) -> Path | None:
+        return self.manager.last_path if self.manager is not None else None
+
     def state_dict(self) -> dict[str, Any]:
         return self.manager.state_dict() if self.manager is not None else {}
 

@@ -388,6 +388,9 @@ class VisualDLLogger(Callback):
         """Path of the log file being written (None before the first write)."""
         return self._writer.file_name if self._writer is not None else None
 
+    def run_files(self) -> dict[str, Path]:
+        return {"visualdl": Path(self.logdir)} if self.logdir else {}
+
     def on_fit_start(self, trainer: Trainer) -> None:
         self._resolve_logdir(trainer)
         self._header_pending = True

@@ -21,16 +21,15 @@ Order of hooks during ``Trainer.fit``::
 Callbacks never reach into each other: they read the trainer's public state and write their own.
 
 Callbacks that write checkpoints derive from :class:`CheckpointCallback`; the Trainer tells them apart by that type.
+Hooks receive the trainer as a :class:`TrainerView`: what a callback may rely on, declared here so that the contract
+does not depend on the loop that honours it (:class:`~paddletrain.engine.trainer.Trainer` is that loop, and a test
+holds it to every member).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
-
-if TYPE_CHECKING:  # pragma: no cover
-    from pathlib import Path
-
-    from paddletrain.engine.trainer import Trainer
+from pathlib import Path
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 
 @dataclass
@@ -50,6 +49,61 @@ class StepOutput:
     extra: dict[str, float] = field(default_factory=dict)
 
 
+@runtime_checkable
+class TrainerView(Protocol):
+    """What a callback may read of the trainer that calls its hooks; ``should_stop`` it may also set.
+
+    The objects (model, optimizer, scheduler, precision, limits) are those the trainer was built with; the rest is
+    the loop's progress and its records.
+    """
+
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    precision: Any
+    limits: Any
+    callbacks: list[Callback]
+    run_dir: str | None
+    hparams: Any
+    rank: int
+    world_size: int
+    # Progress: the position to continue from is (epoch, batch_in_epoch).
+    epoch: int
+    batch_in_epoch: int
+    epoch_finished: bool
+    global_step: int
+    should_stop: bool
+    num_train_batches: int | None
+    nonfinite_steps: int
+    resumed_from: str | None
+    # Records: the last metrics, the last validation's per-class report, throughput of the epoch and the fit.
+    metrics: dict[str, float]
+    val_report: Any
+    epoch_throughput: Any
+    run_throughput: Any
+    fit_seconds: float
+    logger: Any
+
+    @property
+    def module(self) -> Any:
+        """The model without its data-parallel wrapper."""
+
+    @property
+    def is_main(self) -> bool:
+        """Whether this is rank 0."""
+
+    @property
+    def checkpoint_callbacks(self) -> list[CheckpointCallback]:
+        """The callbacks that write checkpoints, in the order they run."""
+
+    @property
+    def current_lr(self) -> float:
+        """The learning rate the next step uses."""
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """What a checkpoint written now would hold."""
+
+
 class Callback:
     """Base class: override the hooks you need. Every hook receives the trainer."""
 
@@ -61,35 +115,35 @@ class Callback:
         """Key under which this callback's state is stored in a checkpoint."""
         return type(self).__name__
 
-    def setup(self, trainer: Trainer) -> None:
+    def setup(self, trainer: TrainerView) -> None:
         """Called once when ``fit`` starts, before a checkpoint is restored (e.g. to resolve paths from
         ``trainer.run_dir``)."""
 
-    def on_fit_start(self, trainer: Trainer) -> None: ...
+    def on_fit_start(self, trainer: TrainerView) -> None: ...
 
-    def on_fit_end(self, trainer: Trainer) -> None: ...
+    def on_fit_end(self, trainer: TrainerView) -> None: ...
 
-    def on_train_epoch_start(self, trainer: Trainer) -> None: ...
+    def on_train_epoch_start(self, trainer: TrainerView) -> None: ...
 
-    def on_train_epoch_end(self, trainer: Trainer, metrics: dict[str, float]) -> None: ...
+    def on_train_epoch_end(self, trainer: TrainerView, metrics: dict[str, float]) -> None: ...
 
-    def on_train_batch_start(self, trainer: Trainer, batch: Any, batch_idx: int) -> None: ...
+    def on_train_batch_start(self, trainer: TrainerView, batch: Any, batch_idx: int) -> None: ...
 
-    def on_before_optimizer_step(self, trainer: Trainer, optimizer: Any) -> None: ...
+    def on_before_optimizer_step(self, trainer: TrainerView, optimizer: Any) -> None: ...
 
-    def on_train_batch_end(self, trainer: Trainer, output: StepOutput, batch: Any, batch_idx: int) -> None: ...
+    def on_train_batch_end(self, trainer: TrainerView, output: StepOutput, batch: Any, batch_idx: int) -> None: ...
 
-    def on_validation_start(self, trainer: Trainer) -> None: ...
+    def on_validation_start(self, trainer: TrainerView) -> None: ...
 
-    def on_validation_batch_end(self, trainer: Trainer, batch: Any, batch_idx: int) -> None: ...
+    def on_validation_batch_end(self, trainer: TrainerView, batch: Any, batch_idx: int) -> None: ...
 
-    def on_validation_end(self, trainer: Trainer, metrics: dict[str, float]) -> None: ...
+    def on_validation_end(self, trainer: TrainerView, metrics: dict[str, float]) -> None: ...
 
-    def on_save_checkpoint(self, trainer: Trainer, checkpoint: dict[str, Any]) -> None: ...
+    def on_save_checkpoint(self, trainer: TrainerView, checkpoint: dict[str, Any]) -> None: ...
 
-    def on_load_checkpoint(self, trainer: Trainer, checkpoint: dict[str, Any]) -> None: ...
+    def on_load_checkpoint(self, trainer: TrainerView, checkpoint: dict[str, Any]) -> None: ...
 
-    def on_exception(self, trainer: Trainer, exception: BaseException) -> None: ...
+    def on_exception(self, trainer: TrainerView, exception: BaseException) -> None: ...
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable state restored on resume (numbers, strings, lists, dicts)."""
@@ -97,6 +151,11 @@ class Callback:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
+
+    def run_files(self) -> dict[str, Path]:
+        """What this callback writes that the run's ``summary.json`` names under ``paths`` (e.g.
+        ``{"visualdl": <log dir>}``); nothing by default."""
+        return {}
 
 
 class CheckpointCallback(Callback):
@@ -116,6 +175,16 @@ class CheckpointCallback(Callback):
     saves_on_interrupt: ClassVar[bool] = True
     # The checkpoint this callback wrote last, None before its first; set by the subclass on every save.
     last_path: Path | None = None
+    # The metric that picks the best checkpoint, None when none is monitored.
+    monitor: str | None = None
+
+    def best_checkpoint(self) -> Path | None:
+        """The best checkpoint by :attr:`monitor` among those kept (over resumes too), None when there is none."""
+        return None
+
+    def newest_checkpoint(self) -> Path | None:
+        """The newest checkpoint kept (over resumes too), None before the first."""
+        return self.last_path
 
 
 # How a monitored metric improves: it rises ("max", e.g. accuracy) or falls ("min", e.g. loss).

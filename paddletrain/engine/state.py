@@ -1,21 +1,26 @@
-"""Putting a trainer back where a checkpoint left it: every saved value is checked, then loaded.
+"""A run's state, saved and loaded side by side: what a checkpoint holds, and every saved value checked before it
+is put back.
 
-:func:`restore_checkpoint` is what ``Trainer.fit(ckpt_path=...)`` runs before its first epoch (and ``Trainer.restore``);
-:func:`load_trainer_state` is ``Trainer.load_state_dict``. Which checkpoint a run resumes from, and whether it
-fits the run's config, is :mod:`paddletrain.engine.resume`'s business; the state's layout is ``Trainer.state_dict``'s.
+:func:`save_state` is ``Trainer.state_dict``, :func:`load_state` is ``Trainer.load_state_dict`` and
+:func:`restoring` wraps ``Trainer.restore``. Both halves take the run's objects as :class:`StateParts` and its
+position as :class:`Progress`, and neither touches the trainer: it hands its parts over and sets its own position
+from what :func:`load_state` returns. Which checkpoint a run resumes from, and whether it fits the run's config, is
+:mod:`paddletrain.engine.resume`'s business; what "fits" means for one value, :mod:`paddletrain.engine.state_checks`.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from paddletrain.checkpoint import Checkpoint, load_checkpoint, set_rng_state
+from paddletrain.checkpoint import Checkpoint, load_checkpoint, rng_state, set_rng_state
 from paddletrain.checkpoint.rng import check_rng_state
 from paddletrain.checkpoint.storage import STATE
 from paddletrain.checkpoint.untrusted import StateValueError, checked_mapping, required
-from paddletrain.engine.hooks import Stateful, batch_sampler_of
+from paddletrain.engine.hooks import Stateful
 from paddletrain.engine.state_checks import (
     check_optimizer_state,
     check_scheduler_state,
@@ -24,99 +29,149 @@ from paddletrain.engine.state_checks import (
     checked_progress,
 )
 from paddletrain.errors import UserError
+from paddletrain.job import distributed
 from paddletrain.job.runtime import seed_everything
-
-if TYPE_CHECKING:  # pragma: no cover
-    from paddletrain.engine.trainer import Trainer
 
 log = logging.getLogger("paddletrain")
 
 
-def restore_checkpoint(trainer: Trainer, checkpoint: Any) -> None:
-    """Load a checkpoint (a directory, or a :class:`~paddletrain.checkpoint.Checkpoint`) into ``trainer``.
+@dataclass
+class Progress:
+    """Where a run stands: the position to continue from is (epoch, batch_in_epoch); ``epoch_finished`` marks
+    that the epoch's validation and end hooks have run."""
 
-    Callbacks' ``on_load_checkpoint`` see the state first. A value that does not fit is reported in one line
-    naming the checkpoint's ``state.json`` and the key.
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    epoch_finished: bool = False
+    global_step: int = 0
+    nonfinite_steps: int = 0
+
+
+@dataclass
+class StateParts:
+    """The objects whose state a checkpoint holds (``optimizer`` and ``scheduler`` are None when evaluating)."""
+
+    module: Any
+    optimizer: Any
+    scheduler: Any
+    precision: Any
+    callbacks: Sequence[Any]
+    # The training loader's batch sampler and the batch transform (Mixup/CutMix): saved when Stateful.
+    sampler: Any
+    batch_transform: Any
+    rank: int
+    world_size: int
+    # A fresh meter for a stage ("train"), to check a saved mid-epoch meter before it is used.
+    new_meter: Callable[[str], Any]
+
+
+@dataclass
+class Loaded:
+    """What :func:`load_state` gives back for the trainer to set: its position, metrics and, when the epoch
+    continues, the interrupted epoch's training meter."""
+
+    progress: Progress
+    metrics: dict[str, float]
+    train_meter: dict[str, Any] | None
+
+
+def save_state(parts: StateParts, progress: Progress, metrics: dict[str, float],
+               train_meter: Any | None) -> dict[str, Any]:
+    """Everything needed to continue exactly: weights, optimizer, scheduler, precision, callbacks (by their
+    ``state_key``), progress, every rank's RNG, the sampler's position and the batch transform's draws.
+
+    ``train_meter``: the running epoch's meter, saved when the epoch is not finished. With several ranks this
+    gathers from all of them, so every rank calls it.
     """
-    if not isinstance(checkpoint, Checkpoint):
-        checkpoint = load_checkpoint(checkpoint)
-    try:
-        trainer.call_hook("on_load_checkpoint", checkpoint.state)
-        load_trainer_state(trainer, checkpoint.state)
-    except StateValueError as error:
-        raise error.in_file(checkpoint.path / STATE) from error
-    except UserError as error:
-        raise UserError(f"cannot resume from {checkpoint.path}: {error}") from error
-    trainer.resumed_from = str(checkpoint.path)
-    log.info("Resumed from %s at epoch %d, batch %d, global step %d", trainer.resumed_from, trainer.epoch,
-             trainer.batch_in_epoch, trainer.global_step)
+    state: dict[str, Any] = {
+        "model": parts.module.state_dict(),
+        "precision": parts.precision.state_dict(),
+        "progress": dataclasses.asdict(progress),
+        # Every rank's RNG (dropout differs per rank), gathered so rank 0 can save them all.
+        "rng": _gathered(rng_state(), parts.world_size),
+        "callbacks": {cb.state_key: cb.state_dict() for cb in parts.callbacks},
+        "metrics": dict(metrics),
+    }
+    if train_meter is not None and not progress.epoch_finished:
+        state["train_meter"] = train_meter.state_dict()
+    if parts.optimizer is not None:
+        state["optimizer"] = parts.optimizer.state_dict()
+    if parts.scheduler is not None:
+        state["scheduler"] = parts.scheduler.state_dict()
+    if isinstance(parts.sampler, Stateful):
+        state["sampler"] = parts.sampler.state_dict()
+    if isinstance(parts.batch_transform, Stateful):  # each rank draws its own stream, like the RNGs
+        state["batch_transform"] = _gathered(parts.batch_transform.state_dict(), parts.world_size)
+    return state
 
 
-def load_trainer_state(trainer: Trainer, state: dict[str, Any]) -> None:
-    """Restore what ``Trainer.state_dict`` produced (callbacks by their ``state_key``).
+def _gathered(value: Any, world_size: int) -> list[Any]:
+    return distributed.all_gather_object(value) if world_size > 1 else [value]
+
+
+def load_state(parts: StateParts, state: dict[str, Any]) -> Loaded:
+    """Put back what :func:`save_state` produced into ``parts``; return the position to continue from.
 
     The model, optimizer, scheduler, progress counters, metrics and this rank's RNG state are checked before
     anything changes; a value that does not fit raises :class:`StateValueError` naming its key.
     """
     checked_mapping(state, "(the whole state)")
-    check_state_matches(trainer.module, required(state, "model", "model"))
-    if trainer.optimizer is not None:  # an evaluating trainer has none and takes only the rest
-        check_optimizer_state(trainer.optimizer, trainer.module, required(state, "optimizer", "optimizer"))
-    if trainer.scheduler is not None and "scheduler" in state:
-        check_scheduler_state(trainer.scheduler, state["scheduler"])
-    progress = checked_progress(required(state, "progress", "progress"))
+    check_state_matches(parts.module, required(state, "model", "model"))
+    if parts.optimizer is not None:  # an evaluating trainer has none and takes only the rest
+        check_optimizer_state(parts.optimizer, parts.module, required(state, "optimizer", "optimizer"))
+    if parts.scheduler is not None and "scheduler" in state:
+        check_scheduler_state(parts.scheduler, state["scheduler"])
+    saved = checked_progress(required(state, "progress", "progress"))
     metrics = checked_metrics(state.get("metrics", {}))
     saved_rngs = required(state, "rng", "rng")
     if not isinstance(saved_rngs, list) or not saved_rngs:
         raise StateValueError("rng", "is not a list of per-rank random states")
-    if len(saved_rngs) == trainer.world_size:
-        check_rng_state(saved_rngs[trainer.rank], f"rng[{trainer.rank}]")
+    if len(saved_rngs) == parts.world_size:
+        check_rng_state(saved_rngs[parts.rank], f"rng[{parts.rank}]")
 
-    trainer.module.set_state_dict(state["model"])
-    if trainer.optimizer is not None:
-        trainer.optimizer.set_state_dict(state["optimizer"])
-    if trainer.scheduler is not None and "scheduler" in state:
-        trainer.scheduler.set_state_dict(state["scheduler"])
+    parts.module.set_state_dict(state["model"])
+    if parts.optimizer is not None:
+        parts.optimizer.set_state_dict(state["optimizer"])
+    if parts.scheduler is not None and "scheduler" in state:
+        parts.scheduler.set_state_dict(state["scheduler"])
     with _restoring("precision"):
-        trainer.precision.load_state_dict(state.get("precision", {}))
-    _load_progress(trainer, progress, metrics, state.get("train_meter"))
-    _load_loop_state(trainer, state, saved_rngs)
+        parts.precision.load_state_dict(state.get("precision", {}))
+    loaded = Loaded(_continued(saved), metrics, None)
+    if loaded.progress.batch_in_epoch and state.get("train_meter") is not None:
+        with _restoring("train_meter"):  # used when the epoch continues: check it now
+            parts.new_meter("train").load_state_dict(state["train_meter"])
+        loaded.train_meter = state["train_meter"]
+    _load_loop_state(parts, state, saved_rngs, loaded.progress)
+    return loaded
 
 
-def _load_progress(trainer: Trainer, progress: dict[str, Any], metrics: dict[str, float],
-                   train_meter: Any) -> None:
-    """The position to continue from, and the interrupted epoch's meter when the epoch continues."""
-    trainer.global_step = progress["global_step"]
-    trainer.nonfinite_steps = progress["nonfinite_steps"]
-    if progress["epoch_finished"]:
-        trainer.epoch, trainer.batch_in_epoch = progress["epoch"] + 1, 0
+def _continued(saved: dict[str, Any]) -> Progress:
+    """The position to continue from: after a finished epoch, the next one's first batch."""
+    progress = Progress(global_step=saved["global_step"], nonfinite_steps=saved["nonfinite_steps"])
+    if saved["epoch_finished"]:
+        progress.epoch = saved["epoch"] + 1
     else:
-        trainer.epoch, trainer.batch_in_epoch = progress["epoch"], progress["batch_in_epoch"]
-    trainer.metrics.update(metrics)
-    trainer.resumed_train_meter = train_meter if trainer.batch_in_epoch else None
-    if trainer.resumed_train_meter is not None:
-        with _restoring("train_meter"):  # loaded when the epoch continues: check it now
-            trainer.new_meter("train").load_state_dict(trainer.resumed_train_meter)
+        progress.epoch, progress.batch_in_epoch = saved["epoch"], saved["batch_in_epoch"]
+    return progress
 
 
-def _load_loop_state(trainer: Trainer, state: dict[str, Any], saved_rngs: list) -> None:
+def _load_loop_state(parts: StateParts, state: dict[str, Any], saved_rngs: list, progress: Progress) -> None:
     """Callbacks, the sampler's position, the batch transform's draws and the RNG streams."""
     saved_callbacks = checked_mapping(state.get("callbacks", {}), "callbacks")
-    for cb in trainer.callbacks:
+    for cb in parts.callbacks:
         if cb.state_key in saved_callbacks:
             with _restoring(f"callbacks.{cb.state_key}"):
                 cb.load_state_dict(saved_callbacks[cb.state_key])
-    sampler = batch_sampler_of(trainer.train_loader)
     # After a finished epoch the next one starts from its first batch: only a mid-epoch position matters.
-    if "sampler" in state and isinstance(sampler, Stateful) and trainer.batch_in_epoch:
+    if "sampler" in state and isinstance(parts.sampler, Stateful) and progress.batch_in_epoch:
         with _restoring("sampler"):
-            sampler.load_state_dict(state["sampler"])
-    rank, world_size = trainer.rank, trainer.world_size
+            parts.sampler.load_state_dict(state["sampler"])
+    rank, world_size = parts.rank, parts.world_size
     saved_transform = state.get("batch_transform")
-    if isinstance(trainer.batch_transform, Stateful) and isinstance(saved_transform, list):
+    if isinstance(parts.batch_transform, Stateful) and isinstance(saved_transform, list):
         if len(saved_transform) == world_size:
             with _restoring(f"batch_transform[{rank}]"):
-                trainer.batch_transform.load_state_dict(saved_transform[rank])
+                parts.batch_transform.load_state_dict(saved_transform[rank])
         else:
             log.warning("The checkpoint holds batch-transform states for %d rank(s), this run has %d: "
                         "Mixup/CutMix draws start afresh", len(saved_transform), world_size)
@@ -124,9 +179,26 @@ def _load_loop_state(trainer: Trainer, state: dict[str, Any], saved_rngs: list) 
         set_rng_state(saved_rngs[rank], f"rng[{rank}]")
     else:
         # Another world size: there is no saved stream for this rank, so derive a deterministic one.
-        seed_everything(hash((len(saved_rngs), rank, trainer.global_step)) % (2**31))
+        seed_everything(hash((len(saved_rngs), rank, progress.global_step)) % (2**31))
         log.warning("The checkpoint holds RNG states for %d rank(s), this run has %d: random streams are "
                     "reseeded from (rank, global step)", len(saved_rngs), world_size)
+
+
+def opened(checkpoint: Any) -> Checkpoint:
+    """``checkpoint`` as a loaded :class:`~paddletrain.checkpoint.Checkpoint` (a directory is read and checked)."""
+    return checkpoint if isinstance(checkpoint, Checkpoint) else load_checkpoint(checkpoint)
+
+
+@contextlib.contextmanager
+def restoring(checkpoint: Checkpoint) -> Iterator[None]:
+    """Errors while ``checkpoint`` is put back, in one line: a value that does not fit names the checkpoint's
+    ``state.json`` and its key; any other user error says which checkpoint could not be resumed from."""
+    try:
+        yield
+    except StateValueError as error:
+        raise error.in_file(checkpoint.path / STATE) from error
+    except UserError as error:
+        raise UserError(f"cannot resume from {checkpoint.path}: {error}") from error
 
 
 @contextlib.contextmanager

@@ -12,8 +12,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-from paddletrain.callbacks.checkpoint import ModelCheckpoint
-from paddletrain.callbacks.visualdl import VisualDLLogger
 from paddletrain.checkpoint import CheckpointError
 from paddletrain.checkpoint.manifest import read_manifest
 from paddletrain.console import format_duration
@@ -63,12 +61,12 @@ def run_summary(run_dir: Path, metrics: dict[str, float], trainer: Any) -> dict[
 
 def _checkpoints(trainer: Any) -> tuple[dict[str, Any] | None, str | None]:
     """The best checkpoint (from its own manifest: metric, epoch, step) and the newest one, from the first
-    :class:`~paddletrain.callbacks.checkpoint.ModelCheckpoint` of the run."""
-    saver = next((cb for cb in trainer.callbacks if isinstance(cb, ModelCheckpoint) and cb.manager), None)
+    checkpointing callback of the run that kept one."""
+    saver = next((cb for cb in trainer.checkpoint_callbacks if cb.newest_checkpoint() or cb.best_checkpoint()), None)
     if saver is None:
         return None, None
-    last = saver.manager.last_path
-    best_path = saver.manager.best_path
+    last = saver.newest_checkpoint()
+    best_path = saver.best_checkpoint()
     if best_path is None:
         return None, str(last) if last else None
     try:
@@ -90,9 +88,9 @@ def _paths(run_dir: Path, trainer: Any) -> dict[str, str]:
     logs.sort(key=lambda path: Path(run_dir).resolve() not in path.resolve().parents)
     if logs:
         paths["log"] = str(logs[0])
-    visualdl = next((cb.logdir for cb in trainer.callbacks if isinstance(cb, VisualDLLogger) and cb.logdir), None)
-    if visualdl:
-        paths["visualdl"] = str(visualdl)
+    for callback in trainer.callbacks:
+        for name, path in callback.run_files().items():
+            paths.setdefault(name, str(path))
     return paths
 
 

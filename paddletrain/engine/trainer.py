@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 import paddle
 
-from paddletrain.checkpoint import rng_state
 from paddletrain.engine.callback import Callback, CheckpointCallback, StepOutput
 from paddletrain.engine.hooks import (
     BatchTransform,
@@ -28,7 +27,7 @@ from paddletrain.engine.hooks import (
 )
 from paddletrain.engine.limits import Limits
 from paddletrain.engine.precision import Precision
-from paddletrain.engine.state import load_trainer_state, restore_checkpoint
+from paddletrain.engine.state import Progress, StateParts, load_state, opened, restoring, save_state
 from paddletrain.errors import NonFiniteLossError, TrainingInterrupted, UserError
 from paddletrain.job import distributed
 from paddletrain.job.processes import stop_request
@@ -257,7 +256,7 @@ class Trainer:
         self.num_train_batches = count_batches(train_loader, self.limits.limit_train_batches)
         self.call_hook("setup")
         if ckpt_path is not None:
-            restore_checkpoint(self, ckpt_path)
+            self.restore(ckpt_path)
         started = time.perf_counter()
         with self._stop_handling():
             try:
@@ -477,36 +476,18 @@ class Trainer:
         return np.concatenate(outputs) if outputs else np.zeros((0, 0), dtype="float32")
 
     # ------------------------------------------------------------------ state
+    def _state_parts(self) -> StateParts:
+        return StateParts(module=self.module, optimizer=self.optimizer, scheduler=self.scheduler,
+                          precision=self.precision, callbacks=self.callbacks,
+                          sampler=batch_sampler_of(self.train_loader), batch_transform=self.batch_transform,
+                          rank=self.rank, world_size=self.world_size, new_meter=self.new_meter)
+
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue exactly: weights, optimizer, scheduler, precision, callbacks, progress."""
-        state: dict[str, Any] = {
-            "model": self.module.state_dict(),
-            "precision": self.precision.state_dict(),
-            "progress": {
-                "epoch": self.epoch,
-                "batch_in_epoch": self.batch_in_epoch,
-                "epoch_finished": self.epoch_finished,
-                "global_step": self.global_step,
-                "nonfinite_steps": self.nonfinite_steps,
-            },
-            # Every rank's RNG (dropout differs per rank), gathered so rank 0 can save them all.
-            "rng": distributed.all_gather_object(rng_state()) if self.world_size > 1 else [rng_state()],
-            "callbacks": {cb.state_key: cb.state_dict() for cb in self.callbacks},
-            "metrics": dict(self.metrics),
-        }
-        if self._train_meter is not None and not self.epoch_finished:
-            state["train_meter"] = self._train_meter.state_dict()
-        if self.optimizer is not None:
-            state["optimizer"] = self.optimizer.state_dict()
-        if self.scheduler is not None:
-            state["scheduler"] = self.scheduler.state_dict()
-        sampler = batch_sampler_of(self.train_loader)
-        if isinstance(sampler, Stateful):
-            state["sampler"] = sampler.state_dict()
-        if isinstance(self.batch_transform, Stateful):  # each rank draws its own stream, like the RNGs
-            own = self.batch_transform.state_dict()
-            state["batch_transform"] = distributed.all_gather_object(own) if self.world_size > 1 else [own]
-        return state
+        """Everything needed to continue exactly (:func:`paddletrain.engine.state.save_state`): weights, optimizer,
+        scheduler, precision, callbacks, progress, RNGs, the sampler's position."""
+        progress = Progress(epoch=self.epoch, batch_in_epoch=self.batch_in_epoch, epoch_finished=self.epoch_finished,
+                            global_step=self.global_step, nonfinite_steps=self.nonfinite_steps)
+        return save_state(self._state_parts(), progress, self.metrics, self._train_meter)
 
     def checkpoint_state(self) -> dict[str, Any]:
         """What a checkpoint holds: :meth:`state_dict`, the ``checkpoint_extras``, and whatever each callback's
@@ -518,15 +499,25 @@ class Trainer:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` produced (see :func:`paddletrain.engine.state.load_trainer_state`: every
-        value is checked before anything changes; one that does not fit raises ``StateValueError`` naming its key).
-        """
-        load_trainer_state(self, state)
+        """Restore what :meth:`state_dict` produced (:func:`paddletrain.engine.state.load_state`: every value is
+        checked before anything changes; one that does not fit raises ``StateValueError`` naming its key)."""
+        loaded = load_state(self._state_parts(), state)
+        progress = loaded.progress
+        self.epoch, self.batch_in_epoch = progress.epoch, progress.batch_in_epoch
+        self.global_step, self.nonfinite_steps = progress.global_step, progress.nonfinite_steps
+        self.metrics.update(loaded.metrics)
+        self.resumed_train_meter = loaded.train_meter
 
     def restore(self, checkpoint: Any) -> None:
-        """Load a checkpoint (a directory, or a :class:`~paddletrain.checkpoint.Checkpoint`) into the trainer
-        (:func:`paddletrain.engine.state.restore_checkpoint`)."""
-        restore_checkpoint(self, checkpoint)
+        """Load a checkpoint (a directory, or a :class:`~paddletrain.checkpoint.Checkpoint`) into the trainer;
+        callbacks' ``on_load_checkpoint`` see its state first. An error names the checkpoint (and the key)."""
+        checkpoint = opened(checkpoint)
+        with restoring(checkpoint):
+            self.call_hook("on_load_checkpoint", checkpoint.state)
+            self.load_state_dict(checkpoint.state)
+        self.resumed_from = str(checkpoint.path)
+        log.info("Resumed from %s at epoch %d, batch %d, global step %d", self.resumed_from, self.epoch,
+                 self.batch_in_epoch, self.global_step)
 
 
 def count_batches(loader: Iterable, limit: int | None) -> int | None:
