@@ -15,7 +15,6 @@ import functools
 import logging
 import os
 import shlex
-import signal
 import sys
 import traceback
 from collections.abc import Callable
@@ -28,14 +27,7 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from paddletrain.errors import (
-    ExitCode,
-    NonFiniteLossError,
-    RankLostError,
-    StartRefused,
-    TrainingInterrupted,
-    UserError,
-)
+from paddletrain.errors import ExitCode, StartRefused, ending_of, exit_with
 from paddletrain.job.processes import own_stop_signals, stop_request
 
 log = logging.getLogger(__name__)
@@ -177,29 +169,6 @@ class _CommandState:
 
 
 _state = _CommandState()
-
-
-def ending_of(exc: BaseException) -> tuple[int, str]:
-    """The exit code and the one line for ``exc`` ending a command (the table in docs/reliability.md)."""
-    if isinstance(exc, StartRefused):
-        exc = exc.error
-    if isinstance(exc, KeyboardInterrupt):  # SIGINT while Python's own handler ruled
-        exc = TrainingInterrupted(signal.SIGINT)
-    if isinstance(exc, TrainingInterrupted):
-        return exc.exit_code, f"Stopped by {signal.Signals(exc.signum).name}"
-    if isinstance(exc, RankLostError):
-        return ExitCode.RANK_LOST, str(exc)
-    if isinstance(exc, UserError):
-        return ExitCode.USER_ERROR, str(exc)
-    if isinstance(exc, NonFiniteLossError):
-        return ExitCode.BAD_RESULT, str(exc)
-    return ExitCode.UNEXPECTED, f"unexpected {type(exc).__name__}: {exc} (traceback above and in the log)"
-
-
-def exit_with(code: int, message: str) -> NoReturn:
-    """Log how the command ended in one line (a warning for a requested stop) and exit with ``code``."""
-    (command_log.warning if code >= 128 else command_log.error)("%s", message)
-    sys.exit(code)
 
 
 def end_command(exc: BaseException, cfg: DictConfig | None = None) -> NoReturn:

@@ -5,8 +5,11 @@ Entry points print an exception's message as one clear line, no traceback, and e
 from __future__ import annotations
 
 import enum
+import logging
 import re
 import signal
+import sys
+from typing import NoReturn
 
 
 class ExitCode(enum.IntEnum):
@@ -116,3 +119,31 @@ def describe_ranks(ranks: list[int]) -> str:
     if len(ranks) == 1:
         return f"rank {ranks[0]}"
     return "one of ranks " + ", ".join(str(r) for r in sorted(ranks))
+
+
+# ------------------------------------------------------------------------- how a command ends: one line, one code
+# Commands log under "paddletrain", the logger their Hydra job logging configures.
+_command_log = logging.getLogger("paddletrain")
+
+
+def ending_of(exc: BaseException) -> tuple[int, str]:
+    """The exit code and the one line for ``exc`` ending a command (the table in docs/reliability.md)."""
+    if isinstance(exc, StartRefused):
+        exc = exc.error
+    if isinstance(exc, KeyboardInterrupt):  # SIGINT while Python's own handler ruled
+        exc = TrainingInterrupted(signal.SIGINT)
+    if isinstance(exc, TrainingInterrupted):
+        return exc.exit_code, f"Stopped by {signal.Signals(exc.signum).name}"
+    if isinstance(exc, RankLostError):
+        return ExitCode.RANK_LOST, str(exc)
+    if isinstance(exc, UserError):
+        return ExitCode.USER_ERROR, str(exc)
+    if isinstance(exc, NonFiniteLossError):
+        return ExitCode.BAD_RESULT, str(exc)
+    return ExitCode.UNEXPECTED, f"unexpected {type(exc).__name__}: {exc} (traceback above and in the log)"
+
+
+def exit_with(code: int, message: str) -> NoReturn:
+    """Log how the command ended in one line (a warning for a requested stop) and exit with ``code``."""
+    (_command_log.warning if code >= 128 else _command_log.error)("%s", message)
+    sys.exit(code)

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from paddletrain.cli import ending_of
 from paddletrain.errors import ExitCode, UserError
 
 HELP_FLAGS = ("-h", "--help", "help")
@@ -98,16 +97,12 @@ def run(suite: Suite, argv: list[str]) -> dict[str, Any]:
 
 
 def run_suite(suite: Suite) -> None:
-    """``<program> <benchmark> [key=value ...]``: the benchmark's tables, or --help; errors as one line."""
+    """``<program> <benchmark> [key=value ...]``: the benchmark's tables, or --help."""
     # Per-epoch progress lines from the timed Trainer runs would bury the tables.
     logging.getLogger("paddletrain").setLevel(logging.WARNING)
     argv = sys.argv[1:]
     if not argv or argv[0] in HELP_FLAGS or (len(argv) > 1 and argv[0] in suite.about and argv[1] in HELP_FLAGS):
         print(usage(suite, argv[0] if argv and argv[0] in suite.about else None))
         sys.exit(ExitCode.OK if argv else ExitCode.USER_ERROR)
-    try:
-        run(suite, sys.argv[1:])
-    except UserError as exc:
-        code, line = ending_of(exc)  # the codes every command ends with
-        print(f"error: {line}", file=sys.stderr)
-        sys.exit(code)
+    # A UserError ends the command as every command's does (paddletrain.cli.run_script).
+    run(suite, sys.argv[1:])

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
-from paddletrain.cli import ending_of, run_script
+from paddletrain.cli import run_script
 from paddletrain.console import install_warning_filters
 from paddletrain.errors import ExitCode, UserError
 
@@ -38,8 +38,8 @@ exit status: 0 clean (warnings allowed), 3 errors found, 2 a usage mistake (miss
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        """One line and exit status 2 (argparse's own prints its usage first)."""
-        self.exit(ExitCode.USER_ERROR, f"error: {message} (see python -m paddletrain.data {self._sub()}--help)\n")
+        """A usage mistake ends as every command's user error does (argparse's own prints its usage first)."""
+        raise UserError(f"{message} (see python -m paddletrain.data {self._sub()}--help)")
 
     def _sub(self) -> str:
         name = self.prog.rsplit(" ", 1)[-1]
@@ -150,14 +150,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s", stream=sys.stderr)
     args = _parser().parse_args(argv)
     if getattr(args, "min_size", 0) < 0 or (getattr(args, "workers", None) or 0) < 0:
-        print("error: --min-size and --workers must not be negative", file=sys.stderr)
-        return ExitCode.USER_ERROR
-    try:
-        return _check(args) if args.command == "check" else _split(args)
-    except (UserError, KeyboardInterrupt) as exc:  # DatasetError is a UserError too
-        code, line = ending_of(exc)  # the codes every command ends with
-        print(f"error: {line}", file=sys.stderr)
-        return code
+        raise UserError("--min-size and --workers must not be negative")
+    # A UserError (DatasetError is one) ends the command as every command's does (paddletrain.cli.run_script).
+    return _check(args) if args.command == "check" else _split(args)
 
 
 if __name__ == "__main__":
