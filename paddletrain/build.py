@@ -57,7 +57,7 @@ from paddletrain.models.weights import describe
 from paddletrain.optim import build_optimizer, run_lr
 from paddletrain.plugins import prepare
 from paddletrain.schedules import build_scheduler, optimizer_steps_per_epoch, schedule_steps
-from paddletrain.validation import DEFAULT_MONITOR, take_built_callbacks, validate_config, validate_once
+from paddletrain.validation import DEFAULT_MONITOR, validate_config, validate_once
 
 log = logging.getLogger("paddletrain")
 
@@ -291,7 +291,7 @@ def build_precision(cfg: DictConfig, device: str) -> Precision:
 def build_callbacks(cfg: DictConfig) -> list[Callback]:
     """The ``callbacks`` config node, built (see :mod:`paddletrain.callbacks.instantiate`); the registered ones the
     validation built to check them are used as they are (:func:`paddletrain.validation.take_built_callbacks`)."""
-    return instantiate_callbacks(cfg.get("callbacks") or {}, built=take_built_callbacks())
+    return instantiate_callbacks(cfg.get("callbacks") or {})
 
 
 def heartbeat(rank: int) -> list[Callback]:

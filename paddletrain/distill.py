@@ -39,6 +39,7 @@ import paddle.nn.functional as F
 from paddletrain.config import DISTILL_KINDS, DistillConfig
 from paddletrain.errors import ConfigError
 from paddletrain.losses import cross_entropy
+from paddletrain.registry import MODELS
 
 if TYPE_CHECKING:  # pragma: no cover
     from paddletrain.engine.precision import Precision
@@ -77,6 +78,36 @@ def resolve_alpha(kind: str, alpha: float | None) -> float:
     if not 0.0 <= alpha <= 1.0:
         raise ConfigError(f"distill.alpha must be in [0, 1], got {alpha!r}")
     return float(alpha)
+
+
+def check_distill_config(d: Any) -> None:
+    """The ``trainer.distill.*`` rules: a teacher named in the model registry with trained weights, an ``alpha``
+    and ``temperature`` that suit the kind, and unlabeled images only with a loss that needs no labels (against
+    the other groups: :mod:`paddletrain.validation`)."""
+    if not d.teacher:
+        if d.unlabeled_root or d.pretrained:
+            set_key = "unlabeled_root" if d.unlabeled_root else "pretrained"
+            raise ConfigError(f"trainer.distill.{set_key} is set but trainer.distill.teacher is null: name the "
+                              "teacher model (e.g. trainer.distill.teacher=resnet50_vd)")
+        return
+    try:
+        MODELS.get(d.teacher)
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace("model.name=", "trainer.distill.teacher=", 1)) from None
+    if not d.pretrained:
+        raise ConfigError(f"missing required value for trainer.distill.pretrained: the teacher "
+                          f"{d.teacher} needs trained weights (a file, a paddletrain checkpoint directory, "
+                          "vision:<arch>, paddleclas:<Name>, ...)")
+    try:
+        alpha = resolve_alpha(d.kind, d.alpha)
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace("distill.", "trainer.distill.", 1)) from None
+    if d.kind == "ssld" and d.temperature != 1.0:
+        raise ConfigError(f"trainer.distill.temperature={d.temperature} applies to trainer.distill.kind=kd; "
+                          "ssld works at temperature 1")
+    if d.unlabeled_root and alpha != 1.0:
+        raise ConfigError(f"trainer.distill.unlabeled_root needs a loss without labels: trainer.distill.alpha=1 "
+                          f"(got {alpha}); the unlabeled images have no hard-label term")
 
 
 def distillation_loss(

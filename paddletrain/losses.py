@@ -320,6 +320,25 @@ def loss_name(name: str | None, multilabel: bool = False) -> str:
     return name
 
 
+def check_loss_config(loss: Any, multilabel: bool = False) -> None:
+    """The ``loss.*`` rules beyond each key's declared range: the binary cross-entropy keys are not set with a
+    built-in softmax loss (a plugin's loss may take them), and ``loss.class_weights`` suits the loss (a list's
+    length is checked against the classes once the data is open)."""
+    name = loss_name(loss.get("name"), multilabel)
+    if name in SINGLE_LABEL_LOSSES:
+        for key in BCE_ONLY_KEYS:
+            if loss.get(key) not in (None, False):
+                raise ConfigError(f"loss.{key} applies to loss.name={MULTILABEL_LOSS} only, not {name!r}")
+    weights = loss.get("class_weights")
+    if weights is None:
+        return
+    if not takes_class_weights(LOSSES.get(name)):
+        raise ConfigError(f"{CLASS_WEIGHTS_KEY} is not supported by loss.name={name} (its factory takes no "
+                          "class_weights)")
+    if not isinstance(weights, str):
+        resolve_class_weights(weights)  # numbers > 0
+
+
 def build_loss(cfg: LossConfig, num_classes: int | None = None,
                class_counts: Sequence[int] | np.ndarray | None = None,
                classes: Sequence[str] | None = None, multilabel: bool = False) -> LossFn:

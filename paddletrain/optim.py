@@ -382,6 +382,15 @@ def build_lars(
     )
 
 
+def check_optim_config(optim: Any) -> None:
+    """The ``optim.*`` rules beyond each key's declared range: Nesterov momentum is SGD's, with momentum."""
+    name = str(optim.name).lower()
+    if optim.nesterov and name in WITHOUT_NESTEROV:
+        raise ConfigError(f"optim.nesterov applies to optim.name=sgd only, not {name!r}")
+    if optim.nesterov and name == "sgd" and optim.momentum == 0:
+        raise ConfigError("optim.nesterov needs optim.momentum > 0")
+
+
 def run_lr(cfg: OptimConfig, global_batch: int) -> float:
     """The learning rate a run starts from: ``optim.lr``, scaled to ``global_batch`` when ``optim.scale_lr``."""
     return scaled_lr(cfg.lr, global_batch, cfg.base_batch_size) if cfg.scale_lr else cfg.lr

@@ -7,6 +7,7 @@ schedule ends exactly on the run's last optimizer step.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -57,6 +58,15 @@ def schedule_steps(steps_per_epoch: int, max_epochs: int, warmup_epochs: float =
         raise ConfigError(f"sched.warmup_epochs={warmup_epochs} covers the whole run ({total} optimizer steps): "
                           "make it shorter")
     return ScheduleSteps(per_epoch=steps_per_epoch, total=total, warmup=warmup)
+
+
+def check_sched_config(sched: SchedConfig) -> None:
+    """The ``sched.*`` rules beyond each key's declared range (``sched.min_lr`` against the run's learning rate
+    compares groups: :func:`paddletrain.validation.check_key_rules`)."""
+    if str(sched.name).lower() == "multistep":
+        milestones = list(sched.milestones)
+        if not milestones or any(b <= a for a, b in itertools.pairwise(milestones)):
+            raise ConfigError(f"sched.milestones must be strictly increasing epochs, got {milestones}")
 
 
 def build_scheduler(cfg: SchedConfig, base_lr: float, steps: ScheduleSteps) -> LRScheduler:

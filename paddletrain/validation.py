@@ -1,20 +1,20 @@
 """Validate a composed config before any work, cheapest first: unknown keys, missing values, every key's declared
 range (:func:`paddletrain.config.check_values`), the rules that compare keys, the names looked up in registries,
 what needs building to check (callback entries, augmentations, mixup, distillation), and what this machine can run.
-One home for every config rule beyond the schema's own; builders rely on it having run.
+Each component's own rules live beside its builder (``check_loss_config``, ``check_optim_config``,
+``check_sched_config``, ``check_distill_config``, ``Mixup.check_config``, ``check_callback_entries``); this module
+runs them, cheapest first, and holds the rules that compare keys of different groups. Nothing is built to be checked.
 
 Once per process: the entry point validates (``fit``: :class:`RunDirGuard` before Hydra
 writes the run directory, else :func:`validate_once` in ``build.train``); later calls with the same config
-skip the work (:func:`validate_once`), and the callbacks the check built are handed to the run
-(:func:`take_built_callbacks`) instead of being built again. The ranks a launcher starts inherit its verdict
-through :data:`VALIDATED_ENV`.
+skip the work (:func:`validate_once`). The ranks a launcher starts inherit its verdict through
+:data:`VALIDATED_ENV`.
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
 import hashlib
-import itertools
 import os
 import re
 import typing
@@ -26,27 +26,20 @@ from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf, open_dict, read_write
 
 import paddletrain.builtin_components  # noqa: F401  (registers the built-in names the config may use)
-from paddletrain.callbacks.instantiate import BuiltCallbacks, check_callback_entries
+from paddletrain.callbacks.instantiate import check_callback_entries
 from paddletrain.config import EvaluateConfig, FitConfig, check_values
 from paddletrain.data.mixup import Mixup
 from paddletrain.data.transforms import DEFAULT_CROP_PCT, build_augmentations, eval_image_size
-from paddletrain.distill import resolve_alpha
+from paddletrain.distill import check_distill_config
 from paddletrain.errors import ConfigError, StartRefused, UserError
 from paddletrain.job import distributed, slurm
 from paddletrain.job.rundir import hold_new_run_dir
 from paddletrain.job.runtime import select_device
-from paddletrain.losses import (
-    BCE_ONLY_KEYS,
-    CLASS_WEIGHTS_KEY,
-    MULTILABEL_LOSS,
-    SINGLE_LABEL_LOSSES,
-    loss_name,
-    resolve_class_weights,
-    takes_class_weights,
-)
-from paddletrain.optim import WITHOUT_NESTEROV, run_lr
+from paddletrain.losses import check_loss_config, loss_name
+from paddletrain.optim import check_optim_config, run_lr
 from paddletrain.plugins import prepare
 from paddletrain.registry import DATASETS, LOSSES, MODELS, OPTIMIZERS, SCHEDULERS
+from paddletrain.schedules import check_sched_config
 
 # Built-in datasets that cannot run without data.root (the others have a default location or need no files).
 DATASETS_NEEDING_ROOT = ("imagefolder", "labellist")
@@ -110,11 +103,11 @@ def validate_config(cfg: Any, use: str = "fit") -> None:
     check_values(cfg, schema)
     check_key_rules(cfg)
     prepare(cfg)  # the config's `imports` register their names before the names are looked up
-    built = check_names(cfg)
-    check_training_parts(cfg)
+    check_names(cfg)
+    check_components(cfg)
     if use != "export":
         _check_machine(cfg, training=use == "fit")
-    _last = Validated(config_fingerprint(cfg), use, built)
+    _last = Validated(config_fingerprint(cfg), use)
 
 
 def check_key_rules(cfg: Any) -> None:
@@ -128,9 +121,7 @@ def check_key_rules(cfg: Any) -> None:
         _check_multilabel(cfg)
     _check_nodes(cfg.trainer)
     _check_data(cfg.data)
-    _check_optim(cfg)
-    _check_loss(cfg)
-    _check_sched(cfg)
+    _check_min_lr(cfg)
 
 
 # ---------------------------------------------------------------------------------------------- once per process
@@ -140,12 +131,10 @@ VALIDATED_ENV = "PADDLETRAIN_VALIDATED_CONFIG"
 
 @dataclasses.dataclass
 class Validated:
-    """The last config this process validated: its fingerprint, its use, and the callbacks the check built
-    that no run has taken yet."""
+    """The last config this process validated: its fingerprint and its use."""
 
     fingerprint: str
     use: str
-    callbacks: BuiltCallbacks
 
 
 _last: Validated | None = None
@@ -178,15 +167,6 @@ def validate_once(cfg: Any, use: str = "fit") -> None:
         prepare(cfg)
         return
     validate_config(cfg, use)
-
-
-def take_built_callbacks() -> BuiltCallbacks:
-    """The callbacks the last validation built, for the run to use instead of building them again; each is
-    handed out once (a second run builds its own)."""
-    if _last is None:
-        return {}
-    built, _last.callbacks = _last.callbacks, {}
-    return built
 
 
 VALIDATION_USES = ("fit", "evaluate", "export")
@@ -244,112 +224,55 @@ def _check_data(data: Any) -> None:
                           f"(e.g. {round(eval_size / DEFAULT_CROP_PCT)}) or leave it null")
 
 
-def check_names(cfg: Any) -> BuiltCallbacks:
+def check_names(cfg: Any) -> None:
     """Every name the config looks up in a registry is registered (installed plugins included; the config's
-    ``imports`` must have been imported, :func:`paddletrain.plugins.prepare`), and every callback entry names a
-    callback and only options it takes. Returns the registered callbacks built to check their values."""
+    ``imports`` must have been imported, :func:`paddletrain.plugins.prepare`)."""
     loss = loss_name(cfg.loss.get("name"), bool(cfg.data.get("multilabel")))
     for registry, name in ((DATASETS, cfg.data.name), (MODELS, cfg.model.name), (OPTIMIZERS, cfg.optim.name),
                            (SCHEDULERS, cfg.sched.name), (LOSSES, loss)):
         registry.get(name)
-    return check_callback_entries(cfg.get("callbacks") or {})
 
 
-def _check_optim(cfg: Any) -> None:
-    o = cfg.optim
-    name = str(o.name).lower()
-    if o.nesterov and name in WITHOUT_NESTEROV:
-        raise ConfigError(f"optim.nesterov applies to optim.name=sgd only, not {name!r}")
-    if o.nesterov and name == "sgd" and o.momentum == 0:
-        raise ConfigError("optim.nesterov needs optim.momentum > 0")
-
-
-def _check_loss(cfg: Any) -> None:
-    """The binary cross-entropy keys are not set with a built-in softmax loss (a plugin's loss may take them)."""
-    name = loss_name(cfg.loss.get("name"), bool(cfg.data.get("multilabel")))
-    if name not in SINGLE_LABEL_LOSSES:
-        return
-    for key in BCE_ONLY_KEYS:
-        if cfg.loss.get(key) not in (None, False):
-            raise ConfigError(f"loss.{key} applies to loss.name={MULTILABEL_LOSS} only, not {name!r}")
-
-
-def _check_sched(cfg: Any) -> None:
+def _check_min_lr(cfg: Any) -> None:
+    """``sched.min_lr`` against the run's learning rate (``optim.lr`` scaled to the global batch)."""
     s, t = cfg.sched, cfg.trainer
-    if str(s.name).lower() == "cosine":
-        world = t.devices * t.get("num_nodes", 1)
-        lr = run_lr(cfg.optim, cfg.data.batch_size * world * t.accumulate_grad_batches)
-        if s.min_lr > lr:
-            scaled = f" (optim.lr={cfg.optim.lr:g} scaled to the global batch)" if lr != cfg.optim.lr else ""
-            raise ConfigError(f"sched.min_lr={s.min_lr} must be <= optim.lr={lr:g}{scaled}")
-    if str(s.name).lower() == "multistep":
-        milestones = list(s.milestones)
-        if not milestones or any(b <= a for a, b in itertools.pairwise(milestones)):
-            raise ConfigError(f"sched.milestones must be strictly increasing epochs, got {milestones}")
+    if str(s.name).lower() != "cosine":
+        return
+    world = t.devices * t.get("num_nodes", 1)
+    lr = run_lr(cfg.optim, cfg.data.batch_size * world * t.accumulate_grad_batches)
+    if s.min_lr > lr:
+        scaled = f" (optim.lr={cfg.optim.lr:g} scaled to the global batch)" if lr != cfg.optim.lr else ""
+        raise ConfigError(f"sched.min_lr={s.min_lr} must be <= optim.lr={lr:g}{scaled}")
 
 
-def _renamed(error: ConfigError, owner: str, key: str) -> ConfigError:
-    """``error`` with the component's own prefix (``mixup.prob=...``) replaced by the config key's."""
-    return ConfigError(str(error).replace(f"{owner}.", f"{key}.", 1))
-
-
-def check_training_parts(cfg: Any) -> None:
-    """``data.augment`` entries build, ``data.mixup`` options agree and ``trainer.distill`` is complete: the same
-    constructors the run uses check them (each is cheap), so a rule has one home."""
+def check_components(cfg: Any) -> None:
+    """Each component's own rules, from the module that builds it, then the rules between them."""
+    multilabel = bool(cfg.data.get("multilabel"))
+    check_optim_config(cfg.optim)
+    check_sched_config(cfg.sched)
+    check_loss_config(cfg.loss, multilabel)
+    Mixup.check_config(cfg.data.get("mixup"), cfg.loss.label_smoothing)
+    # The augmentations' factories are their checks (each also declares its stage): a few tiny objects, rebuilt
+    # with the data pipeline.
     build_augmentations(cfg.data.get("augment") or [])
-    _check_imbalance_keys(cfg)
-    if cfg.data.get("mixup") is not None:
-        try:
-            Mixup.from_config(cfg.data.mixup, num_classes=2, label_smoothing=cfg.loss.label_smoothing)
-        except ConfigError as exc:
-            raise _renamed(exc, "mixup", "data.mixup") from None
-    d = cfg.trainer.get("distill")
-    if d is None:
-        return
-    if not d.teacher:
-        if d.unlabeled_root or d.pretrained:
-            set_key = "unlabeled_root" if d.unlabeled_root else "pretrained"
-            raise ConfigError(f"trainer.distill.{set_key} is set but trainer.distill.teacher is null: name the "
-                              "teacher model (e.g. trainer.distill.teacher=resnet50_vd)")
-        return
-    try:
-        MODELS.get(d.teacher)
-    except ConfigError as exc:
-        raise ConfigError(str(exc).replace("model.name=", "trainer.distill.teacher=", 1)) from None
-    if not d.pretrained:
-        raise ConfigError(f"missing required value for trainer.distill.pretrained: the teacher "
-                          f"{d.teacher} needs trained weights (a file, a paddletrain checkpoint directory, "
-                          "vision:<arch>, paddleclas:<Name>, ...)")
-    try:
-        alpha = resolve_alpha(d.kind, d.alpha)
-    except ConfigError as exc:
-        raise _renamed(exc, "distill", "trainer.distill") from None
-    if d.kind == "ssld" and d.temperature != 1.0:
-        raise ConfigError(f"trainer.distill.temperature={d.temperature} applies to trainer.distill.kind=kd; "
-                          "ssld works at temperature 1")
-    if d.unlabeled_root and alpha != 1.0:
-        raise ConfigError(f"trainer.distill.unlabeled_root needs a loss without labels: trainer.distill.alpha=1 "
-                          f"(got {alpha}); the unlabeled images have no hard-label term")
-    if d.unlabeled_root and Mixup.from_config(cfg.data.mixup, num_classes=2) is not None:
-        raise ConfigError("trainer.distill.unlabeled_root cannot be combined with data.mixup: mixed targets need "
-                          "every image's label; set data.mixup.mixup_alpha=0 and data.mixup.cutmix_alpha=0")
+    distill = cfg.trainer.get("distill")
+    if distill is not None:
+        check_distill_config(distill)
+    check_callback_entries(cfg.get("callbacks") or {})
+    _check_between_components(cfg)
 
 
-def _check_imbalance_keys(cfg: Any) -> None:
-    """``loss.class_weights`` suits the loss (the length of a list is checked against the classes once the data is
-    open), and the class-balanced sampler has a label for every training image."""
-    weights = cfg.loss.get("class_weights")
-    if weights is not None:
-        name = loss_name(cfg.loss.get("name"), bool(cfg.data.get("multilabel")))
-        if not takes_class_weights(LOSSES.get(name)):
-            raise ConfigError(f"{CLASS_WEIGHTS_KEY} is not supported by loss.name={name} (its factory takes "
-                              "no class_weights)")
-        if not isinstance(weights, str):
-            resolve_class_weights(weights)  # numbers > 0; the count per class is known once the data is open
-    distill = cfg.trainer.get("distill") or {}
-    if cfg.data.get("sampler") == "class_balanced" and distill.get("unlabeled_root"):
+def _check_between_components(cfg: Any) -> None:
+    """Unlabeled images (distillation) have no class: no class-balanced sampler, no Mixup/CutMix."""
+    unlabeled = (cfg.trainer.get("distill") or {}).get("unlabeled_root")
+    if not unlabeled:
+        return
+    if cfg.data.get("sampler") == "class_balanced":
         raise ConfigError("data.sampler=class_balanced weighs each image by its class, but the images of "
                           "trainer.distill.unlabeled_root have none: set data.sampler=random")
+    if Mixup.enabled(cfg.data.get("mixup")):
+        raise ConfigError("trainer.distill.unlabeled_root cannot be combined with data.mixup: mixed targets need "
+                          "every image's label; set data.mixup.mixup_alpha=0 and data.mixup.cutmix_alpha=0")
 
 
 def _check_machine(cfg: Any, training: bool) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,9 +34,14 @@ HISTORY_FILE = "history.json"
 class MetricsHistory(Callback):
     """Writes ``<run dir>/history.json``: ``{"resumes": n, "rows": [...]}``, one row per validation."""
 
-    def __init__(self, filename: str = HISTORY_FILE) -> None:
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        filename = options.get("filename", HISTORY_FILE)
         if not filename or Path(filename).name != filename:
             raise ValueError(f"history filename must be a plain file name in the run directory, got {filename!r}")
+
+    def __init__(self, filename: str = HISTORY_FILE) -> None:
+        self.check_options({"filename": filename})
         self.filename = filename
         self.rows: list[dict[str, Any]] = []
         self.resumes = 0

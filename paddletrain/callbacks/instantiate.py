@@ -12,8 +12,8 @@ or any class by ``_target_`` (Hydra instantiates it, so nested ``_target_`` node
       my_logger: {_target_: my_package.MyLogger, every: 10}
 
 ``null`` switches an entry off (``callbacks.visualdl=null`` on the command line). Entries are checked (the
-class exists, is a callback, takes every option given) before anything is built, and a callback's own
-constructor checks its values; every failure is one line naming ``callbacks.<name>``.
+class exists, is a callback, takes every option given, and its ``check_options`` accepts their values) before
+anything is built, and each is built once; every failure is one line naming ``callbacks.<name>``.
 """
 from __future__ import annotations
 
@@ -75,19 +75,10 @@ def _check_options(cls: type, options: Mapping[str, Any]) -> None:
                               f"{', '.join(accepted) or 'none'}")
 
 
-# Registered callbacks built by check_callback_entries, by entry name, with the options each was built from.
-BuiltCallbacks = dict[str, tuple[dict[str, Any], Callback]]
-
-
-def check_callback_entries(entries: Mapping[str, Any]) -> BuiltCallbacks:
-    """Raise :class:`ConfigError` for the first entry whose class or options are wrong.
-
-    A registered callback is built here, so its constructor checks its option values now, before any work
-    (registered callbacks do nothing in their constructors but check and store their options); the built ones
-    are returned for :func:`instantiate_callbacks` to use. A ``_target_`` class is only checked for the
-    options it takes: it is built once, with the run.
-    """
-    built: BuiltCallbacks = {}
+def check_callback_entries(entries: Mapping[str, Any]) -> None:
+    """Raise :class:`ConfigError` for the first entry whose class, options or option values are wrong, without
+    building anything: the options must bind to the class's signature and pass its
+    :meth:`~paddletrain.engine.callback.Callback.check_options`."""
     for name, raw in entries.items():
         try:
             entry = _plain(raw)
@@ -96,28 +87,19 @@ def check_callback_entries(entries: Mapping[str, Any]) -> BuiltCallbacks:
             cls = callback_class(name, entry)
             options = {k: v for k, v in entry.items() if k != TARGET}
             _check_options(cls, options)
-            if TARGET not in entry:
-                built[name] = (entry, cls(**options))
+            cls.check_options(options)
         except (ConfigError, ValueError, TypeError) as exc:
             raise ConfigError(f"callbacks.{name}: {exc}") from None
-    return built
 
 
-def instantiate_callbacks(entries: Mapping[str, Any], built: BuiltCallbacks | None = None) -> list[Callback]:
-    """Build every switched-on entry, in the order given.
-
-    ``built``: what :func:`check_callback_entries` built for these entries (the validation's); an entry is taken
-    from it when its options are the same, else built here. Without it the entries are checked first.
-    """
-    if built is None:
-        built = check_callback_entries(entries)
+def instantiate_callbacks(entries: Mapping[str, Any]) -> list[Callback]:
+    """Build every switched-on entry, once, in the order given, after :func:`check_callback_entries` (which builds
+    nothing) has checked them all."""
+    check_callback_entries(entries)
     callbacks = []
     for name, raw in entries.items():
         entry = _plain(raw)
         if entry is None:
-            continue
-        if name in built and built[name][0] == entry:
-            callbacks.append(built[name][1])
             continue
         try:
             if TARGET in entry:

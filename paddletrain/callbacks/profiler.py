@@ -6,6 +6,7 @@ import io
 import logging
 import statistics
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,12 +47,19 @@ class ProfilerCallback(Callback):
 
     main_process_only = True
 
-    def __init__(self, out_dir: str | Path | None = None, wait: int = 2, warmup: int = 1, active: int = 5,
-                 record_shapes: bool = False) -> None:
-        for name, value, minimum in (("wait", wait, 0), ("warmup", warmup, 0), ("active", active, 1)):
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        for name, minimum in (("wait", 0), ("warmup", 0), ("active", 1)):
+            if name not in options:
+                continue
+            value = options[name]
             if int(value) != value:
                 raise ConfigError(f"{name}={value!r} must be an integer")
             check_option(name, value, ge=minimum)
+
+    def __init__(self, out_dir: str | Path | None = None, wait: int = 2, warmup: int = 1, active: int = 5,
+                 record_shapes: bool = False) -> None:
+        self.check_options({"wait": wait, "warmup": warmup, "active": active})
         # None: <run dir>/profiler, known when the fit starts.
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.wait, self.warmup, self.active = int(wait), int(warmup), int(active)

@@ -33,6 +33,7 @@ stream: save every rank's state, as the trainer does for its RNGs.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,6 +95,28 @@ class Mixup:
                  cutmix_minmax: tuple[float, float] | None = None, prob: float = 1.0, switch_prob: float = 0.5,
                  mode: str = "batch", correct_lam: bool = True, label_smoothing: float = 0.1, seed: int = 0,
                  rank: int = 0) -> None:
+        self.check_options(num_classes, mixup_alpha, cutmix_alpha, cutmix_minmax, prob, switch_prob, mode,
+                           label_smoothing)
+        if cutmix_minmax is not None:
+            cutmix_minmax = tuple(float(v) for v in cutmix_minmax)
+            cutmix_alpha = cutmix_alpha or 1.0  # only decides how often CutMix is picked; the box ignores lam
+        self.num_classes = int(num_classes)
+        self.mixup_alpha = float(mixup_alpha)
+        self.cutmix_alpha = float(cutmix_alpha)
+        self.cutmix_minmax = cutmix_minmax
+        self.prob = float(prob)
+        self.switch_prob = float(switch_prob)
+        self.mode = mode
+        self.correct_lam = bool(correct_lam)
+        self.label_smoothing = float(label_smoothing)
+        self.enabled = True
+        self._rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(seed) % 2**64, int(rank)])))
+
+    @staticmethod
+    def check_options(num_classes: int, mixup_alpha: float, cutmix_alpha: float,
+                      cutmix_minmax: Sequence[float] | None, prob: float, switch_prob: float, mode: str,
+                      label_smoothing: float) -> None:
+        """Raise :class:`ConfigError` (``mixup.<option>=...``) for options a mixer cannot work with."""
         if int(num_classes) != num_classes or num_classes < 1:
             raise ConfigError(f"mixup.num_classes={num_classes} must be a whole number >= 1")
         for key, value in (("mixup_alpha", mixup_alpha), ("cutmix_alpha", cutmix_alpha)):
@@ -107,31 +130,34 @@ class Mixup:
         if mode not in MIX_MODES:
             raise ConfigError(f"mixup.mode={mode!r} is not supported; valid values: {', '.join(MIX_MODES)}")
         if cutmix_minmax is not None:
-            cutmix_minmax = tuple(float(v) for v in cutmix_minmax)
-            if len(cutmix_minmax) != 2 or not 0 < cutmix_minmax[0] <= cutmix_minmax[1] <= 1:
-                raise ConfigError(f"mixup.cutmix_minmax={list(cutmix_minmax)} must be [min, max] with "
-                                  "0 < min <= max <= 1")
-            cutmix_alpha = cutmix_alpha or 1.0  # only decides how often CutMix is picked; the box ignores lam
-        if mixup_alpha == 0 and cutmix_alpha == 0:
+            minmax = [float(v) for v in cutmix_minmax]
+            if len(minmax) != 2 or not 0 < minmax[0] <= minmax[1] <= 1:
+                raise ConfigError(f"mixup.cutmix_minmax={minmax} must be [min, max] with 0 < min <= max <= 1")
+        elif mixup_alpha == 0 and cutmix_alpha == 0:
             raise ConfigError("mixup: mixup_alpha and cutmix_alpha are both 0; enable one (or don't use Mixup)")
-        self.num_classes = int(num_classes)
-        self.mixup_alpha = float(mixup_alpha)
-        self.cutmix_alpha = float(cutmix_alpha)
-        self.cutmix_minmax = cutmix_minmax
-        self.prob = float(prob)
-        self.switch_prob = float(switch_prob)
-        self.mode = mode
-        self.correct_lam = bool(correct_lam)
-        self.label_smoothing = float(label_smoothing)
-        self.enabled = True
-        self._rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(seed) % 2**64, int(rank)])))
+
+    @staticmethod
+    def enabled(cfg: Any) -> bool:
+        """Whether ``data.mixup`` (a :class:`~paddletrain.config.MixupConfig`) mixes at all."""
+        return cfg is not None and bool(cfg.mixup_alpha or cfg.cutmix_alpha or cfg.cutmix_minmax is not None)
+
+    @classmethod
+    def check_config(cls, cfg: Any, label_smoothing: float = 0.0) -> None:
+        """Check ``data.mixup`` without building the mixer: every problem names ``data.mixup.<option>``."""
+        if not cls.enabled(cfg):
+            return
+        try:
+            cls.check_options(1, float(cfg.mixup_alpha), float(cfg.cutmix_alpha), cfg.cutmix_minmax,
+                              float(cfg.prob), float(cfg.switch_prob), str(cfg.mode), float(label_smoothing))
+        except ConfigError as exc:
+            raise ConfigError(str(exc).replace("mixup.", "data.mixup.", 1)) from None
 
     @classmethod
     def from_config(cls, cfg: Any, num_classes: int, label_smoothing: float = 0.0, seed: int = 0,
                     rank: int = 0) -> Mixup | None:
         """The mixer ``data.mixup`` (a :class:`~paddletrain.config.MixupConfig`) describes, or None when it is
         off (both alphas 0 and no ``cutmix_minmax``). ``label_smoothing`` is ``loss.label_smoothing``."""
-        if not cfg.mixup_alpha and not cfg.cutmix_alpha and cfg.cutmix_minmax is None:
+        if not cls.enabled(cfg):
             return None
         minmax = None if cfg.cutmix_minmax is None else tuple(float(v) for v in cfg.cutmix_minmax)
         return cls(num_classes, mixup_alpha=float(cfg.mixup_alpha), cutmix_alpha=float(cfg.cutmix_alpha),

@@ -27,6 +27,7 @@ holds it to every member).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -109,6 +110,11 @@ class Callback:
 
     # Only the main process (rank 0) runs callbacks whose ``main_process_only`` is True.
     main_process_only: bool = False
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        """Raise ``ConfigError``/``ValueError`` for an option value this callback cannot work with, before it is
+        built (the config's ``callbacks.<name>`` entry; the constructor runs the same check). None by default."""
 
     @property
     def state_key(self) -> str:
