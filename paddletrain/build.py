@@ -289,8 +289,7 @@ def build_precision(cfg: DictConfig, device: str) -> Precision:
 
 
 def build_callbacks(cfg: DictConfig) -> list[Callback]:
-    """The ``callbacks`` config node, built (see :mod:`paddletrain.callbacks.instantiate`); the registered ones the
-    validation built to check them are used as they are (:func:`paddletrain.validation.take_built_callbacks`)."""
+    """The ``callbacks`` config node, each entry built once (see :mod:`paddletrain.callbacks.instantiate`)."""
     return instantiate_callbacks(cfg.get("callbacks") or {})
 
 
