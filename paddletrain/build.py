@@ -32,7 +32,7 @@ from paddletrain.callbacks.heartbeat import Heartbeat
 from paddletrain.callbacks.instantiate import instantiate_callbacks
 from paddletrain.checkpoint import load_checkpoint
 from paddletrain.checkpoint.locate import locate_checkpoint
-from paddletrain.config import DataConfig, FitConfig
+from paddletrain.config import DataConfig, FitConfig, ModelConfig, component_options
 from paddletrain.data import DatasetError, build_datasets, build_loader, build_transform, preprocessing_info
 from paddletrain.data.balance import class_balanced_weights, class_counts, dataset_targets
 from paddletrain.data.holdout import hold_out_by_config
@@ -146,6 +146,7 @@ def build_model(cfg: DictConfig, num_classes: int, in_chans: int) -> paddle.nn.L
     m = cfg.model
     options: dict[str, Any] = {"arch": m.arch} if m.arch else {}
     options.update({key: m[key] for key, default in _MODEL_OPTIONS.items() if m[key] != default})
+    options.update(component_options(m, ModelConfig))  # the builder's own (model.<option>=...)
     return create_model(
         m.name,
         num_classes=m.num_classes if m.num_classes is not None else num_classes,

@@ -449,12 +449,37 @@ SCHEMAS: dict[str, Any] = {
 }
 
 
+# Groups whose `name` picks a registered factory: besides their schema's keys they take the factory's own keyword
+# options (`loss=my_loss loss.my_option=3`), checked against its signature by paddletrain.validation.
+COMPONENT_GROUPS = ("model", "data", "optim", "sched", "loss")
+
+
 def register_configs() -> None:
-    """Register the schemas so every preset of a group is validated against ``<group>_schema``."""
+    """Register the schemas so every preset of a group is validated against ``<group>_schema``.
+
+    A component group's schema is stored open (not in struct mode), so that Hydra lets a command line set a key
+    the schema does not declare; its values stay typed, and such a key must be an option of the selected
+    factory (:func:`component_options`).
+    """
     cli_schema("fit")(FitConfig)
     cli_schema("evaluate")(EvaluateConfig)
-    for group, node in SCHEMAS.items():
+    for group, schema in SCHEMAS.items():
+        node: Any = schema
+        if group in COMPONENT_GROUPS:
+            node = OmegaConf.structured(schema)
+            OmegaConf.set_struct(node, False)
         ConfigStore.instance().store(group=group, name=f"{group}_schema", node=node)
+
+
+def component_options(node: Any, schema: type) -> dict[str, Any]:
+    """The keys of a component group's ``node`` that ``schema`` does not declare, as plain values: the selected
+    factory's own options."""
+    if not isinstance(node, DictConfig):  # a schema instance: no undeclared keys
+        return {}
+    declared = {f.name for f in dataclasses.fields(schema)}
+    extra = {key: node[key] for key in node if key not in declared}
+    return {key: OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+            for key, value in extra.items()}
 
 
 def cli_schema(command: str) -> Callable[[type], type]:

@@ -49,7 +49,7 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from paddletrain.config import LossConfig, check_field
+from paddletrain.config import LossConfig, check_field, component_options
 from paddletrain.errors import ConfigError
 from paddletrain.registry import LOSSES
 
@@ -352,6 +352,7 @@ def build_loss(cfg: LossConfig, num_classes: int | None = None,
     name = loss_name(cfg.name, multilabel)
     factory = LOSSES.get(name)
     options = {"multilabel": True} if multilabel and name == "binary_cross_entropy" else {}
+    options.update(component_options(cfg, LossConfig))  # the factory's own (loss.<option>=...)
     setting = getattr(cfg, "class_weights", None)
     if setting is None:
         return factory(cfg, **options)

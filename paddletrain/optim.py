@@ -23,7 +23,7 @@ from paddle import nn
 from paddle.incubate.optimizer import LarsMomentumOptimizer
 from paddle.optimizer.lr import LRScheduler
 
-from paddletrain.config import OptimConfig, check_field
+from paddletrain.config import OptimConfig, check_field, component_options
 from paddletrain.errors import ConfigError
 from paddletrain.registry import OPTIMIZERS
 
@@ -172,7 +172,7 @@ def build_optimizer(
         head_lr_mult=cfg.head_lr_mult,
         layer_decay=cfg.layer_decay,
     )
-    return factory(groups, scheduler_or_lr, cfg)
+    return factory(groups, scheduler_or_lr, cfg, **component_options(cfg, OptimConfig))
 
 
 def _check(key: str, value: Any) -> None:

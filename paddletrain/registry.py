@@ -10,6 +10,9 @@ installed plugins (once per process) first.
 
 What each registry holds (the factory's call signature):
 
+A factory's parameters beyond that signature are its own options: ``loss=my_loss loss.my_option=3`` passes
+``my_option=3`` to the factory registered as ``my_loss`` (checked against its signature before anything runs).
+
 - ``MODELS``: ``builder(num_classes=..., in_chans=..., **options) -> paddle.nn.Layer``, registered under its
   ``__name__`` by :func:`paddletrain.models.register_model`
 - ``DATASETS``: ``builder(cfg: DataConfig, train_transform, eval_transform) -> DatasetSplits``, registered by
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import inspect
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
@@ -58,12 +62,19 @@ class Registry(Generic[T]):
         config_key: the config key that selects a name (e.g. ``optim.name``), for messages.
         listing: how a user lists the names (e.g. ``paddletrain.models.list_models()``); an unknown-name
             message points there instead of listing more than :data:`MAX_LISTED` names.
+        positional: how many leading positional arguments paddletrain passes a factory (e.g. an optimizer's
+            ``param_groups, learning_rate, cfg``), and ``keywords`` the keyword arguments it may pass itself;
+            every other parameter of a factory is one of its own options (:meth:`options_of`), which the
+            command line sets as ``<group>.<option>=value``.
     """
 
-    def __init__(self, kind: str, config_key: str, listing: str | None = None) -> None:
+    def __init__(self, kind: str, config_key: str, listing: str | None = None, positional: int = 0,
+                 keywords: tuple[str, ...] = ()) -> None:
         self.kind = kind
         self.config_key = config_key
         self.listing = listing
+        self.positional = positional
+        self.keywords = keywords
         self._entries: dict[str, T] = {}
 
     def register(self, name: str | None = None) -> Callable[[T], T]:
@@ -112,6 +123,15 @@ class Registry(Generic[T]):
         return (f"unknown {self.kind} {self.config_key}={name!r} ({known}); a {self.kind} of another package needs "
                 f"that package installed (a paddletrain plugin) or its module in imports=[...]")
 
+    def options_of(self, name: str) -> list[str] | None:
+        """The keyword options of the factory registered as ``name`` beyond what paddletrain passes it: the
+        parameters after its first ``positional`` ones, except ``keywords``. None when it takes ``**kwargs``."""
+        params = list(inspect.signature(self.get(name)).parameters.values())
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            return None
+        by_keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        return [p.name for p in params[self.positional:] if p.kind in by_keyword and p.name not in self.keywords]
+
     def names(self, pattern: str = "*") -> list[str]:
         """Sorted registered names matching the shell-style ``pattern``, the installed plugins' included."""
         load_plugins()
@@ -129,10 +149,11 @@ def _origin(factory: object) -> str:
     return f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', repr(factory))}"
 
 
-MODELS: Registry[Any] = Registry("model", "model.name", listing="paddletrain.models.list_models()")
-DATASETS: Registry[Any] = Registry("dataset", "data.name", listing="paddletrain.data.list_datasets()")
-OPTIMIZERS: Registry[Any] = Registry("optimizer", "optim.name")
-SCHEDULERS: Registry[Any] = Registry("scheduler", "sched.name")
-LOSSES: Registry[Any] = Registry("loss", "loss.name")
+MODELS: Registry[Any] = Registry("model", "model.name", listing="paddletrain.models.list_models()",
+                                 keywords=("num_classes", "in_chans"))
+DATASETS: Registry[Any] = Registry("dataset", "data.name", listing="paddletrain.data.list_datasets()", positional=3)
+OPTIMIZERS: Registry[Any] = Registry("optimizer", "optim.name", positional=3)
+SCHEDULERS: Registry[Any] = Registry("scheduler", "sched.name", positional=3)
+LOSSES: Registry[Any] = Registry("loss", "loss.name", positional=1, keywords=("class_weights", "multilabel"))
 AUGMENTATIONS: Registry[Any] = Registry("augmentation", "data.augment")
 CALLBACKS: Registry[Any] = Registry("callback", "callbacks")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from paddle.optimizer.lr import LambdaDecay, LinearWarmup, LRScheduler, MultiStepDecay, OneCycleLR
 
-from paddletrain.config import SchedConfig, check_values
+from paddletrain.config import SchedConfig, check_values, component_options
 from paddletrain.errors import ConfigError
 from paddletrain.registry import SCHEDULERS
 
@@ -78,7 +78,7 @@ def build_scheduler(cfg: SchedConfig, base_lr: float, steps: ScheduleSteps) -> L
     if not base_lr > 0:
         raise ConfigError(f"the learning rate (optim.lr) must be > 0, got {base_lr!r}")
     check_values(cfg, SchedConfig, prefix="sched.")  # the schema's rules, for callers that skip validate_config
-    main = SCHEDULERS.get(str(cfg.name).lower())(cfg, base_lr, steps)
+    main = SCHEDULERS.get(str(cfg.name).lower())(cfg, base_lr, steps, **component_options(cfg, SchedConfig))
     if steps.warmup == 0:
         return main
     first_lr = main()

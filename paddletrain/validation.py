@@ -27,7 +27,7 @@ from omegaconf import OmegaConf, open_dict, read_write
 
 import paddletrain.builtin_components  # noqa: F401  (registers the built-in names the config may use)
 from paddletrain.callbacks.instantiate import check_callback_entries
-from paddletrain.config import EvaluateConfig, FitConfig, check_values
+from paddletrain.config import COMPONENT_GROUPS, SCHEMAS, EvaluateConfig, FitConfig, check_values, component_options
 from paddletrain.data.mixup import Mixup
 from paddletrain.data.transforms import DEFAULT_CROP_PCT, build_augmentations, eval_image_size
 from paddletrain.distill import check_distill_config
@@ -38,7 +38,7 @@ from paddletrain.job.runtime import select_device
 from paddletrain.losses import check_loss_config, loss_name
 from paddletrain.optim import check_optim_config, run_lr
 from paddletrain.plugins import prepare
-from paddletrain.registry import DATASETS, LOSSES, MODELS, OPTIMIZERS, SCHEDULERS
+from paddletrain.registry import DATASETS, LOSSES, MODELS, OPTIMIZERS, SCHEDULERS, close_matches
 from paddletrain.schedules import check_sched_config
 
 # Built-in datasets that cannot run without data.root (the others have a default location or need no files).
@@ -65,7 +65,8 @@ def _check_nodes(trainer: Any) -> None:
 
 
 def unknown_keys(node: Any, schema: type, prefix: str = "") -> list[str]:
-    """Keys of ``node`` that ``schema`` does not declare.
+    """Keys of ``node`` that ``schema`` does not declare, but for the top level of a component group, whose extra
+    keys are its factory's options (:func:`check_component_options`, once the registries are complete).
 
     Hydra's ``+key=value`` force-adds keys even into typed nodes, so this check is the one that catches them.
     """
@@ -73,7 +74,8 @@ def unknown_keys(node: Any, schema: type, prefix: str = "") -> list[str]:
     found = []
     for key in node.keys():
         if key not in hints:
-            found.append(f"{prefix}{key}")
+            if prefix.rstrip(".") not in COMPONENT_GROUPS:
+                found.append(f"{prefix}{key}")
         elif dataclasses.is_dataclass(hints[key]) and node[key] is not None:
             found.extend(unknown_keys(node[key], hints[key], f"{prefix}{key}."))
     return found
@@ -104,6 +106,7 @@ def validate_config(cfg: Any, use: str = "fit") -> None:
     check_key_rules(cfg)
     prepare(cfg)  # the config's `imports` register their names before the names are looked up
     check_names(cfg)
+    check_component_options(cfg)
     check_components(cfg)
     if use != "export":
         _check_machine(cfg, training=use == "fit")
@@ -231,6 +234,28 @@ def check_names(cfg: Any) -> None:
     for registry, name in ((DATASETS, cfg.data.name), (MODELS, cfg.model.name), (OPTIMIZERS, cfg.optim.name),
                            (SCHEDULERS, cfg.sched.name), (LOSSES, loss)):
         registry.get(name)
+
+
+def check_component_options(cfg: Any) -> None:
+    """A key a component group's schema does not declare is an option of the factory its ``name`` selects
+    (:meth:`paddletrain.registry.Registry.options_of`); a misspelt one is refused with the close names."""
+    selected = {"model": (MODELS, cfg.model.name), "data": (DATASETS, cfg.data.name),
+                "optim": (OPTIMIZERS, cfg.optim.name), "sched": (SCHEDULERS, cfg.sched.name),
+                "loss": (LOSSES, loss_name(cfg.loss.get("name"), bool(cfg.data.get("multilabel"))))}
+    for group in COMPONENT_GROUPS:
+        registry, name = selected[group]
+        extra = component_options(cfg[group], SCHEMAS[group])
+        accepted = registry.options_of(name) if extra else None
+        if accepted is None:
+            continue
+        declared = [f.name for f in dataclasses.fields(SCHEMAS[group])]
+        own = [option for option in accepted if option not in declared]
+        for key in extra:
+            if key not in accepted:
+                close = close_matches(key, dict.fromkeys([*own, *declared]), n=3)
+                hint = f"; did you mean {', '.join(close)}?" if close else ""
+                raise ConfigError(f"unknown config key {group}.{key}: not a {group} key, nor an option of "
+                                  f"{registry.config_key}={name} (its own options: {', '.join(own) or 'none'}){hint}")
 
 
 def _check_min_lr(cfg: Any) -> None:

@@ -22,6 +22,7 @@ import numpy as np
 import paddle
 from paddle.dataset import common as paddle_dataset
 
+from paddletrain.config import DataConfig, component_options
 from paddletrain.errors import UserError
 from paddletrain.registry import DATASETS, UnknownNameError
 
@@ -175,7 +176,7 @@ def build_datasets(cfg: Any, train_transform: Transform = None, eval_transform: 
         builder = DATASETS.get(name)
     except UnknownNameError as exc:
         raise UnknownDatasetError(str(exc)) from None
-    splits = builder(cfg, train_transform, eval_transform)
+    splits = builder(cfg, train_transform, eval_transform, **component_options(cfg, DataConfig))
     if not isinstance(splits, DatasetSplits):
         raise TypeError(f"dataset builder {name!r} returned {type(splits).__name__}, expected DatasetSplits")
     return splits

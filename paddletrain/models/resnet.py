@@ -16,6 +16,7 @@ Every model has the same contract: ``forward_features`` (unpooled map), ``forwar
 """
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -527,6 +528,12 @@ def _builder(name: str, doc: str, block: Block, layers: tuple[int, ...], arch: d
 
     build.__name__ = build.__qualname__ = name
     build.__doc__ = doc
+    # What it takes, for the config's check of model.<option> keys: ResNet's keywords but what the name fixes.
+    fixed = {"self", "block", "layers", *arch}
+    options = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for n, p in
+               inspect.signature(ResNet.__init__).parameters.items() if n not in fixed]
+    width = inspect.Parameter("width", inspect.Parameter.KEYWORD_ONLY, default=1.0)
+    build.__signature__ = inspect.Signature([*options, width])  # type: ignore[attr-defined]
     return build
 
 
