@@ -7,8 +7,10 @@ imports this module once; a plugin's names come from :func:`paddletrain.plugins.
 from __future__ import annotations
 
 import paddletrain.callbacks  # noqa: F401  (callbacks)
-import paddletrain.data  # noqa: F401  (datasets)
 import paddletrain.data.augment  # noqa: F401  (augmentations)
 import paddletrain.losses  # noqa: F401  (losses)
 import paddletrain.models  # noqa: F401  (models)
 import paddletrain.optim  # noqa: F401  (optimizers, schedulers)
+from paddletrain.data import register_builtin_datasets
+
+register_builtin_datasets()  # (datasets)

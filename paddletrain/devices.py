@@ -66,3 +66,11 @@ def set_mkl_cpu_type(environ: dict[str, str] | None = None, cpuinfo: str | Path 
     if value is not None:
         environ[MKL_CPU_TYPE_ENV] = value
     return value
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, which containers and taskset narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1

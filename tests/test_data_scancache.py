@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from paddletrain.config import DataConfig
-from paddletrain.data import imagefolder, scancache
+from paddletrain.data import folder_scan, scancache
 from paddletrain.data.imagefolder import ImageFolderDataset, build_imagefolder
 from paddletrain.data.index import SampleIndex
 from paddletrain.data.scancache import CACHE_DIR_ENV, load_scan, scan_cache_dir
@@ -53,13 +53,13 @@ class ScanCounter:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls = 0
-        real = imagefolder._SplitScan.run
+        real = folder_scan._SplitScan.run
 
         def run(scan, class_dirs):
             self.calls += 1
             return real(scan, class_dirs)
 
-        monkeypatch.setattr(imagefolder._SplitScan, "run", run)
+        monkeypatch.setattr(folder_scan._SplitScan, "run", run)
 
 
 @pytest.fixture
@@ -134,7 +134,7 @@ def test_a_symlink_out_of_the_root_added_later_is_skipped_not_served_from_the_ca
     _age(root)  # even with the old mtimes restored the ctime tells
     second = ImageFolderDataset(root, "train")
     assert scans.calls == 2
-    assert second.scan_report.skipped[imagefolder.OUTSIDE_ROOT] == 2
+    assert second.scan_report.skipped[folder_scan.OUTSIDE_ROOT] == 2
     assert not any("secret" in p for p, _ in second.samples)
     ImageFolderDataset(root, "train")
     assert scans.calls == 3  # a scan that met a symlink is never cached

@@ -244,7 +244,7 @@ def test_the_first_batch_is_small_so_prediction_starts_sooner_and_every_path_is_
 
 @pytest.mark.parametrize("cores,workers,threads", [(1, 1, 1), (2, 1, 1), (8, 4, 4), (16, 8, 8)])
 def test_decode_workers_and_predictor_threads_share_the_cores(monkeypatch, cores, workers, threads):
-    monkeypatch.setattr("paddletrain.job.runtime.usable_cores", lambda: cores)
+    monkeypatch.setattr("paddletrain.devices.usable_cores", lambda: cores)
     assert default_num_workers() == workers
     assert default_predictor_threads(workers) == threads
     assert default_predictor_threads(0) == cores  # decoding in the main process leaves every core

@@ -167,7 +167,7 @@ def paired_ratio(numerator: Sequence[float], denominator: Sequence[float]) -> fl
 
 def environment(cpu_threads: int | None = None) -> dict[str, Any]:
     """Where and under which load the numbers were measured; call before measuring, then :func:`finished`."""
-    from paddletrain.job.runtime import usable_cores
+    from paddletrain.devices import usable_cores
 
     cores = usable_cores()
     return {

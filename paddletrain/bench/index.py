@@ -193,7 +193,7 @@ def _scan_rows(root: Path, cfg: IndexBenchConfig) -> list[dict[str, Any]]:
 
 def run_index(cfg: IndexBenchConfig) -> dict[str, Any]:
     """Parse time, index memory, worker memory over an epoch and the scan cache, at ImageNet's size."""
-    from paddletrain.data.labellist import read_label_list
+    from paddletrain.data.label_lists import read_label_list
 
     check_options(cfg, "index")
     env = environment()

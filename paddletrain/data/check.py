@@ -3,7 +3,7 @@
 ``python -m paddletrain.data check`` (:mod:`paddletrain.data.__main__`) prints :func:`check_dataset`'s report. The
 inputs are read by the loader's own readers, so the check accepts and refuses exactly what training does:
 
-- an image folder by :func:`~paddletrain.data.imagefolder.scan_split` (the confined scan of ``data=imagefolder``),
+- an image folder by :func:`~paddletrain.data.folder_scan.scan_split` (the confined scan of ``data=imagefolder``),
   a root ``root/{train,val}/<class>/...`` as its two splits, or a single split folder ``<folder>/<class>/...``;
 - label lists by :func:`~paddletrain.data.labellist.check_label_list` (every bad line, not only the first);
 - every image by :func:`~paddletrain.data.images.open_image` and ``to_mode(image, "RGB")``, as a training sample
@@ -32,9 +32,9 @@ import numpy as np
 from PIL import UnidentifiedImageError
 from tqdm import tqdm
 
-from paddletrain.data import imagefolder
+from paddletrain.data import folder_scan
 from paddletrain.data.class_names import read_names_file
-from paddletrain.data.datasets import DatasetError
+from paddletrain.data.errors import DatasetError
 from paddletrain.data.images import (
     IMG_EXTENSIONS,
     SIXTEEN_BIT_MODES,
@@ -43,7 +43,7 @@ from paddletrain.data.images import (
     open_regular,
     to_mode,
 )
-from paddletrain.data.labellist import LINE_PROBLEM_KINDS, check_label_list
+from paddletrain.data.label_lists import LINE_PROBLEM_KINDS, check_label_list
 from paddletrain.errors import ExitCode, UserError
 
 __all__ = ["DEFAULT_MIN_SIZE", "KINDS", "CheckReport", "Kind", "Problem", "SplitReport", "check_dataset",
@@ -61,12 +61,12 @@ _ROTATIONS = {2: "mirrored", 3: "rotated 180°", 4: "flipped upside down", 5: "m
               6: "rotated 90° clockwise", 7: "mirrored and rotated 90° clockwise", 8: "rotated 90° CCW"}
 # Scan skips a user should hear about, and why; hidden files and second links to a visited place are deliberate.
 _SKIPS_REPORTED = {
-    imagefolder.EXTENSION: "{ext} files are not read by the loader (it reads " + " ".join(IMG_EXTENSIONS) + ")",
-    imagefolder.OUTSIDE_ROOT: "a symlink out of the root, not followed",
-    imagefolder.NON_REGULAR: "not a regular file, not opened",
-    imagefolder.OTHER_SPLIT: "a link into another split, not followed",
-    imagefolder.BROKEN_LINK: "a broken symlink",
-    imagefolder.UNREADABLE: "a folder that cannot be listed: its images are not in the split",
+    folder_scan.EXTENSION: "{ext} files are not read by the loader (it reads " + " ".join(IMG_EXTENSIONS) + ")",
+    folder_scan.OUTSIDE_ROOT: "a symlink out of the root, not followed",
+    folder_scan.NON_REGULAR: "not a regular file, not opened",
+    folder_scan.OTHER_SPLIT: "a link into another split, not followed",
+    folder_scan.BROKEN_LINK: "a broken symlink",
+    folder_scan.UNREADABLE: "a folder that cannot be listed: its images are not in the split",
 }
 
 
@@ -342,9 +342,9 @@ def _folder_splits(inputs: list[Path]) -> list[tuple[Path, str, Path, tuple[str,
     found = []
     for folder in inputs:
         if (folder / "train").is_dir():
-            for split in imagefolder.SPLITS:
+            for split in folder_scan.SPLITS:
                 if (folder / split).is_dir():
-                    found.append((folder, split, folder / split, imagefolder.SPLITS))
+                    found.append((folder, split, folder / split, folder_scan.SPLITS))
         else:
             found.append((folder, folder.name, folder, ()))
     return found
@@ -354,12 +354,12 @@ def _scan_folders(inputs: list[Path], problems: list[Problem]) -> tuple[list[str
     splits, classes = [], None
     for root, split, split_dir, others in _folder_splits(inputs):
         if classes is None:
-            classes = imagefolder.class_dirs(split_dir)
+            classes = folder_scan.class_dirs(split_dir)
             if not classes:
                 raise UserError(f"no class folders in {str(split_dir)!r}; expected <folder>/<class>/<image> or "
                                 "<folder>/{train,val}/<class>/<image>")
         try:
-            contents = imagefolder.scan_split(root, split, classes, split_dir, other_splits=others, record_skips=True)
+            contents = folder_scan.scan_split(root, split, classes, split_dir, other_splits=others, record_skips=True)
         except DatasetError as exc:  # the split is a link out of the root, or the splits overlap
             raise UserError(str(exc)) from exc
         for reason, path, detail in contents.report.every_skip or []:
@@ -493,7 +493,7 @@ def check_dataset(inputs: Sequence[str | Path], *, root: str | Path | None = Non
 def _workers(workers: int | None) -> int:
     if workers is not None:
         return workers
-    from paddletrain.job.runtime import usable_cores
+    from paddletrain.devices import usable_cores
 
     return usable_cores()
 

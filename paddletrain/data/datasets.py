@@ -23,28 +23,11 @@ import paddle
 from paddle.dataset import common as paddle_dataset
 
 from paddletrain.config import DataConfig, component_options
-from paddletrain.errors import UserError
+from paddletrain.data.errors import BadSampleError, DatasetError, UnknownDatasetError
 from paddletrain.registry import DATASETS, UnknownNameError
 
 # image -> model input, or None to keep the image as loaded.
 Transform = Callable[[Any], Any] | None
-
-
-class DatasetError(UserError):
-    """The data on disk or the data config is wrong; the message names the path or key at fault."""
-
-
-class UnknownDatasetError(DatasetError, UnknownNameError):
-    """No builder is registered under ``data.name`` (a :class:`~paddletrain.errors.ConfigError` too)."""
-
-
-class BadSampleError(DatasetError):
-    """One sample could not be read or decoded; ``describe`` names it (loaders may skip it by policy)."""
-
-    def __init__(self, message: str, index: int, describe: str) -> None:
-        super().__init__(message)
-        self.index = index
-        self.describe = describe
 
 
 class ImageDataset(paddle.io.Dataset):
@@ -159,6 +142,9 @@ def paddle_cache_dir(name: str) -> Path:
 
 def list_datasets() -> list[str]:
     """Names accepted by ``data.name`` (an installed plugin's included), sorted."""
+    from paddletrain.data import register_builtin_datasets  # its modules import this one
+
+    register_builtin_datasets()
     return DATASETS.names()
 
 
@@ -171,6 +157,9 @@ def build_datasets(cfg: Any, train_transform: Transform = None, eval_transform: 
     Raises:
         UnknownDatasetError: nothing is registered under ``data.name``, not even by an installed plugin.
     """
+    from paddletrain.data import register_builtin_datasets  # its modules import this one
+
+    register_builtin_datasets()
     name = cfg.name
     try:
         builder = DATASETS.get(name)

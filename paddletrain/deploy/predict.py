@@ -117,7 +117,7 @@ class PredictSummary:
 def check_output_location(output: str, input_spec: str) -> None:
     """Refuse an ``output`` that is the ``input`` list file, or an image file inside the ``input`` folder (it
     would be read as an input by the next run over that folder)."""
-    from paddletrain.data.imagefolder import is_image_file  # on use: importing predict must not load Paddle
+    from paddletrain.data.images import is_image_file  # on use: importing predict must not load Paddle
 
     out, spec = Path(output), Path(input_spec)
     if spec.is_file() and out.exists() and os.path.samefile(out, spec):
@@ -151,14 +151,14 @@ def check_output_file(output: str | Path, inputs: Sequence[str], protected: Sequ
 
 def default_num_workers() -> int:
     """Half the usable cores decode (at least one); the predictor's threads get the rest."""
-    from paddletrain.job.runtime import usable_cores  # on use: importing predict must not load Paddle
+    from paddletrain.devices import usable_cores
 
     return max(1, usable_cores() // 2)
 
 
 def default_predictor_threads(num_workers: int) -> int:
     """The cores the decode workers leave free (at least one)."""
-    from paddletrain.job.runtime import usable_cores  # on use: importing predict must not load Paddle
+    from paddletrain.devices import usable_cores
 
     return max(1, usable_cores() - num_workers)
 
@@ -203,7 +203,7 @@ def read_labelled_inputs(spec: str, data_root: str, delimiter: str = " ",
     """The images of the label list ``spec`` (paths relative to ``data_root``) and their class indices (a list of
     them per image for a ``multilabel`` list), checked as training checks its lists
     (:func:`paddletrain.data.labellist.read_label_list`)."""
-    from paddletrain.data.labellist import read_label_list  # on use: importing predict must not load Paddle
+    from paddletrain.data.label_lists import read_label_list  # on use: importing predict must not load Paddle
 
     index = read_label_list(spec, data_root, key="input", delimiter=delimiter, multilabel=multilabel).index
     if multilabel:

@@ -374,7 +374,7 @@ class Predictor(ExportedModel):
         # on use: importing this module must not load Paddle (runtime imports it too)
         from paddle import inference
 
-        from paddletrain.job.runtime import usable_cores
+        from paddletrain.devices import usable_cores
 
         graph = find_graph_file(Path(model_dir))
         params = Path(model_dir) / PARAMS_FILE
@@ -495,7 +495,7 @@ class OnnxPredictor(ExportedModel):
 
     def __init__(self, model: str | Path, device: str = "auto", cpu_threads: int | None = None,
                  precision: str | None = None, labels: None | str | Path = None) -> None:
-        from paddletrain.job.runtime import usable_cores  # on use: runtime imports Paddle, this module must not
+        from paddletrain.devices import usable_cores
 
         onnxruntime = require_onnxruntime()
         path = Path(model)

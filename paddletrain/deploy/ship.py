@@ -26,8 +26,8 @@ from paddletrain.build import rebuild_checkpoint
 from paddletrain.checkpoint.locate import locate_checkpoint
 from paddletrain.config import RuntimeConfig, allowed, check_field, cli_schema
 from paddletrain.data import DatasetError, ImageFolderDataset, LabelListDataset, SampleIndex
-from paddletrain.data.imagefolder import scan_split
-from paddletrain.data.labellist import read_label_list
+from paddletrain.data.folder_scan import scan_split
+from paddletrain.data.label_lists import read_label_list
 from paddletrain.deploy import export as exporting
 from paddletrain.deploy.divergence import Divergence, find_divergence
 from paddletrain.deploy.native_output import stdout_to_stderr

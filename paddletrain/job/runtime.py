@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import paddle
 
-from paddletrain.devices import DEVICES
+from paddletrain.devices import DEVICES, usable_cores
 
 log = logging.getLogger("paddletrain")
 
@@ -21,14 +21,6 @@ class RuntimeInfo:
     paddle_version: str
     # Why this many CPU threads, for the start-up line (e.g. "8 usable cores, 2 ranks on this node, ...").
     cpu_threads_reason: str = ""
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask, which containers and taskset narrow)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def ranks_on_this_node() -> int:

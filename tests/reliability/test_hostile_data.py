@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 from paddletrain.config import DataConfig
-from paddletrain.data import build_loader, imagefolder, preprocessing_info
+from paddletrain.data import build_loader, folder_scan, imagefolder, preprocessing_info
 from paddletrain.data.datasets import BadSampleError, DatasetError
 from paddletrain.data.imagefolder import ImageFolderDataset
 from paddletrain.data.images import IMG_EXTENSIONS, ImageReadError, open_image, to_mode
@@ -80,7 +80,7 @@ def test_symlink_loops_are_walked_once(root: Path) -> None:
     (root / "train/b/deep/back").symlink_to("../..")  # the split directory again, from one level down
     ds = ImageFolderDataset(root, "train")
     assert sorted(_names(ds)) == sorted(f"train/{c}/train{i}.png" for c in "ab" for i in range(3))
-    assert ds.scan_report.skipped[imagefolder.VISITED] == 3
+    assert ds.scan_report.skipped[folder_scan.VISITED] == 3
 
 
 def test_links_into_the_other_split_do_not_leak_validation_images(root: Path) -> None:
@@ -90,11 +90,11 @@ def test_links_into_the_other_split_do_not_leak_validation_images(root: Path) ->
     train = ImageFolderDataset(root, "train")
     assert not [name for name in _names(train) if "val" in name]
     assert len(train) == 6
-    assert train.scan_report.skipped[imagefolder.OTHER_SPLIT] == 2
-    assert train.scan_report.skipped[imagefolder.VISITED] == 1   # the root is an ancestor: a loop
+    assert train.scan_report.skipped[folder_scan.OTHER_SPLIT] == 2
+    assert train.scan_report.skipped[folder_scan.VISITED] == 1   # the root is an ancestor: a loop
     (root / "val/a/t.png").symlink_to("../../train/a/train0.png")  # and the other way round
     val = ImageFolderDataset(root, "val")
-    assert len(val) == 4 and val.scan_report.skipped[imagefolder.OTHER_SPLIT] == 1
+    assert len(val) == 4 and val.scan_report.skipped[folder_scan.OTHER_SPLIT] == 1
 
 
 def test_link_to_the_filesystem_root_is_skipped_at_once_and_named(root: Path, caplog) -> None:
@@ -104,7 +104,7 @@ def test_link_to_the_filesystem_root_is_skipped_at_once_and_named(root: Path, ca
     with caplog.at_level(logging.INFO, logger="paddletrain"):
         ds = ImageFolderDataset(root, "train")
     assert time.monotonic() - started < 5  # it hung before
-    assert len(ds) == 6 and ds.scan_report.skipped[imagefolder.OUTSIDE_ROOT] == 2
+    assert len(ds) == 6 and ds.scan_report.skipped[folder_scan.OUTSIDE_ROOT] == 2
     [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert "train: skipped 2 symlinks out of root" in warning and "train/a/root' -> '/'" in warning
     assert "point data.root at the folder" in warning
@@ -124,7 +124,7 @@ def test_links_inside_the_root_are_followed_and_counted_once(root: Path) -> None
     names = _names(ds)
     assert len(names) == 8 and len(set(names)) == 8
     assert "train/a/again.png" in names and "train/b/store/s2.png" in names  # sorted order decides the first
-    assert ds.scan_report.skipped[imagefolder.VISITED] == 3
+    assert ds.scan_report.skipped[folder_scan.VISITED] == 3
 
 
 def test_a_link_into_another_class_keeps_images_in_their_own_class(root: Path) -> None:
@@ -132,7 +132,7 @@ def test_a_link_into_another_class_keeps_images_in_their_own_class(root: Path) -
     (root / "train/a/b0.png").symlink_to("../b/train0.png")
     ds = ImageFolderDataset(root, "train")
     assert [ds.targets[i] for i, name in enumerate(_names(ds)) if name.startswith("train/b/")] == [1, 1, 1]
-    assert ds.targets.tolist().count(0) == 3 and ds.scan_report.skipped[imagefolder.VISITED] == 2
+    assert ds.targets.tolist().count(0) == 3 and ds.scan_report.skipped[folder_scan.VISITED] == 2
 
 
 def test_a_class_directory_linked_outside_the_root_says_how_to_proceed(root: Path, tmp_path: Path) -> None:
@@ -170,7 +170,7 @@ def test_broken_links_and_unreadable_folders_are_reported(root: Path, caplog) ->
     (root / "train/a/cycle.png").symlink_to("cycle.png")
     with caplog.at_level(logging.WARNING, logger="paddletrain"):
         ds = ImageFolderDataset(root, "train")
-    assert len(ds) == 6 and ds.scan_report.skipped[imagefolder.BROKEN_LINK] == 2
+    assert len(ds) == 6 and ds.scan_report.skipped[folder_scan.BROKEN_LINK] == 2
     assert any("2 broken symlinks" in r.getMessage() and "gone.png" in r.getMessage() for r in caplog.records)
 
 
@@ -216,7 +216,7 @@ def test_non_regular_files_are_skipped_unopened(root: Path, kind: str, caplog) -
     keep = _make_special(root / "train/a/x.jpg", kind)
     with caplog.at_level(logging.WARNING, logger="paddletrain"):
         ds = ImageFolderDataset(root, "train")
-    assert len(ds) == 6 and ds.scan_report.skipped[imagefolder.NON_REGULAR] == 1
+    assert len(ds) == 6 and ds.scan_report.skipped[folder_scan.NON_REGULAR] == 1
     [warning] = [r.getMessage() for r in caplog.records]
     assert "x.jpg" in warning and "non-regular" in warning and "block forever" in warning
     # Swapped in after the scan, it is a bad sample naming the file (the loader's policy decides), not a hang.
