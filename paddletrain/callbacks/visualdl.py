@@ -368,7 +368,7 @@ class VisualDLLogger(Callback):
         self.mean = list(mean) if mean is not None else None
         self.std = list(std) if std is not None else None
         self.max_images = max_images
-        self.hparam_metrics = list(hparam_metrics)
+        self.hparam_metrics = list(dict.fromkeys(hparam_metrics))  # monitor=val/loss names the loss twice
         self.display_name = display_name
         self.log_confusion_matrix = log_confusion_matrix
         self.last_step: int | None = None
