@@ -319,6 +319,25 @@ def test_fit_evaluate_export_and_predict_a_multilabel_list(squares, tmp_path):
         assert line["scores"][:len(above)] == above
 
 
+def test_two_ranks_gather_multilabel_scores_as_one_process_computes_them(squares, tmp_path):
+    """A real two-rank run (gloo) on 11 validation images, 6 and 5 per rank: its val/mAP is what one process
+    computes on the same checkpoint and images, so no rank's rows are lost, padded in or counted twice."""
+    lines = (squares / "val_list.txt").read_text().splitlines()[:11]
+    (squares / "val_list.txt").write_text("\n".join(lines) + "\n")
+    run_dir = tmp_path / "run"
+    result = run_module("paddletrain.fit", _fit_args(squares, run_dir, "trainer.devices=2", "callbacks.visualdl=null"),
+                        cwd=squares, timeout=300)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["best"]["monitor"] == "val/mAP"
+    result = run_module("paddletrain.evaluate", [f"checkpoint={run_dir}:best", f"hydra.run.dir={tmp_path / 'ev'}"],
+                        cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    evaluated = json.loads(result.stdout.strip().splitlines()[-1])
+    assert sum(row["positives"] for row in evaluated["val/per_class"]) == 22  # 11 images, 2 classes each
+    assert evaluated["val/mAP"] == pytest.approx(summary["best"]["value"], abs=1e-6)
+
+
 def test_a_softmax_loss_with_multilabel_stops_fit_with_one_line(squares, tmp_path):
     result = run_module("paddletrain.fit", _fit_args(squares, tmp_path / "run", "loss=cross_entropy"), cwd=squares)
     output = result.stdout + result.stderr
