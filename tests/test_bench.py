@@ -337,7 +337,7 @@ def test_index_reports_parse_memory_workers_and_the_scan_cache():
     json.dumps(result)
 
 
-@pytest.mark.slow  # 24 s; int8 prediction is tested in tests/test_quantize.py
+@pytest.mark.slow  # 24 s; int8 prediction is tested in tests/test_deploy_quantize.py
 def test_inference_times_an_int8_predictor_against_the_fp32_one_when_asked():
     cfg = InferenceBenchConfig(model="tiny", image_size=16, num_classes=10, batch_sizes=[8], images_per_window=8,
                                windows=2, predict_images=0, cpu_threads=1, precisions=["fp32", "int8"])

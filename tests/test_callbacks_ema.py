@@ -8,7 +8,7 @@ from paddletrain.callbacks import Callback, ModelEMA
 from paddletrain.checkpoint import load_checkpoint, save_checkpoint
 from paddletrain.engine.limits import Limits
 from paddletrain.engine.trainer import Trainer
-from tests.test_trainer import linear_model, make_batches, sgd
+from tests.test_engine_trainer import linear_model, make_batches, sgd
 
 
 def test_ema_tracks_the_average_of_the_weights_after_each_step():

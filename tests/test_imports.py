@@ -38,15 +38,16 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def runtime_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
-    """Every import statement of ``tree`` that can run (anywhere but the body of ``if TYPE_CHECKING:``)."""
+def runtime_imports(tree: ast.AST, type_checking: bool = False) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement of ``tree`` that can run (anywhere but the body of ``if TYPE_CHECKING:``, unless
+    ``type_checking``: then those too)."""
     found: list[ast.Import | ast.ImportFrom] = []
     stack: list[ast.AST] = [tree]
     while stack:
         node = stack.pop()
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             found.append(node)
-        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+        elif isinstance(node, ast.If) and _is_type_checking(node.test) and not type_checking:
             stack.extend(node.orelse)
         else:
             stack.extend(ast.iter_child_nodes(node))
@@ -68,15 +69,16 @@ def _targets(module: str, is_package: bool, node: ast.Import | ast.ImportFrom, k
     return submodules | ({base} if named or not submodules else set())
 
 
-def import_graph(root: Path, package: str) -> dict[str, set[str]]:
-    """Module -> the package's modules that importing it runs directly."""
+def import_graph(root: Path, package: str, type_checking: bool = False) -> dict[str, set[str]]:
+    """Module -> the package's modules that importing it runs directly (with ``type_checking``, also those it
+    imports only for type checkers)."""
     files = module_files(root, package)
     known = set(files)
     graph: dict[str, set[str]] = {}
     for module, path in files.items():
         own_parents = {module.rsplit(".", depth)[0] for depth in range(1, module.count(".") + 1)}
         edges: set[str] = set()
-        for node in runtime_imports(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        for node in runtime_imports(ast.parse(path.read_text(encoding="utf-8"), str(path)), type_checking):
             for target in _targets(module, path.name == "__init__.py", node, known):
                 if target in known and target != module:
                     edges.add(target)
@@ -100,6 +102,24 @@ def test_paddletrain_has_no_import_cycle():
     assert {"paddletrain.registry", "paddletrain.models.resnet", "paddletrain.data.shapes"} <= set(graph)
     cycle = find_cycle(graph)
     assert cycle is None, f"import cycle: {' -> '.join(reversed(cycle))}"
+
+
+def test_not_even_type_checkers_see_an_import_cycle():
+    """A cycle of imports made only for type annotations is still two modules that need each other."""
+    cycle = find_cycle(import_graph(ROOT, "paddletrain", type_checking=True))
+    assert cycle is None, f"import cycle (type-only imports included): {' -> '.join(reversed(cycle))}"
+
+
+# What job/ (processes, launch, ranks, restarts) may import: itself and the ground floor below every wing.
+JOB_MAY_IMPORT = ("paddletrain.job", "paddletrain.errors", "paddletrain.config", "paddletrain.devices",
+                  "paddletrain.console", "paddletrain.checkpoint")
+
+
+def test_job_imports_nothing_from_the_wings_above_it():
+    graph = import_graph(ROOT, "paddletrain", type_checking=True)
+    above = {(module, target) for module, targets in graph.items() if module.startswith("paddletrain.job")
+             for target in targets if not target.startswith(JOB_MAY_IMPORT) and target != "paddletrain"}
+    assert not above, f"job/ imports from above it: {sorted(above)}"
 
 
 def test_the_registries_are_below_what_registers_into_them():

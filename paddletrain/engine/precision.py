@@ -15,7 +15,7 @@ device, including CPU, where Paddle's GradScaler and auto_cast do nothing and a 
 corrupt the weights.
 
 Two private parts of Paddle's GradScaler remain, because no public API does their job (each has a test in
-tests/test_precision.py that fails when Paddle changes it): :meth:`GradScaler._update` (a NumPy 2.4 crash) and,
+tests/test_engine_precision.py that fails when Paddle changes it): :meth:`GradScaler._update` (a NumPy 2.4 crash) and,
 in :meth:`Precision.step`, ``scaler._scale`` (read with the norm in the step's one host copy) and
 ``scaler._found_inf`` (set when our check found what the scaler's own did not).
 """

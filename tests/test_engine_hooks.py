@@ -10,7 +10,7 @@ from paddletrain.data.mixup import Mixup
 from paddletrain.engine.hooks import EpochSampler, PaddedLoader, SkippingSampler, Stateful, batch_sampler_of
 from paddletrain.engine.limits import Limits
 from paddletrain.engine.trainer import Trainer
-from tests.test_trainer import linear_model, make_batches, sgd
+from tests.test_engine_trainer import linear_model, make_batches, sgd
 
 
 class Vectors(paddle.io.Dataset):
