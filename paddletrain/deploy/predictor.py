@@ -406,8 +406,8 @@ class Predictor(ExportedModel):
             # ran 1.11 x faster with it than without in one interleaved comparison (batch 1, 1 thread, AVX2); the
             # bench (`bench inference runtimes_programdesc=true`) on a busy machine could not separate it from
             # noise (docs/performance.md). Results are unchanged (tests/test_deploy_predictor.py). PIR graphs
-            # (model.json, Paddle 3.3) fail to load with it (memory_optimize_pass is missing from the PIR pipeline); other
-            # precisions are not measured with it.
+            # (model.json, Paddle 3.3) fail to load with it (memory_optimize_pass is missing from the PIR
+            # pipeline); other precisions are not measured with it.
             config.enable_memory_optim()
         config.set_cpu_math_library_num_threads(threads)
         if resolved == "gpu":
