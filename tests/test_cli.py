@@ -69,6 +69,31 @@ def test_every_command_ends_a_mistake_with_one_line_and_the_user_error_code(comm
     assert output[0].split(" - ", 1)[0].endswith("[paddletrain][ERROR]")
 
 
+# A mistake each command finds only inside its task (a path that is not there), and the argparse commands' own.
+TASK_MISTAKES = {
+    "fit": (["data=imagefolder", "data.root=missing"], "missing"),
+    "evaluate": (["checkpoint=missing"], "missing"),
+    "export": (["checkpoint=missing"], "missing"),
+    "predict": (["model_dir=missing", "input=photos"], "missing"),
+    "ship": (["checkpoint=missing"], "missing"),
+    "data": (["check", "missing"], "missing"),
+    "bench": (["train", "batch_size=0"], "batch_size"),
+}
+
+
+@pytest.mark.parametrize("command", TASK_MISTAKES)
+def test_every_commands_user_error_ends_with_the_same_line_format_and_code(command, tmp_path):
+    """Hydra commands end through command_task, the argparse ones through run_script: one ending, one format."""
+    args, named = TASK_MISTAKES[command]
+    hydra = [f"hydra.run.dir={tmp_path / 'run'}"] if command not in ("data", "bench") else []
+    result = run_module(f"paddletrain.{command}", [*args, *hydra], cwd=tmp_path, timeout=120)
+    output = result.stdout + result.stderr
+    last = output.strip().splitlines()[-1]
+    assert result.returncode == ExitCode.USER_ERROR and "Traceback" not in output, output[-2000:]
+    prefix, _, message = last.partition(" - ")
+    assert prefix.endswith("[paddletrain][ERROR]") and named in message, last
+
+
 @pytest.mark.parametrize("exc, code, line", [
     (UserError("data.root=/x does not exist"), ExitCode.USER_ERROR, "data.root=/x does not exist"),
     (StartRefused(UserError("run directory r is in use")), ExitCode.USER_ERROR, "run directory r is in use"),

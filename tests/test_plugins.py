@@ -26,7 +26,8 @@ from paddletrain import registry as registry_module
 from paddletrain.checkpoint import Checkpoint
 from paddletrain.errors import ConfigError, ExitCode
 from paddletrain.plugins import PLUGIN_GROUP, PluginError, prepare
-from tests.conftest import TINY
+from paddletrain.validation import validate_config
+from tests.conftest import TINY, compose_fit
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "downstream_app"
@@ -121,8 +122,17 @@ def test_the_docs_show_the_examples_real_pyproject():
 
 @pytest.mark.slow  # 21 s in a fresh venv; the imports= path is tested here by default
 def test_the_installed_example_app_serves_fit_evaluate_and_export(plugin_venv, tmp_path):
-    # cwd and PYTHONPATH hold no copy of the app: only the installed package's entry point can find it
-    fit_evaluate_export(plugin_venv, tmp_path, ["model.name=tiny_resnet", "data.name=bars"])
+    # cwd and PYTHONPATH hold no copy of the app: only the installed package's entry point can find it; the
+    # dataset's own option (bar_width, a keyword of its builder) comes from the command line like any key
+    fit_evaluate_export(plugin_venv, tmp_path, ["model.name=tiny_resnet", "data.name=bars", "data.bar_width=5"])
+    saved = OmegaConf.load(tmp_path / "run" / ".hydra" / "config.yaml")
+    assert saved.data.bar_width == 5
+    misspelt = run_cli(plugin_venv, "paddletrain.fit", [*TINY, "model.name=tiny_resnet", "data.name=bars",
+                                                         "data.bar_widht=5", f"hydra.run.dir={tmp_path / 'typo'}"],
+                       tmp_path)
+    output = misspelt.stdout + misspelt.stderr
+    assert misspelt.returncode == ExitCode.USER_ERROR and "Traceback" not in output
+    assert "unknown config key data.bar_widht" in output and "data.name=bars" in output and "bar_width" in output
     if any(entry.value == "downstream_app" for entry in entry_points(group=PLUGIN_GROUP)):
         return  # installed here too (someone tried the example): no interpreter at hand lacks it
     # the same evaluation without the plugin installed: one line naming the key, no traceback
@@ -156,6 +166,48 @@ def test_the_imports_key_serves_fit_and_the_checkpoint_serves_evaluate_and_expor
     fit_evaluate_export(sys.executable, tmp_path, ["imports=[my_plugin_models]", "model.name=imported_net"],
                         pythonpath=[source], later_args=["imports=[cli_extra]"])
     assert log.read_text().split() == ["evaluate.py", "export.py"]
+
+
+PLUGIN_LOSS = """
+    import paddle.nn.functional as F
+    from paddletrain.registry import LOSSES
+
+
+    @LOSSES.register("scaled_ce")
+    def scaled_ce(cfg, *, scale: float = 1.0):
+        if scale <= 0:
+            raise ValueError(f"loss.scale={scale} must be > 0")
+        with open({log!r}, "a") as f:
+            f.write(f"{{scale}}\\n")
+        return lambda logits, targets: scale * F.cross_entropy(logits, targets)
+"""
+
+
+def test_a_plugin_loss_takes_its_own_option_from_the_command_line(tmp_path):
+    """``loss=scaled_ce loss.scale=2``: the option reaches the factory as a keyword; a misspelt one is refused
+    before any work with one line naming the key, the loss and its options."""
+    source, log = tmp_path / "src", tmp_path / "scales.txt"
+    source.mkdir()
+    (source / "my_losses.py").write_text(textwrap.dedent(PLUGIN_LOSS.format(log=str(log))))
+    args = [*TINY, "trainer.limit_train_batches=2", "imports=[my_losses]", "loss.name=scaled_ce"]
+    ok(run_cli(sys.executable, "paddletrain.fit", [*args, "loss.scale=2.5", f"hydra.run.dir={tmp_path / 'run'}"],
+               tmp_path, [source]))
+    assert log.read_text().split() == ["2.5"]
+    result = run_cli(sys.executable, "paddletrain.fit", [*args, "loss.scal=2", f"hydra.run.dir={tmp_path / 'typo'}"],
+                     tmp_path, [source])
+    output = result.stdout + result.stderr
+    assert result.returncode == ExitCode.USER_ERROR and "Traceback" not in output
+    assert "unknown config key loss.scal: not a loss key, nor an option of loss.name=scaled_ce" in output
+    assert "did you mean scale" in output and not (tmp_path / "typo").exists()
+
+
+def test_a_builtin_components_options_are_checked_against_its_signature():
+    """Built-in components take their own options too (resnet20's global_pool); a key that is neither the
+    group's nor the component's is refused with the close names."""
+    validate_config(compose_fit(["model.global_pool=avgmax"]), use="export")
+    with pytest.raises(ConfigError, match=r"unknown config key model.zero_init_residul: .*model.name=resnet20.*"
+                                          r"did you mean zero_init_residual"):
+        validate_config(compose_fit(["model.zero_init_residul=true"]), use="export")
 
 
 def test_unknown_names_and_unimportable_modules_are_one_line_errors(tmp_path):
