@@ -15,6 +15,7 @@ import configparser
 import graphlib
 import importlib.metadata
 import re
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -290,3 +291,48 @@ def test_ci_runs_the_readmes_commands_in_a_new_venv():
     assert re.search(r"^python3? -m venv ", ci, re.MULTILINE), ".ci/run must make a new venv"
     assert install.split(" && ")[0] in ci.splitlines(), f".ci/run must install as the README says: {install}"
     assert test in ci.splitlines(), f".ci/run must run the README's test command: {test}"
+
+
+# Release 0.1's module paths, which users may have written; each must keep importing for one release.
+OLD_PATHS = {"paddletrain.trainer": "Trainer", "paddletrain.inference": "Predictor", "paddletrain.limits": "Limits",
+             "paddletrain.precision": "Precision", "paddletrain.callbacks.base": "Callback",
+             "paddletrain.metrics_multilabel": "MultiLabelMeter", "paddletrain.quantize": "quantize_paddle",
+             "paddletrain.tta": "TestTimeAugmentation", "paddletrain.class_names": "read_names_file"}
+
+
+@pytest.mark.parametrize("old", OLD_PATHS)
+def test_an_old_import_path_still_imports_with_a_deprecation_warning(old):
+    code = textwrap.dedent(f"""
+        import warnings
+        warnings.simplefilter("error", DeprecationWarning)
+        import paddletrain
+        try:
+            from {old} import {OLD_PATHS[old]}
+        except DeprecationWarning as warning:
+            print("warned:", warning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from {old} import {OLD_PATHS[old]} as moved
+        from paddletrain._moved import MOVED_MODULES
+        import importlib
+        new = importlib.import_module(MOVED_MODULES[{old!r}])
+        assert moved is getattr(new, {OLD_PATHS[old]!r})
+        print("same object")
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"warned: {old} moved to paddletrain." in result.stdout and "same object" in result.stdout
+
+
+def test_the_library_half_of_a_command_is_handed_on_from_its_old_place():
+    code = textwrap.dedent("""
+        import warnings
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            from paddletrain.export import export_model
+        from paddletrain.deploy.export import export_model as moved
+        assert export_model is moved
+        print([str(w.message) for w in caught if w.category is DeprecationWarning])
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "paddletrain.export.export_model moved to paddletrain.deploy.export.export_model" in result.stdout
