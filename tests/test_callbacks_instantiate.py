@@ -81,7 +81,7 @@ def test_the_configuration_docs_list_every_registered_callback_and_its_options()
 
 
 def test_building_a_registered_callback_writes_nothing(tmp_path, monkeypatch):
-    """check_callback_entries builds registered callbacks once to check their values: building must not act."""
+    """Building a registered callback only stores its options (the config may name it and never run it)."""
     monkeypatch.chdir(tmp_path)
     for name in CALLBACKS.names():
         cls = CALLBACKS.get(name)

@@ -18,7 +18,6 @@ from paddletrain.registry import CALLBACKS
 from paddletrain.validation import (
     VALIDATED_ENV,
     RunDirGuard,
-    take_built_callbacks,
     validate_config,
     validate_once,
     validated_marker,
@@ -89,14 +88,12 @@ def test_a_run_validates_once_and_builds_each_callback_once(entry, counts, no_hy
     assert {name: counts[name] for name in CONFIGURED} == dict.fromkeys(CONFIGURED, 1)  # before: 4 each
 
 
-def test_a_second_run_builds_its_own_callbacks(counts):
+def test_validation_builds_nothing_and_remembers_its_verdict(counts):
     cfg = compose_fit(RUN)
     validation.validate_config(cfg)
-    first = take_built_callbacks()
-    assert sorted(first) == sorted(CONFIGURED)
-    assert take_built_callbacks() == {}  # handed out once: a second run in this process builds its own
+    assert {name: counts[name] for name in CONFIGURED} == dict.fromkeys(CONFIGURED, 0)  # checked, not built
     validate_once(cfg)
-    assert counts["validate_config"] == 1  # ... but the config stays validated
+    assert counts["validate_config"] == 1  # the config stays validated
 
 
 def test_ranks_inherit_their_launchers_verdict_for_the_same_config_only(counts, monkeypatch):
@@ -115,12 +112,12 @@ def test_ranks_inherit_their_launchers_verdict_for_the_same_config_only(counts, 
 # Loaded at start-up by every process of the job below (sitecustomize): says when a process validates.
 _COUNTING_SITE = """
 import os, sys
-import paddletrain.job.rundir, paddletrain.validation
+import paddletrain.validation
 _validate = paddletrain.validation.validate_config
 def _counting(cfg, use="fit"):
     print(f"VALIDATE rank={os.environ.get('PADDLE_TRAINER_ID', 'launcher')}", file=sys.stderr, flush=True)
     return _validate(cfg, use)
-paddletrain.validation.validate_config = paddletrain.job.rundir.validate_config = _counting
+paddletrain.validation.validate_config = _counting
 """
 
 

@@ -11,7 +11,6 @@ import paddle
 
 from paddletrain.checkpoint import CheckpointManager, check_writable
 from paddletrain.checkpoint.untrusted import check_inside
-from paddletrain.config import check_option
 from paddletrain.engine.callback import MODES, CheckpointCallback, StepOutput
 from paddletrain.errors import ConfigError, TrainingInterrupted
 from paddletrain.job import distributed
@@ -49,14 +48,14 @@ class ModelCheckpoint(CheckpointCallback):
     # Runs last and saves on a stop request: see CheckpointCallback.
     main_process_only = False
 
+    option_rules = {"mode": dict(choices=MODES), "keep_last": dict(ge=1), "keep_best": dict(ge=0),
+                    "every_n_steps": dict(ge=1), "every_n_epochs": dict(ge=1)}
+
     def __init__(self, dirpath: str | Path | None = None, monitor: str | None = "val/top1", mode: str = "max",
                  keep_last: int = 1, keep_best: int = 1, every_n_steps: int | None = None,
                  every_n_epochs: int = 1, extra_state: dict[str, Any] | None = None) -> None:
-        check_option("mode", mode, choices=MODES)
-        check_option("keep_last", keep_last, ge=1)
-        check_option("keep_best", keep_best, ge=0)
-        check_option("every_n_steps", every_n_steps, ge=1)
-        check_option("every_n_epochs", every_n_epochs, ge=1)
+        self.check_options({"mode": mode, "keep_last": keep_last, "keep_best": keep_best,
+                            "every_n_steps": every_n_steps, "every_n_epochs": every_n_epochs})
         self.dirpath = Path(dirpath) if dirpath is not None else None
         self.monitor = monitor
         self.mode = mode

@@ -5,7 +5,6 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from paddletrain.checkpoint.untrusted import checked_int, checked_number, checked_optional_int
-from paddletrain.config import check_option
 from paddletrain.engine.callback import MODES, Callback, metric_improved
 from paddletrain.registry import CALLBACKS
 
@@ -30,11 +29,11 @@ class EarlyStopping(Callback):
         min_delta: Smallest change that counts as an improvement.
     """
 
+    option_rules = {"mode": dict(choices=MODES), "patience": dict(ge=1), "min_delta": dict(ge=0)}
+
     def __init__(self, monitor: str = "val/top1", mode: str = "max", patience: int = 10,
                  min_delta: float = 0.0) -> None:
-        check_option("mode", mode, choices=MODES)
-        check_option("patience", patience, ge=1)
-        check_option("min_delta", min_delta, ge=0)
+        self.check_options({"mode": mode, "patience": patience, "min_delta": min_delta})
         self.monitor = monitor
         self.mode = mode
         self.patience = patience

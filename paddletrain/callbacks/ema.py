@@ -6,7 +6,6 @@ from typing import TYPE_CHECKING, Any
 import paddle
 
 from paddletrain.checkpoint.untrusted import StateValueError, checked_mapping, show
-from paddletrain.config import check_option
 from paddletrain.engine.callback import Callback, StepOutput
 from paddletrain.registry import CALLBACKS
 
@@ -24,8 +23,10 @@ class ModelEMA(Callback):
     weights) is part of every checkpoint, so a resumed run continues the same average.
     """
 
+    option_rules = {"decay": dict(gt=0, lt=1)}
+
     def __init__(self, decay: float = 0.9999, validate_with_ema: bool = True) -> None:
-        check_option("decay", decay, gt=0, lt=1)
+        self.check_options({"decay": decay})
         self.decay = decay
         self.validate_with_ema = validate_with_ema
         self.shadow: dict[str, paddle.Tensor] | None = None

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 import paddle
 from paddle import nn
 
-from paddletrain.config import check_option
 from paddletrain.engine.callback import Callback
 from paddletrain.registry import CALLBACKS
 
@@ -54,8 +53,10 @@ class BackboneFreeze(Callback):
         epochs: epochs with a frozen backbone (0 disables the callback).
     """
 
+    option_rules = {"epochs": dict(ge=0)}
+
     def __init__(self, epochs: int) -> None:
-        check_option("epochs", epochs, ge=0)
+        self.check_options({"epochs": epochs})
         self.epochs = epochs
         self._frozen: list[paddle.Tensor] = []
 

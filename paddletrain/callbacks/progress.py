@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from tqdm import tqdm
 
-from paddletrain.config import check_option
 from paddletrain.console import FILE_ONLY, above_bar, format_duration
 from paddletrain.engine.callback import Callback, StepOutput
 from paddletrain.registry import CALLBACKS
@@ -87,6 +86,8 @@ class ProgressBar(Callback):
     # Wall clock of the bars and progress lines (replaced in tests).
     clock = staticmethod(time.perf_counter)
 
+    option_rules = {"smoothing": dict(ge=0, lt=1), "mininterval": dict(ge=0), "log_every_seconds": dict(gt=0)}
+
     def __init__(
         self,
         smoothing: float = 0.98,
@@ -95,9 +96,7 @@ class ProgressBar(Callback):
         mininterval: float = 0.5,
         log_every_seconds: float | None = 30.0,
     ) -> None:
-        check_option("smoothing", smoothing, ge=0, lt=1)
-        check_option("mininterval", mininterval, ge=0)
-        check_option("log_every_seconds", log_every_seconds, gt=0)
+        self.check_options({"smoothing": smoothing, "mininterval": mininterval, "log_every_seconds": log_every_seconds})
         self.smoothing = smoothing
         self.enabled = enabled
         self.file = file

@@ -44,7 +44,6 @@ from paddletrain.checkpoint.untrusted import (
     checked_str_list,
     confined_path,
 )
-from paddletrain.config import check_option
 from paddletrain.engine.callback import Callback, StepOutput
 from paddletrain.metrics import Throughput
 from paddletrain.registry import CALLBACKS
@@ -348,6 +347,8 @@ class VisualDLLogger(Callback):
 
     main_process_only = True
 
+    option_rules = {"log_every_n_steps": dict(ge=1), "max_images": dict(ge=1)}
+
     def __init__(
         self,
         logdir: str | None = None,
@@ -360,8 +361,7 @@ class VisualDLLogger(Callback):
         display_name: str | None = None,
         log_confusion_matrix: bool = True,
     ) -> None:
-        check_option("log_every_n_steps", log_every_n_steps, ge=1)
-        check_option("max_images", max_images, ge=1)
+        self.check_options({"log_every_n_steps": log_every_n_steps, "max_images": max_images})
         self.logdir = logdir
         self.log_every_n_steps = log_every_n_steps
         self.log_images = log_images

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+from paddletrain.config import check_option
+
 
 @dataclass
 class StepOutput:
@@ -111,10 +113,18 @@ class Callback:
     # Only the main process (rank 0) runs callbacks whose ``main_process_only`` is True.
     main_process_only: bool = False
 
+    # The allowed values of the constructor's options, as paddletrain.config.check_option takes them, e.g.
+    # {"patience": {"ge": 1}, "mode": {"choices": ("max", "min")}}: checked before the callback is built.
+    option_rules: ClassVar[dict[str, dict[str, Any]]] = {}
+
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> None:
         """Raise ``ConfigError``/``ValueError`` for an option value this callback cannot work with, before it is
-        built (the config's ``callbacks.<name>`` entry; the constructor runs the same check). None by default."""
+        built (the config's ``callbacks.<name>`` entry). The base checks :attr:`option_rules`; a subclass with
+        other rules extends it. Constructors run it too, so Python callers get the same message."""
+        for name, rule in cls.option_rules.items():
+            if name in options:
+                check_option(name, options[name], **rule)
 
     @property
     def state_key(self) -> str:
