@@ -103,3 +103,15 @@ def write_multilabel_squares(root: Path) -> Path:
             lines.append(f"{split}/{i}.png\t{','.join(map(str, hot))}\n")
         (root / f"{split}_list.txt").write_text("".join(lines))
     return root
+
+
+def data_command(argv: list[str], monkeypatch) -> int:
+    """The exit code of ``python -m paddletrain.data <argv>``, run in this process through the commands' one
+    ending (:func:`paddletrain.cli.run_script`)."""
+    from paddletrain.cli import run_script
+    from paddletrain.data.__main__ import main
+
+    monkeypatch.setattr("paddletrain.cli.own_stop_signals", lambda: None)  # the test process keeps its handlers
+    with pytest.raises(SystemExit) as exit_:
+        run_script(lambda: main(argv))
+    return exit_.value.code

@@ -16,9 +16,10 @@ from paddletrain.data import check as check_module
 from paddletrain.data.__main__ import main
 from paddletrain.data.check import KINDS, balanced_weights, check_dataset, imbalance_ratio, inspect_image
 from paddletrain.errors import ExitCode, UserError
-from tests.conftest import run_module
+from tests.conftest import data_command, run_module
 
 HYMENOPTERA = Path("/work/shared/data/hymenoptera_data")
+
 
 
 def _photo(path: Path, seed: int, size: int = 24, **save) -> Path:
@@ -153,12 +154,10 @@ def test_warnings_alone_exit_0(tmp_path, capsys):
 ])
 def test_user_mistakes_end_in_one_line_and_exit_2(tmp_path, capsys, monkeypatch, args, message):
     monkeypatch.chdir(tmp_path)
-    try:
-        code = main(["check", *args])
-    except SystemExit as exc:  # argparse exits itself
-        code = exc.code
+    code = data_command(["check", *args], monkeypatch)
     err = capsys.readouterr().err
     assert code == ExitCode.USER_ERROR and message in err and len(err.strip().splitlines()) == 1
+    assert err.startswith("[paddletrain][ERROR] - ")
 
 
 def test_folders_and_lists_are_not_mixed_and_a_folder_needs_classes(tmp_path):

@@ -14,8 +14,10 @@ from paddletrain.data.check import check_dataset
 from paddletrain.data.datasets import build_datasets
 from paddletrain.data.split import split_folder, val_count
 from paddletrain.errors import ExitCode, UserError
+from tests.conftest import data_command
 
 COUNTS = {"ant": 20, "bee": 5, "moth": 3, "wasp": 1}  # per class
+
 
 
 def _folder(root: Path, counts: dict[str, int] = COUNTS) -> Path:
@@ -85,12 +87,12 @@ def test_data_labellist_and_the_check_read_the_written_lists_without_a_problem(t
     assert report.problems == [] and [s.counts for s in report.splits] == [[16, 4, 2, 1], [4, 1, 1, 0]]
 
 
-def test_existing_lists_are_kept_unless_forced(tmp_path, capsys):
+def test_existing_lists_are_kept_unless_forced(tmp_path, capsys, monkeypatch):
     folder = _folder(tmp_path / "photos", {"a": 3, "b": 3})
     assert main(["split", str(folder), "--val", "0.34"]) == ExitCode.OK
     assert "2 val images of 2 classes" in capsys.readouterr().out
     before = (folder / "val_list.txt").read_bytes()
-    assert main(["split", str(folder), "--seed", "1"]) == ExitCode.USER_ERROR
+    assert data_command(["split", str(folder), "--seed", "1"], monkeypatch) == ExitCode.USER_ERROR
     err = capsys.readouterr().err
     assert "exist already; pass --force to overwrite" in err and len(err.splitlines()) == 1
     assert (folder / "val_list.txt").read_bytes() == before
@@ -107,7 +109,7 @@ def test_existing_lists_are_kept_unless_forced(tmp_path, capsys):
 def test_user_mistakes_exit_2_in_one_line(tmp_path, monkeypatch, capsys, make, args, message):
     monkeypatch.chdir(tmp_path)
     make(tmp_path)
-    assert main(["split", *args]) == ExitCode.USER_ERROR
+    assert data_command(["split", *args], monkeypatch) == ExitCode.USER_ERROR
     err = capsys.readouterr().err
     assert message in err and len(err.splitlines()) == 1
 
