@@ -115,3 +115,16 @@ def data_command(argv: list[str], monkeypatch) -> int:
     with pytest.raises(SystemExit) as exit_:
         run_script(lambda: main(argv))
     return exit_.value.code
+
+
+def command_code(task, *args, **kwargs) -> int:
+    """The exit code a command's task function ends with: what it returns, or, for what it raises, the code its
+    command's one ending gives (:func:`paddletrain.cli.end_command`, which also logs the one line)."""
+    from paddletrain.cli import end_command
+
+    try:
+        return task(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001  (mapped exactly as the command maps it)
+        with pytest.raises(SystemExit) as exit_:
+            end_command(exc)
+        return exit_.value.code

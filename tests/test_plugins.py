@@ -27,7 +27,7 @@ from paddletrain.checkpoint import Checkpoint
 from paddletrain.errors import ConfigError, ExitCode
 from paddletrain.plugins import PLUGIN_GROUP, PluginError, prepare
 from paddletrain.validation import validate_config
-from tests.conftest import TINY, compose_fit
+from tests.conftest import TINY, command_code, compose_fit
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "downstream_app"
@@ -312,4 +312,5 @@ def test_predict_honours_the_imports_key(importable, tmp_path):
     write("predict_ops.py")  # e.g. a module that loads custom operators the exported graph uses
     missing = str(tmp_path / "missing")
     cfg = OmegaConf.structured(PredictConfig(model_dir=missing, input=missing, imports=["predict_ops"]))
-    assert run(cfg) == ExitCode.USER_ERROR and imported == ["predict_ops"]  # imported, then: no such input
+    # imported, then: no such input
+    assert command_code(run, cfg) == ExitCode.USER_ERROR and imported == ["predict_ops"]

@@ -23,7 +23,7 @@ from paddletrain.deploy.predictor import Predictor, load_predictor, softmax
 from paddletrain.errors import UserError
 from paddletrain.models import create_model
 from paddletrain.predict import run
-from tests.conftest import EXPORT_LABELS, EXPORT_SIZE, run_module
+from tests.conftest import EXPORT_LABELS, EXPORT_SIZE, command_code, run_module
 
 LABELS, SIZE = EXPORT_LABELS, EXPORT_SIZE
 
@@ -155,10 +155,10 @@ def test_predict_names_the_runtime_it_chose_in_its_log_and_summary(onnx_dir, ima
 def test_model_dir_must_be_an_export_not_a_training_run(images, tmp_path, caplog):
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
     cfg = OmegaConf.structured(PredictConfig(model_dir=str(tmp_path / "run"), input=str(images[0])))
-    assert run(cfg) == 2
+    assert command_code(run, cfg) == 2
     assert f"pass checkpoint={tmp_path / 'run'} instead (predict exports it first)" in caplog.text
     neither = OmegaConf.structured(PredictConfig(input=str(images[0])))
-    assert run(neither) == 2
+    assert command_code(run, neither) == 2
     assert "give model_dir=<export dir or .onnx file> or checkpoint=" in caplog.text
 
 
@@ -218,7 +218,7 @@ def test_exit_status_says_whether_files_failed(export_dir, images, tmp_path):
 
     assert run(cfg(str(root))) == 3 and len(out.read_text().splitlines()) == len(paths)
     assert run(cfg(paths[0])) == 0 and len(out.read_text().splitlines()) == 1
-    assert run(cfg(str(tmp_path / "none"))) == 2
+    assert command_code(run, cfg(str(tmp_path / "none"))) == 2
 
 
 def test_the_first_batch_is_small_so_prediction_starts_sooner_and_every_path_is_kept_in_order(export_dir, images,

@@ -22,7 +22,7 @@ from paddletrain.errors import ExitCode, UserError
 from paddletrain.evaluate import evaluate
 from paddletrain.models import create_model
 from paddletrain.ship import run
-from tests.conftest import compose_fit, run_module, write_multilabel_squares
+from tests.conftest import command_code, compose_fit, run_module, write_multilabel_squares
 
 HAS_ONNX = all(importlib.util.find_spec(m) for m in ("paddle2onnx", "onnxruntime"))
 PADDLE_ONLY = tuple(t for t in TARGETS if t.name == "paddle-fp32")
@@ -326,7 +326,7 @@ def test_a_folder_of_other_classes_and_a_missing_val_are_one_clear_error(run_dir
 ])
 def test_user_errors_exit_2_with_one_line(keys, message, tmp_path, caplog):
     cfg = OmegaConf.merge(OmegaConf.structured(ShipConfig), {"out_dir": str(tmp_path), **keys})
-    assert run(cfg) == ExitCode.USER_ERROR
+    assert command_code(run, cfg) == ExitCode.USER_ERROR
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == 1 and message in errors[0] and "\n" not in errors[0]
 

@@ -15,7 +15,7 @@ from PIL import Image
 from paddletrain.deploy.predictor import PREPROCESS_FILE, Predictor
 from paddletrain.errors import UserError
 from paddletrain.predict import PredictConfig, run
-from tests.conftest import EXPORT_LABELS, run_module
+from tests.conftest import EXPORT_LABELS, command_code, run_module
 
 
 @pytest.fixture
@@ -35,8 +35,9 @@ def digest(folder: Path) -> dict:
 
 
 def predict(export_dir, spec, output) -> int:
-    return run(OmegaConf.structured(PredictConfig(model_dir=str(export_dir), input=str(spec), output=str(output),
-                                                  num_workers=0, progress_bar=False)))
+    cfg = PredictConfig(model_dir=str(export_dir), input=str(spec), output=str(output), num_workers=0,
+                        progress_bar=False)
+    return command_code(run, OmegaConf.structured(cfg))
 
 
 def plant(kind: str, tmp_path: Path, photos: Path, export_dir: Path) -> tuple:
