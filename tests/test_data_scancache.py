@@ -53,13 +53,13 @@ class ScanCounter:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls = 0
-        real = folder_scan._SplitScan.run
+        real = folder_scan.SplitScan.run
 
         def run(scan, class_dirs):
             self.calls += 1
             return real(scan, class_dirs)
 
-        monkeypatch.setattr(folder_scan._SplitScan, "run", run)
+        monkeypatch.setattr(folder_scan.SplitScan, "run", run)
 
 
 @pytest.fixture

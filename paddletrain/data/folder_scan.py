@@ -138,7 +138,7 @@ def _key(st: os.stat_result) -> DirKey:
     return st.st_dev, st.st_ino
 
 
-class _SplitScan:
+class SplitScan:
     """Walk the class directories of one split once, confined to the root; see the module docstring.
 
     Every class is first walked without following links (so an image reached by a link as well as directly
@@ -321,7 +321,7 @@ class SplitContents:
     report: ScanReport
     empty: dict[str, str]
     unknown: list[str]
-    scan: _SplitScan  # what the walk met (symlinks, the directories it listed), for the scan cache
+    scan: SplitScan  # what the walk met (symlinks, the directories it listed), for the scan cache
 
 
 def scan_split(root: Path, split: str, classes: list[str], split_dir: Path | None = None, *,
@@ -334,7 +334,7 @@ def scan_split(root: Path, split: str, classes: list[str], split_dir: Path | Non
     split_dir = root / split if split_dir is None else split_dir
     present = class_dirs(split_dir)
     label_of = {name: i for i, name in enumerate(classes)}
-    scan = _SplitScan(root, split, split_dir, other_splits, record_skips)
+    scan = SplitScan(root, split, split_dir, other_splits, record_skips)
     samples = scan.run([(split_dir / name, label_of[name]) for name in present if name in label_of])
     empty = {}
     for name in present:
@@ -346,7 +346,7 @@ def scan_split(root: Path, split: str, classes: list[str], split_dir: Path | Non
     return SplitContents(samples, scan.report, empty, [name for name in present if name not in label_of], scan)
 
 
-def _split_dir(root: Path, split: str) -> Path:
+def split_dir_of(root: Path, split: str) -> Path:
     if not root.is_dir():
         raise DatasetError(f"imagefolder root {str(root)!r} (data.root) is not a directory")
     split_dir = root / split
@@ -369,7 +369,7 @@ def read_class_names(path: str | Path, expected: int) -> list[str]:
     return names
 
 
-def _resolve_class_names(class_names: str | Path, root: Path) -> Path:
+def resolve_class_names(class_names: str | Path, root: Path) -> Path:
     """A relative path is looked up from the working directory, then from the dataset root."""
     path = Path(class_names).expanduser()
     if path.is_absolute() or path.exists() or not (root / path).exists():

@@ -5,7 +5,7 @@ the training labels even when it lacks some classes; a validation class unknown 
 Everything that can be checked without decoding (layout, extensions, empty classes, the class-names file) is
 checked in ``__init__`` so a wrong path fails before the first epoch, not in the middle of it.
 
-The folder may come from someone else, so the scan is bounded and confined (:class:`_SplitScan`):
+The folder may come from someone else, so the scan is bounded and confined (:class:`SplitScan`):
 
 - Nothing outside ``data.root`` is read: a symlink is followed only when its resolved target lies inside the
   resolved root, and never into the other split (a ``train`` link into ``val`` would leak validation images).
@@ -41,14 +41,14 @@ from paddletrain.data.datasets import (
 from paddletrain.data.folder_scan import (
     ScanReport,
     SplitContents,
-    _resolve_class_names,
-    _split_dir,
-    _SplitScan,
+    SplitScan,
     class_dirs,
     has_links,
     read_class_names,
     relative_paths,
+    resolve_class_names,
     scan_split,
+    split_dir_of,
 )
 from paddletrain.data.images import IMG_EXTENSIONS, ImageReadError, is_image_file, open_image
 from paddletrain.data.index import SampleIndex
@@ -87,7 +87,7 @@ class ImageFolderDataset(ImageDataset):
         self.root = Path(root).expanduser()
         self.split = split
         self.in_chans = in_chans
-        train_dir = _split_dir(self.root, "train")
+        train_dir = split_dir_of(self.root, "train")
         cached = self._cached_scan() if scan_cache else None
         if cached is None:
             self.class_dirs, self.index, self.scan_report = self._scan(train_dir, scan_cache)
@@ -98,7 +98,7 @@ class ImageFolderDataset(ImageDataset):
             log.warning("%s: %s", self.split, line)
         self.targets = self.index.labels
         self.classes = (
-            read_class_names(_resolve_class_names(class_names, self.root), len(self.class_dirs))
+            read_class_names(resolve_class_names(class_names, self.root), len(self.class_dirs))
             if class_names
             else list(self.class_dirs)
         )
@@ -127,7 +127,7 @@ class ImageFolderDataset(ImageDataset):
         names = class_dirs(train_dir)
         if not names:
             raise DatasetError(f"no class directories in {str(train_dir)!r}; expected {str(train_dir)}/<class>/<image>")
-        split_dir = _split_dir(self.root, self.split)
+        split_dir = split_dir_of(self.root, self.split)
         top.setdefault(self.split, os.lstat(split_dir))
         present = class_dirs(split_dir)
         if not present:
@@ -148,7 +148,7 @@ class ImageFolderDataset(ImageDataset):
             self._save_scan(found.scan, index, relpaths, names, top, (train_dir, split_dir))
         return names, index, found.report
 
-    def _save_scan(self, scan: _SplitScan, index: SampleIndex, relpaths: list[str], class_dirs: list[str],
+    def _save_scan(self, scan: SplitScan, index: SampleIndex, relpaths: list[str], class_dirs: list[str],
                    top: dict[str, os.stat_result], listings: tuple[Path, ...]) -> None:
         """Cache the scan, unless a symlink was met on the way (its target lies in directories not stamped)."""
         if scan.met_links or any(stat.S_ISLNK(st.st_mode) for st in top.values()) or any(map(has_links, listings)):
