@@ -6,7 +6,7 @@ inference module and the config schema can share the one list without importing 
 **MKL on AMD CPUs.** Paddle's CPU kernels for convolutions and matrix products call ``libmklml_intel``, an MKL
 that chooses its code path by CPU vendor: on an AMD CPU it takes a generic path whatever the CPU supports. Its
 ``MKL_DEBUG_CPU_TYPE`` variable names the path instead (5: AVX2, 7: AVX-512). On a 2-core AMD EPYC with AVX-512,
-``python -m benchmarks mkl_dispatch``: Fashion-MNIST recipe training 44.1 -> 133 images/s, ``paddle.matmul``
+``python -m comparisons mkl_dispatch``: Fashion-MNIST recipe training 44.1 -> 133 images/s, ``paddle.matmul``
 46.5 -> 237 GFLOP/s (docs/performance.md#cpu-math-on-amd-cpus). The variable is read when MKL first
 dispatches, so it is set when paddletrain is imported (before any Paddle kernel runs in a program that imports
 paddletrain first) and is inherited by data workers and ranks. A value the user set is kept; on Intel CPUs and

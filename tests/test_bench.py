@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.decode import DecodeBenchConfig, run_decode
-from benchmarks.overhead import ARMS, OverheadBenchConfig, run_overhead
+from comparisons.decode import DecodeBenchConfig, run_decode
+from comparisons.overhead import ARMS, OverheadBenchConfig, run_overhead
 from paddletrain.bench.common import paired_ratio, parse_options, summarize
 from paddletrain.bench.data import DataBenchConfig, run_data
 from paddletrain.bench.inference import InferenceBenchConfig, run_inference
@@ -220,7 +220,7 @@ def test_decode_dataloader_arm_gives_the_pools_batches_bad_files_included(tmp_pa
     """The comparison is fair only if both arms deliver the same batches: same order, same failures."""
     from PIL import Image
 
-    from benchmarks.decode import _preprocessing, dataloader_batches
+    from comparisons.decode import _preprocessing, dataloader_batches
     from paddletrain.deploy.decoding import decoded_batches
 
     rng = np.random.default_rng(0)
@@ -288,7 +288,7 @@ def test_cli_bad_option_is_one_clear_line(tmp_path):
     assert proc.returncode == 2
     assert "epochz" in proc.stderr and "Traceback" not in proc.stderr
     # The maintainers' suite runs from a checkout: the repository on the path.
-    proc = run_module("benchmarks", ["overhead", "stepz=3"], cwd=tmp_path, env={"PYTHONPATH": str(ROOT)})
+    proc = run_module("comparisons", ["overhead", "stepz=3"], cwd=tmp_path, env={"PYTHONPATH": str(ROOT)})
     assert proc.returncode == 2
     assert "stepz" in proc.stderr and "Traceback" not in proc.stderr
     proc = run_module("paddletrain.bench", ["speed"], cwd=tmp_path)

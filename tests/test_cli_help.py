@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import benchmarks.__main__ as maintainers
+import comparisons.__main__ as maintainers
 import paddletrain.bench.__main__ as user_bench
 from paddletrain.bench.command import usage
 from paddletrain.bench.common import parse_options
@@ -59,7 +59,7 @@ def test_hydra_commands_help_shows_usage_examples_and_keys(command, tmp_path, mo
     assert "powered by Hydra" not in text and not any(tmp_path.iterdir())  # help writes no run directory
 
 
-SUITES = {"paddletrain.bench": user_bench.SUITE, "benchmarks": maintainers.SUITE}
+SUITES = {"paddletrain.bench": user_bench.SUITE, "comparisons": maintainers.SUITE}
 
 
 @pytest.mark.parametrize("program", sorted(SUITES))

@@ -397,7 +397,7 @@ def test_onnx_int8_refuses_an_algorithm_onnxruntime_lacks_before_any_work(traine
 
 
 def test_the_maintainers_int8_benchmark_reports_simulation_and_flips(trained, tmp_path, monkeypatch, capsys):
-    from benchmarks import int8 as int8_bench
+    from comparisons import int8 as int8_bench
 
     out = tmp_path / "int8.json"
     monkeypatch.setattr(sys, "argv", [
@@ -430,7 +430,7 @@ def test_the_maintainers_int8_benchmark_reports_simulation_and_flips(trained, tm
 def test_the_benchmarks_random_calibration_draws_by_seed_and_writes_grayscale_as_such(tmp_path):
     from types import SimpleNamespace
 
-    from benchmarks.int8 import _random_calibration
+    from comparisons.int8 import _random_calibration
 
     class Gray:  # a grayscale split as the IDX datasets give it: HxWx1 uint8
         def __len__(self):

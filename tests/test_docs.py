@@ -122,16 +122,16 @@ RULES = [
     # long: run by the slow suite as written
     Rule("README.md", r"^python -m paddletrain\.fit$", BOTH,
          "the default job, 2 minutes (the slow suite also checks its accuracy: tests/test_fit.py)"),
-    Rule("README.md", r"^python -m (paddletrain\.bench|benchmarks)", SLOW, "a benchmark: minutes"),
+    Rule("README.md", r"^python -m (paddletrain\.bench|comparisons)", SLOW, "a benchmark: minutes"),
     Rule("README.md", r"Limits\(max_epochs=5\), num_classes", BOTH, "5 epochs of the default job: 2 minutes"),
     Rule("docs/performance.md", r"\$[BM] |^[BM]=", SLOW, "a benchmark: minutes"),
     Rule("docs/performance.md", r"^MKL_DEBUG_CPU_TYPE= python -m paddletrain\.fit", SLOW,
          "a measurement on the real Fashion-MNIST files, as written (the fast runs have none of this size)"),
-    Rule("docs/recipes.md", r"^python -m benchmarks recipes", SLOW,
+    Rule("docs/recipes.md", r"^python -m comparisons recipes", SLOW,
          "every run of the measured table: about an hour (finished runs under runs_dir are read, not redone)"),
     Rule("docs/recipes.md", r"hydra\.run\.dir=/tmp/measure/runs/", SKIP,
          "one row of the measured table, on the real datasets; the `bench recipes` command above runs every row "
-         "as written (tests/test_bench_recipes.py checks that its commands are these)"),
+         "as written (tests/test_comparisons_recipes.py checks that its commands are these)"),
     Rule("docs/monitoring.md", r"^python -m paddletrain\.fit|visualdl_screenshots", SLOW,
          "two full default runs and a headless browser, as the screenshots were made"),
 ]

@@ -178,7 +178,7 @@ OPTIONAL = {
 }
 # Present in every environment `python -m venv` makes (ensurepip), so never declared.
 WITH_EVERY_VENV = {"pip"}
-SCANNED = ("paddletrain", "tests", "examples", "benchmarks")
+SCANNED = ("paddletrain", "tests", "examples", "comparisons")
 SKIPPED_DIRS = {"downstream_app", "build", "__pycache__"}  # the example app declares its own dependencies
 
 
@@ -263,7 +263,7 @@ def scanned_files() -> list[Path]:
 def _project_modules() -> set[str]:
     """paddletrain, the tests, the maintainers' benchmarks, and the example scripts' own modules (they import each
     other from their folder)."""
-    return {"paddletrain", "tests", "conftest", "benchmarks"} | {p.stem for p in (ROOT / "examples").glob("*.py")}
+    return {"paddletrain", "tests", "conftest", "comparisons"} | {p.stem for p in (ROOT / "examples").glob("*.py")}
 
 
 def test_every_import_is_declared_by_the_readmes_install():

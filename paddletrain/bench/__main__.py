@@ -3,7 +3,7 @@ own hardware.
 
 Benchmarks: train, threads, data, inference, precision, augment, index (keys: the fields of each
 ``*BenchConfig``). The maintainers' comparisons (the Trainer's overhead over a hand loop, the recipes, the decode
-pool against paddle.io.DataLoader) are ``python -m benchmarks`` in a checkout, outside the wheel.
+pool against paddle.io.DataLoader) are ``python -m comparisons`` in a checkout, outside the wheel.
 Prints the markdown tables; ``out=`` also writes the JSON and a ``.md`` beside it.
 
 Examples::

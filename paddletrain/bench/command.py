@@ -3,7 +3,7 @@
 A :class:`Suite` names a program, its benchmarks (each a config dataclass and a function of it) and one line
 about each with an example; :func:`run_suite` parses, runs, prints the markdown tables and writes ``out=``. The
 package's own suite is ``python -m paddletrain.bench`` (what a user measures on their own hardware); the
-maintainers' comparisons are ``python -m benchmarks`` in a checkout (outside the wheel).
+maintainers' comparisons are ``python -m comparisons`` in a checkout (outside the wheel).
 """
 from __future__ import annotations
 

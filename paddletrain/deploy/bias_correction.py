@@ -110,7 +110,7 @@ def weights_rounded(model: Any, inputs: np.ndarray, keep_ends: bool = True, bits
     (all but the first and the last to run with ``keep_ends``) are rounded as it rounds them
     (:func:`rounded_weights`); activations stay fp32. On leaving, ``model`` is restored. Yields the number of
     layers rounded. What weight rounding alone costs a model, with or without :func:`weight_rounding_corrected`
-    (benchmarks/int8.py ``--weights-only``); ``inputs`` only find the order the layers run in.
+    (comparisons/int8.py ``--weights-only``); ``inputs`` only find the order the layers run in.
     """
     order, _ = _layer_input_means(model, inputs[:batch], batch)
     targets = [layer for layer, _ in _quantized(order, keep_ends)]

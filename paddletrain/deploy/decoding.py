@@ -9,7 +9,7 @@ log line saying so.
 Why a pool of our own rather than ``paddle.io.DataLoader(use_shared_memory=True)``: on the same work (256 JPEGs
 to 224 px batches of 32, one worker) the DataLoader delivers 0.64 x the pool's images/s, because its worker
 stacks each batch and then copies it into a fresh shared-memory segment (0.39 s of worker CPU a pass against the
-pool's 0.23 s, which writes each image into its row of a reused block). ``python -m benchmarks decode``
+pool's 0.23 s, which writes each image into its row of a reused block). ``python -m comparisons decode``
 measures both (docs/performance.md); if the DataLoader comes within 5%, it should replace this module.
 """
 from __future__ import annotations

@@ -15,7 +15,7 @@ import pytest
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-import benchmarks.__main__ as maintainers
+import comparisons.__main__ as maintainers
 import paddletrain.bench.__main__ as user_bench
 import paddletrain.evaluate  # noqa: F401  (registers evaluate_schema)
 import paddletrain.export  # noqa: F401  (registers export_schema)

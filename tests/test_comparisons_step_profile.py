@@ -1,10 +1,10 @@
-"""benchmarks/step_profile.py: counted FLOPs of a model, and a short profile whose parts add up to the step."""
+"""comparisons/step_profile.py: counted FLOPs of a model, and a short profile whose parts add up to the step."""
 from __future__ import annotations
 
 import paddle
 import pytest
 
-from benchmarks.step_profile import StepProfileConfig, count_forward_flops, run_step_profile, training_flops
+from comparisons.step_profile import StepProfileConfig, count_forward_flops, run_step_profile, training_flops
 
 
 def test_flops_are_counted_from_each_layers_shapes():

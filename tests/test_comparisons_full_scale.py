@@ -1,4 +1,4 @@
-"""benchmarks/full_scale.py: the table and the picture of finished full-scale runs, read from their run directories."""
+"""comparisons/full_scale.py: the table and the picture of finished full-scale runs, read from their run directories."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 from PIL import Image
 
-from benchmarks.full_scale import FullScaleConfig, run_full_scale
+from comparisons.full_scale import FullScaleConfig, run_full_scale
 from paddletrain.errors import ConfigError
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.recipes import (
+from comparisons.recipes import (
     RecipesBenchConfig,
     aggregate,
     format_mean_std,

@@ -1,6 +1,6 @@
 """MKL's code path on this CPU: its own choice against the one paddletrain sets (:mod:`paddletrain.devices`).
 
-The path is fixed when MKL first runs, so each arm is a process of its own: ``python -m benchmarks step_profile``
+The path is fixed when MKL first runs, so each arm is a process of its own: ``python -m comparisons step_profile``
 with ``MKL_DEBUG_CPU_TYPE`` set empty (MKL's own choice: what a program that does not import paddletrain gets) or
 left to paddletrain. The arms alternate, ``rounds`` times each, and the medians of the training step's images/s
 and of the 2048 x 2048 ``paddle.matmul`` are compared. On an Intel CPU, or an AMD one without AVX2, both arms take
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.step_profile import StepProfileConfig
+from comparisons.step_profile import StepProfileConfig
 from paddletrain.bench.common import check_options, environment, finished
 from paddletrain.config import allowed
 from paddletrain.devices import MKL_CPU_TYPE_ENV, cpu_flags, mkl_cpu_type
@@ -42,7 +42,8 @@ def _arm(value: str | None, cfg: MklDispatchConfig, out: Path) -> dict[str, Any]
     if value is not None:
         env[MKL_CPU_TYPE_ENV] = value
     profile = {key: getattr(cfg, key) for key in StepProfileConfig.__dataclass_fields__}
-    args = [sys.executable, "-m", "benchmarks", "step_profile", *(f"{k}={v}" for k, v in profile.items()), f"out={out}"]
+    args = [sys.executable, "-m", "comparisons", "step_profile", *(f"{k}={v}" for k, v in profile.items()),
+            f"out={out}"]
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60 * cfg.timeout_minutes,
                           cwd=Path(__file__).resolve().parents[1])
     if done.returncode != 0:

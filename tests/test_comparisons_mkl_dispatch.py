@@ -1,9 +1,9 @@
-"""benchmarks/mkl_dispatch.py: MKL's own path and paddletrain's, each in processes of its own."""
+"""comparisons/mkl_dispatch.py: MKL's own path and paddletrain's, each in processes of its own."""
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.mkl_dispatch import MklDispatchConfig, run_mkl_dispatch
+from comparisons.mkl_dispatch import MklDispatchConfig, run_mkl_dispatch
 
 
 def test_mkl_dispatch_runs_both_paths_in_processes_of_their_own(tmp_path):

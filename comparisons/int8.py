@@ -15,7 +15,7 @@ small validation split gives. ``--bias-correction both`` adds each Paddle settin
 ``--calibration-images`` training images drawn at random with seed S (written as PNG files), to see how much the
 result depends on which images calibrate::
 
-    python benchmarks/int8.py --checkpoint outputs/<run>:best --calibration <train images> --out int8.json
+    python comparisons/int8.py --checkpoint outputs/<run>:best --calibration <train images> --out int8.json
 
 Not part of the wheel: it compares settings for the defaults in paddletrain.deploy.quantize / paddletrain.export.
 """

@@ -166,7 +166,7 @@ def run_full_scale(cfg: FullScaleConfig) -> dict[str, Any]:
         draw(runs, cfg, Path(cfg.picture))
     notes = [f"times to a target: wall minutes of the first validation with {cfg.metric} at or above it",
              "test/top1: the best checkpoint (by the validation split) on the test split, evaluated once",
-             f"command: python -m benchmarks full_scale runs=[{','.join(cfg.runs)}]"
+             f"command: python -m comparisons full_scale runs=[{','.join(cfg.runs)}]"
              + (f" picture={shlex.quote(cfg.picture)}" if cfg.picture else "")]
     return {"benchmark": "full_scale", "config": vars(cfg), "environment": finished(env), "rows": rows,
             "notes": notes}

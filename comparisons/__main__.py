@@ -1,0 +1,68 @@
+"""``python -m comparisons <benchmark> [key=value ...] [out=results.json]`` from a checkout.
+
+Benchmarks: overhead, decode, recipes, full_scale, step_profile, mkl_dispatch.
+
+Examples::
+
+    python -m comparisons overhead model=tiny batch_size=8 image_size=8 steps=50
+    python -m comparisons decode images=256 image_size=224
+    python -m comparisons recipes datasets=[fashion_mnist] seeds=[0,1,2] out=bench/recipes.json
+    python -m comparisons full_scale runs=[outputs/fashion_mnist_949/seed0] picture=curves.png
+    python -m comparisons step_profile model=resnet20 width=2 batch_size=64 image_size=28 in_chans=1
+    python -m comparisons mkl_dispatch rounds=3
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from paddletrain.bench.command import Suite, run_suite
+from paddletrain.cli import run_script
+
+
+def benchmarks() -> dict[str, tuple[type, Callable[[Any], dict[str, Any]]]]:
+    from comparisons.decode import DecodeBenchConfig, run_decode
+    from comparisons.full_scale import FullScaleConfig, run_full_scale
+    from comparisons.mkl_dispatch import MklDispatchConfig, run_mkl_dispatch
+    from comparisons.overhead import OverheadBenchConfig, run_overhead
+    from comparisons.recipes import RecipesBenchConfig, run_recipes
+    from comparisons.step_profile import StepProfileConfig, run_step_profile
+
+    return {
+        "overhead": (OverheadBenchConfig, run_overhead),
+        "decode": (DecodeBenchConfig, run_decode),
+        "recipes": (RecipesBenchConfig, run_recipes),
+        "full_scale": (FullScaleConfig, run_full_scale),
+        "step_profile": (StepProfileConfig, run_step_profile),
+        "mkl_dispatch": (MklDispatchConfig, run_mkl_dispatch),
+    }
+
+
+# What each benchmark measures and one command that runs it (shown by --help).
+ABOUT = {
+    "overhead": ("the Trainer's per-step overhead over a bare loop",
+                 "python -m comparisons overhead model=tiny batch_size=8 image_size=8 steps=50"),
+    "decode": ("predict's decode pipeline (workers, shared memory) in images/s",
+               "python -m comparisons decode images=256 image_size=224"),
+    "recipes": ("plain vs regularised vs distilled val top-1, mean ± std over seeds, via the fit command line",
+                "python -m comparisons recipes datasets=[fashion_mnist] seeds=[0,1,2] out=bench/recipes.json"),
+    "full_scale": ("finished full-scale runs: val and test top-1, minutes, images/s, time-to-accuracy, a picture",
+                   "python -m comparisons full_scale runs=[outputs/fashion_mnist_949/seed0] picture=curves.png"),
+    "step_profile": ("a training step's forward/backward/optimizer split and GFLOP/s against the measured peak",
+                     "python -m comparisons step_profile model=resnet20 width=2 batch_size=64 image_size=28 "
+                     "in_chans=1"),
+    "mkl_dispatch": ("MKL's own code path on this CPU against the one paddletrain sets (training images/s, matmul)",
+                     "python -m comparisons mkl_dispatch rounds=3"),
+}
+
+SUITE = Suite("python -m comparisons", benchmarks, ABOUT)
+
+
+
+def main() -> None:
+    """``python -m comparisons``: see the module docstring."""
+    run_suite(SUITE)
+
+
+if __name__ == "__main__":
+    run_script(main)
