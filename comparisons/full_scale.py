@@ -131,7 +131,8 @@ def draw(runs: list[dict[str, Any]], cfg: FullScaleConfig, path: Path) -> None:
     for run in runs:
         rows = run["rows"]
         minutes = [r["wall_seconds"] / 60 for r in rows]
-        label = f"seed {_seed(run['overrides'])}"
+        # The run directory's last two parts (recipe/seedN): two versions of a recipe may share a seed.
+        label = "/".join(Path(run["dir"]).parts[-2:])
         (line,) = axes.plot(minutes, [r.get(cfg.metric) for r in rows], marker=".", label=f"{label}: {cfg.metric}")
         best_epoch = (run["summary"].get("best") or {}).get("epoch")
         at = next((r["wall_seconds"] / 60 for r in rows if r.get("epoch") == best_epoch), minutes[-1])
