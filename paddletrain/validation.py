@@ -253,9 +253,10 @@ def check_component_options(cfg: Any) -> None:
         for key in extra:
             if key not in accepted:
                 close = close_matches(key, dict.fromkeys([*own, *declared]), n=3)
-                hint = f"; did you mean {', '.join(close)}?" if close else ""
-                raise ConfigError(f"unknown config key {group}.{key}: not a {group} key, nor an option of "
-                                  f"{registry.config_key}={name} (its own options: {', '.join(own) or 'none'}){hint}")
+                hint = f"; did you mean {', '.join(f'{group}.{c}' for c in close)}?" if close else ""
+                takes = f"whose options are: {', '.join(own)}" if own else "which takes none"
+                raise ConfigError(f"unknown config key {group}.{key} (neither a {group} key nor an option of "
+                                  f"{registry.config_key}={name}, {takes}{hint})")
 
 
 def _check_min_lr(cfg: Any) -> None:

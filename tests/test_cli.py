@@ -24,8 +24,9 @@ from tests.conftest import EXPORT_SIZE, run_module
 # One mistake of each kind per command: (arguments, what the one line must say).
 MISTAKES = {
     "fit": {
-        "misspelt key": (["data.batch_sise=4"], "unknown config key data.batch_sise (not in the schema; did you "
-                                                "mean data.batch_size"),
+        "misspelt key": (["data.batch_sise=4"], "unknown config key data.batch_sise (neither a data key nor an "
+                                                "option of data.name=shapes, which takes none; did you mean "
+                                                "data.batch_size"),
         "wrong type": (["trainer.max_epochs=abc"], "trainer.max_epochs: Value 'abc' of type 'str' could not be "
                                                   "converted to Integer"),
         "bad choice": (["data.sampler=weighted"], "data.sampler='weighted' is not allowed; choose one of: random, "
