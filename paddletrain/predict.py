@@ -27,7 +27,6 @@ failed (the summary says how many), 2 for a usage error (bad model_dir, no input
 """
 from __future__ import annotations
 
-import importlib.util
 import logging
 import sys
 from pathlib import Path
@@ -47,60 +46,18 @@ from paddletrain.deploy.predict import (
     check_output_location,
     default_num_workers,
     default_predictor_threads,
+    export_for_prediction,
     exported_multilabel,
+    model_source,
     predict_files,
     read_labelled_inputs,
 )
-from paddletrain.deploy.predictor import load_predictor, preferred_backend
+from paddletrain.deploy.predictor import load_predictor
 from paddletrain.errors import UserError
 from paddletrain.job.processes import reclaim_stop_signals
 from paddletrain.plugins import prepare
 
 log = logging.getLogger("paddletrain")
-
-
-def _model_source(cfg: DictConfig) -> str:
-    """``model_dir`` or ``checkpoint``: exactly one of them, and an export is not a checkpoint nor the reverse."""
-    from paddletrain.checkpoint.locate import (  # on use: importing predict must not load Paddle
-        CHECKPOINTS_DIR,
-        is_checkpoint_dir,
-        split_choice,
-    )
-
-    if (cfg.model_dir is None) == (cfg.checkpoint is None):
-        raise UserError("give model_dir=<export dir or .onnx file> or checkpoint=<checkpoint or run dir[:best|:last]>"
-                        f"{' (not both)' if cfg.model_dir is not None else ''}, and input=<folder|list file|glob>")
-    if cfg.checkpoint is not None:
-        return cfg.checkpoint
-    path = Path(split_choice(cfg.model_dir)[0])
-    if is_checkpoint_dir(path) or (path / CHECKPOINTS_DIR).is_dir():
-        raise UserError(f"model_dir={cfg.model_dir} is a training checkpoint or run, not an export: pass "
-                        f"checkpoint={cfg.model_dir} instead (predict exports it first), or export it with "
-                        f"`python -m paddletrain.export checkpoint={cfg.model_dir}`")
-    return cfg.model_dir
-
-
-def _export_for_prediction(cfg: DictConfig, out_dir: Path) -> Path | None:
-    """Export ``cfg.checkpoint`` into ``out_dir`` with the parity check; None when the check fails."""
-    from paddletrain.deploy.export import export_checkpoint  # on use: importing predict must not load Paddle
-
-    fmt = cfg.backend
-    if fmt == "auto":  # give the export a model.onnx when the runtime predict would then choose is onnxruntime
-        options = {"use_mkldnn": cfg.use_mkldnn, "tensorrt": cfg.tensorrt}
-        fmt = "onnx" if preferred_backend(cfg.precision or "fp32", cfg.device, **options)[0] == "onnx" else "paddle"
-        if fmt == "onnx" and importlib.util.find_spec("paddle2onnx") is None:
-            log.info("paddle2onnx is not installed: exporting for Paddle Inference only (pip install paddletrain[onnx] "
-                     "to let predict use onnxruntime, faster in fp32 on CPUs)")
-            fmt = "paddle"
-    result = export_checkpoint(cfg.checkpoint, out_dir, format=fmt, cpu_threads=cfg.cpu_threads,
-                               imports=list(cfg.imports))
-    report = result.onnx_parity or result.parity
-    if not result.passed:
-        log.error("The export of checkpoint=%s for prediction failed its check: %s", cfg.checkpoint, report)
-        return None
-    log.info("Exported checkpoint=%s to %s (%s); pass model_dir=%s next time to skip the export", cfg.checkpoint,
-             out_dir, report, out_dir)
-    return out_dir
 
 
 def run(cfg: DictConfig, default_out_dir: str | None = None) -> int:
@@ -115,13 +72,13 @@ def run(cfg: DictConfig, default_out_dir: str | None = None) -> int:
     if OmegaConf.is_missing(cfg, "input"):
         raise UserError("missing required value for input (e.g. model_dir=<export dir> "
                         "input=<folder|list file|glob>)")
-    model = _model_source(cfg)
+    model = model_source(cfg)
     prepare(cfg)
     if cfg.output is not None:
         check_output_location(cfg.output, cfg.input)
     paths = None if cfg.data_root else resolve_inputs(cfg.input)
     if cfg.checkpoint is not None:
-        exported = _export_for_prediction(cfg, Path(default_out_dir or "outputs/predict") / "export")
+        exported = export_for_prediction(cfg, Path(default_out_dir or "outputs/predict") / "export")
         if exported is None:
             return EXIT_SOME_FAILED
         model = str(exported)

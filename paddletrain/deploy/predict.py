@@ -8,6 +8,7 @@ and skipped. :class:`PredictConfig` is the schema of the command, :mod:`paddletr
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import IO
 
 import numpy as np
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig
 from tqdm import tqdm
 
 from paddletrain.config import RuntimeConfig, allowed, check_field, cli_schema
@@ -31,6 +32,7 @@ from paddletrain.deploy.predictor import (
     PREPROCESS_FILE,
     ExportedModel,
     label_names,
+    preferred_backend,
     read_metadata,
     read_task,
     sigmoid,
@@ -317,3 +319,47 @@ def _line_writer(predictor: ExportedModel, topk: int, targets: dict | None,
         cut = predictor.threshold if threshold is None else threshold
         return lambda ok, logits: multilabel_lines(ok, logits, predictor.labels, topk, cut, targets)
     return lambda ok, logits: topk_lines(ok, logits, predictor.labels, topk, targets)
+
+
+def model_source(cfg: DictConfig) -> str:
+    """``model_dir`` or ``checkpoint``: exactly one of them, and an export is not a checkpoint nor the reverse."""
+    from paddletrain.checkpoint.locate import (  # on use: importing predict must not load Paddle
+        CHECKPOINTS_DIR,
+        is_checkpoint_dir,
+        split_choice,
+    )
+
+    if (cfg.model_dir is None) == (cfg.checkpoint is None):
+        raise UserError("give model_dir=<export dir or .onnx file> or checkpoint=<checkpoint or run dir[:best|:last]>"
+                        f"{' (not both)' if cfg.model_dir is not None else ''}, and input=<folder|list file|glob>")
+    if cfg.checkpoint is not None:
+        return cfg.checkpoint
+    path = Path(split_choice(cfg.model_dir)[0])
+    if is_checkpoint_dir(path) or (path / CHECKPOINTS_DIR).is_dir():
+        raise UserError(f"model_dir={cfg.model_dir} is a training checkpoint or run, not an export: pass "
+                        f"checkpoint={cfg.model_dir} instead (predict exports it first), or export it with "
+                        f"`python -m paddletrain.export checkpoint={cfg.model_dir}`")
+    return cfg.model_dir
+
+
+def export_for_prediction(cfg: DictConfig, out_dir: Path) -> Path | None:
+    """Export ``cfg.checkpoint`` into ``out_dir`` with the parity check; None when the check fails."""
+    from paddletrain.deploy.export import export_checkpoint  # on use: importing predict must not load Paddle
+
+    fmt = cfg.backend
+    if fmt == "auto":  # give the export a model.onnx when the runtime predict would then choose is onnxruntime
+        options = {"use_mkldnn": cfg.use_mkldnn, "tensorrt": cfg.tensorrt}
+        fmt = "onnx" if preferred_backend(cfg.precision or "fp32", cfg.device, **options)[0] == "onnx" else "paddle"
+        if fmt == "onnx" and importlib.util.find_spec("paddle2onnx") is None:
+            log.info("paddle2onnx is not installed: exporting for Paddle Inference only (pip install paddletrain[onnx] "
+                     "to let predict use onnxruntime, faster in fp32 on CPUs)")
+            fmt = "paddle"
+    result = export_checkpoint(cfg.checkpoint, out_dir, format=fmt, cpu_threads=cfg.cpu_threads,
+                               imports=list(cfg.imports))
+    report = result.onnx_parity or result.parity
+    if not result.passed:
+        log.error("The export of checkpoint=%s for prediction failed its check: %s", cfg.checkpoint, report)
+        return None
+    log.info("Exported checkpoint=%s to %s (%s); pass model_dir=%s next time to skip the export", cfg.checkpoint,
+             out_dir, report, out_dir)
+    return out_dir
