@@ -477,3 +477,17 @@ def test_no_confusion_image_without_a_matrix_or_when_switched_off(tmp_path):
         logger.on_validation_end(trainer, {"val/top1": 1.0})
         logger.on_fit_end(trainer)
         assert CONFUSION_TAG not in read_log(tmp_path / name / "visualdl").get_tags().get("image", [])
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    ([], ["val/top1", "val/loss"]),
+    (["data=labellist", "data.multilabel=true"], ["val/mAP", "val/loss"]),  # the monitor a multi-label run gets
+    (["monitor=val/loss", "monitor_mode=min"], ["val/loss"]),
+])
+def test_the_hparams_view_compares_runs_by_the_monitored_metric(overrides, expected):
+    from paddletrain.build import build_callbacks, resolve_task
+    from tests.conftest import compose_fit
+
+    callbacks = build_callbacks(resolve_task(compose_fit(overrides)))
+    (logger,) = [cb for cb in callbacks if isinstance(cb, VisualDLLogger)]
+    assert logger.hparam_metrics == expected

@@ -5,6 +5,8 @@ import json
 import os
 import re
 import shlex
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -262,3 +264,21 @@ def test_the_sample_output_of_the_docs_is_what_the_check_prints(untidy, monkeypa
     unprocessed = re.compile(r"\(\d+ bytes not processed\)")  # the JPEG encoder's, not the check's, number
     assert [unprocessed.sub("(N)", line) for line in printed if line] == [
         unprocessed.sub("(N)", line) for line in sample.splitlines() if line]
+
+
+def test_the_dataset_tools_start_without_the_framework(tmp_path):
+    """`python -m paddletrain.data check|split` imports no Paddle: no framework start-up, no ccache warning."""
+    folder = tmp_path / "photos"
+    for name in ("a", "b"):
+        (folder / name).mkdir(parents=True)
+    code = ("import runpy, sys\n"
+            f"for words in (['check', {str(folder)!r}, '--workers', '0'], ['split', {str(folder)!r}]):\n"
+            "    sys.argv = ['paddletrain.data', *words]\n"
+            "    try:\n"
+            "        runpy.run_module('paddletrain.data', run_name='__main__')\n"
+            "    except SystemExit:\n"
+            "        pass\n"
+            "print('paddle loaded' if 'paddle' in sys.modules else 'no paddle')\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip().splitlines()[-1] == "no paddle", result.stderr[-2000:]
+    assert "ccache" not in result.stderr
