@@ -19,7 +19,6 @@ from paddletrain.deploy.export import (
     export_model,
     judge_quantized,
     reference_logits,
-    run,
 )
 from paddletrain.deploy.predictor import Predictor, int8_op_types, load_predictor
 from paddletrain.deploy.quantize import (
@@ -32,6 +31,7 @@ from paddletrain.deploy.quantize import (
     simulated_logits,
 )
 from paddletrain.errors import UserError
+from paddletrain.export import run
 from tests.conftest import TINY, compose_fit, run_module
 
 # Margins for int8 against fp32 on the test model's 64 validation images, measured over 5 seeds of the fixture's

@@ -28,11 +28,11 @@ from paddletrain.deploy.export import (
     export_model,
     parse_batch,
     reference_logits,
-    run,
 )
 from paddletrain.deploy.predict import PredictConfig
 from paddletrain.deploy.predictor import Predictor, cpu_bf16_support
 from paddletrain.errors import UserError
+from paddletrain.export import run
 from paddletrain.models import create_model
 from paddletrain.predict import run as predict
 from tests.conftest import TINY, command_code, compose_fit, run_module
