@@ -75,7 +75,7 @@ TASK_MISTAKES = {
     "fit": (["data=imagefolder", "data.root=missing"], "missing"),
     "evaluate": (["checkpoint=missing"], "missing"),
     "export": (["checkpoint=missing"], "missing"),
-    "predict": (["model_dir=missing", "input=photos"], "missing"),
+    "predict": (["model_dir=missing", "input=photos"], "photos"),
     "ship": (["checkpoint=missing"], "missing"),
     "data": (["check", "missing"], "missing"),
     "bench": (["train", "batch_size=0"], "batch_size"),

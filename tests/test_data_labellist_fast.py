@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from paddletrain.data import labellist
+from paddletrain.data import label_lists
 from paddletrain.data.datasets import DatasetError
 from paddletrain.data.labellist import read_label_list
 
@@ -90,7 +90,7 @@ def test_a_folder_listed_once_gives_the_problems_an_lstat_per_file_gives(tmp_pat
         return found.index.relpaths(), [r.getMessage() for r in caplog.records]
 
     listed = read()
-    monkeypatch.setattr(labellist, "_LISTED_FOLDER", len(lines) + 1)  # every file lstat-ed on its own
+    monkeypatch.setattr(label_lists, "_LISTED_FOLDER", len(lines) + 1)  # every file lstat-ed on its own
     assert read() == listed
     relpaths, warnings = listed
     assert relpaths == [f"a/{i}.jpg" for i in range(40)] + ["a/in.jpg"]

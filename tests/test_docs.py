@@ -194,7 +194,7 @@ GIVEN = [
           "from paddletrain.models import create_model\n"
           "from paddletrain.models.pretrained import save_pretrained\n"
           "save_pretrained(create_model('resnet50'), 'resnet50.safetensors')\n"),
-    Given("docs/inference.md", r"^from paddletrain\.export import export_model",
+    Given("docs/inference.md", r"^from paddletrain\.deploy\.export import export_model",
           _MODEL + "from paddletrain.config import DataConfig\nfrom paddletrain.data import preprocessing_info\n"
                    "info = preprocessing_info(DataConfig(image_size=224))\n"
                    "class_names = ['circle', 'ring', 'square', 'triangle', 'star', 'cross']\n"),

@@ -176,7 +176,7 @@ PLUGIN_LOSS = """
     @LOSSES.register("scaled_ce")
     def scaled_ce(cfg, *, scale: float = 1.0):
         if scale <= 0:
-            raise ValueError(f"loss.scale={scale} must be > 0")
+            raise ValueError(f"loss.scale={{scale}} must be > 0")
         with open({log!r}, "a") as f:
             f.write(f"{{scale}}\\n")
         return lambda logits, targets: scale * F.cross_entropy(logits, targets)
