@@ -32,7 +32,7 @@ from paddletrain.callbacks.heartbeat import Heartbeat
 from paddletrain.callbacks.instantiate import instantiate_callbacks
 from paddletrain.checkpoint import load_checkpoint
 from paddletrain.checkpoint.locate import locate_checkpoint
-from paddletrain.config import DataConfig, FitConfig, ModelConfig, component_options
+from paddletrain.config import COMPONENT_GROUPS, SCHEMAS, DataConfig, FitConfig, ModelConfig, component_options
 from paddletrain.data import DatasetError, build_datasets, build_loader, build_transform, preprocessing_info
 from paddletrain.data.balance import class_balanced_weights, class_counts, dataset_targets
 from paddletrain.data.holdout import hold_out_by_config
@@ -445,8 +445,18 @@ def checkpoint_config(saved: Any, overrides: Sequence[str] = (), base: DictConfi
         raise UserError(f"{source} holds no config; it was not written by paddletrain.fit")
     base = base if base is not None else OmegaConf.structured(FitConfig)
     known = set(base.keys())  # `in` would skip the schema's mandatory (missing) groups
+    saved = {k: v for k, v in saved.items() if k in known}
+    # A component group may hold its factory's own options beside the schema's keys: merged after the schema's.
+    options = {group: component_options(OmegaConf.create(saved[group]), SCHEMAS[group])
+               for group in COMPONENT_GROUPS if isinstance(saved.get(group), dict)}
+    saved = {k: ({key: v for key, v in value.items() if key not in options.get(k, {})} if k in options else value)
+             for k, value in saved.items()}
     try:
-        cfg = OmegaConf.merge(base, {k: v for k, v in saved.items() if k in known})
+        cfg = OmegaConf.merge(base, saved)
+        for group, extra in options.items():
+            OmegaConf.set_struct(cfg[group], False)  # open this node (config.register_configs stores it so)
+            for key, value in extra.items():
+                cfg[group][key] = value
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
     except Exception as exc:  # omegaconf's ValidationError/ConfigKeyError name the key
         raise UserError(f"the config saved in {source} does not match this paddletrain version's schema: "

@@ -193,6 +193,10 @@ def test_a_plugin_loss_takes_its_own_option_from_the_command_line(tmp_path):
     ok(run_cli(sys.executable, "paddletrain.fit", [*args, "loss.scale=2.5", f"hydra.run.dir={tmp_path / 'run'}"],
                tmp_path, [source]))
     assert log.read_text().split() == ["2.5"]
+    # the checkpoint's config keeps the option: evaluate builds the same loss from it
+    ok(run_cli(sys.executable, "paddletrain.evaluate", [f"checkpoint={tmp_path / 'run'}:last",
+                                                         f"hydra.run.dir={tmp_path / 'eval'}"], tmp_path, [source]))
+    assert log.read_text().split() == ["2.5", "2.5"]
     result = run_cli(sys.executable, "paddletrain.fit", [*args, "loss.scal=2", f"hydra.run.dir={tmp_path / 'typo'}"],
                      tmp_path, [source])
     output = result.stdout + result.stderr
