@@ -24,10 +24,11 @@ from typing import Any, NoReturn
 import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException, MissingConfigException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from paddletrain.errors import ExitCode, StartRefused, ending_of, exit_with
+from paddletrain.config import check_values
+from paddletrain.errors import ExitCode, StartRefused, UserError, ending_of, exit_with
 from paddletrain.job.processes import own_stop_signals, stop_request
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,18 @@ _CONFIG_FLAGS = ("--config-dir", "-cd", "--config-path", "-cp", "--config-name",
 MAX_OVERRIDES_BYTES = 1 << 20
 # A rank is started from fit.py's file path, not with -m.
 FIT_MODULE_FILE = Path(__file__).resolve().with_name("fit.py")
+
+
+def checked_output_command(cfg: DictConfig, schema: type, default_out_dir: str | None) -> str:
+    """The checks every command that turns ``checkpoint`` into files in ``out_dir`` (export, ship) starts with,
+    cheapest first: every value given, a checkpoint named, an output directory; returns that directory."""
+    check_values(cfg, schema)
+    if OmegaConf.is_missing(cfg, "checkpoint"):
+        raise UserError("missing required value for checkpoint (e.g. checkpoint=outputs/<name>/<time>:best)")
+    out_dir = cfg.out_dir or default_out_dir
+    if out_dir is None:
+        raise UserError("missing required value for out_dir")
+    return str(out_dir)
 
 
 def continue_command(run_dir: Path, argv: list[str] | None = None) -> str:

@@ -24,13 +24,11 @@ from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from paddletrain._moved import forward_names
-from paddletrain.cli import command_task, run_command
-from paddletrain.config import check_values
+from paddletrain.cli import checked_output_command, command_task, run_command
 from paddletrain.deploy.export import EXIT_PARITY_FAILED, ExportConfig, ExportResult, export_checkpoint
-from paddletrain.errors import UserError
 
 log = logging.getLogger("paddletrain")
 
@@ -61,12 +59,7 @@ def run(cfg: DictConfig, default_out_dir: str | None = None) -> int:
 
     A usage error raises :class:`~paddletrain.errors.UserError`, which :func:`~paddletrain.cli.command_task` ends
     with one line and exit status 2, as every command does."""
-    check_values(cfg, ExportConfig)  # cheapest first: every value given, then what is missing
-    if OmegaConf.is_missing(cfg, "checkpoint"):
-        raise UserError("missing required value for checkpoint (e.g. checkpoint=outputs/<name>/<time>:best)")
-    out_dir = cfg.out_dir or default_out_dir
-    if out_dir is None:
-        raise UserError("missing required value for out_dir")
+    out_dir = checked_output_command(cfg, ExportConfig, default_out_dir)
     result = export_checkpoint(cfg.checkpoint, out_dir, format=cfg.format, batch=cfg.batch,
                                precision=cfg.precision, check=cfg.check, num_check_images=cfg.num_check_images,
                                data_root=cfg.data_root, device=cfg.device, cpu_threads=cfg.cpu_threads,

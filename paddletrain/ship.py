@@ -28,11 +28,10 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from paddletrain._moved import forward_names
-from paddletrain.cli import command_task, run_command
-from paddletrain.config import check_values
+from paddletrain.cli import checked_output_command, command_task, run_command
 from paddletrain.deploy.ship import PREPROCESS_TOLERANCE, REPORT_JSON, REPORT_MD, ShipConfig, compare_targets
 from paddletrain.errors import ExitCode, UserError
 
@@ -44,12 +43,7 @@ def run(cfg: DictConfig, default_out_dir: str | None = None) -> int:
 
     A usage error raises :class:`~paddletrain.errors.UserError`, which :func:`~paddletrain.cli.command_task` ends
     with one line and exit status 2, as every command does."""
-    check_values(cfg, ShipConfig)  # cheapest first: every value given, then what is missing
-    if OmegaConf.is_missing(cfg, "checkpoint"):
-        raise UserError("missing required value for checkpoint (e.g. checkpoint=outputs/<name>/<time>:best)")
-    out_dir = cfg.out_dir or default_out_dir
-    if out_dir is None:
-        raise UserError("missing required value for out_dir")
+    out_dir = checked_output_command(cfg, ShipConfig, default_out_dir)
     if cfg.device == "gpu":
         raise UserError("device=gpu: ship compares CPU targets (Paddle Inference on oneDNN, onnxruntime's CPU "
                         "provider); use device=cpu or auto")
