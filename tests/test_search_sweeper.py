@@ -90,7 +90,7 @@ def test_a_killed_sweep_continues_its_running_trial_exactly(tmp_path):
     # the undisturbed twin: the same overrides, one fit
     twin = tmp_path / "twin"
     lr = continued["params"]["optim.lr"]
-    result = run_module("paddletrain.fit", [*TINY, *SWEEP[1:], "trainer.max_epochs=4", f"optim.lr={lr!r}",
+    result = run_module("paddletrain.fit", [*TINY, *SWEEP[2:], "trainer.max_epochs=4", f"optim.lr={lr!r}",
                                             f"hydra.run.dir={twin}"], cwd=tmp_path)
     assert result.returncode == 0
     from paddletrain.checkpoint import load_checkpoint
