@@ -321,7 +321,7 @@ _RUN_PLUMBING = ("hydra", "name", "tags", "imports", "trainer.resume", "trainer.
                  "data.download", "data.num_workers", "data.use_shared_memory", "data.persistent_workers",
                  "callbacks.progress_bar", "callbacks.visualdl", "callbacks.checkpoint",
                  "trainer.distill.unlabeled_root", "trainer.distill.trust_pickle", "trainer.max_restarts",
-                 "trainer.collective_timeout")
+                 "trainer.collective_timeout", "callbacks.optuna_pruning")
 _ABSENT = object()
 
 

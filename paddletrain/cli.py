@@ -101,6 +101,13 @@ def _program(argv: list[str]) -> list[str]:
     return ["python", argv[0]]
 
 
+def this_command(argv: list[str] | None = None) -> list[str]:
+    """This process's program and config options (``--config-dir`` ...) as words that start it again with this
+    interpreter, without its overrides: e.g. ``[sys.executable, "-m", "paddletrain.fit", "--config-dir", "c"]``."""
+    argv = list(sys.argv if argv is None else argv)
+    return [sys.executable, *_program(argv)[1:], *_config_flags(argv[1:])]
+
+
 def _config_flags(args: list[str]) -> list[str]:
     """Hydra's config-selecting options among ``args``, with their values (``-cd dir`` or ``--config-dir=dir``)."""
     flags: list[str] = []

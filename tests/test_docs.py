@@ -98,6 +98,10 @@ RULES = [
                                                           "Fashion-MNIST files)"),
     Rule("docs/recipes.md", r"^apt-get install", SKIP, "installs a system package (the runs use the suite's own tiny "
                                                        "Fashion-MNIST files)"),
+    Rule("docs/search.md", r"^pip install -e", SKIP, "installs into the environment the suite runs in"),
+    Rule("docs/search.md", r"postgresql://paddletrain@db-host", SKIP,
+         "needs a PostgreSQL server and a second machine; tests/test_search_storage.py runs two searches against a "
+         "server of its own", composes=False),
     Rule("docs/extending.md", r"^pip install \./examples/downstream_app", SKIP,
          "installs into the environment; tests/test_plugins.py installs it into a fresh virtual environment and "
          "runs the commands after it"),
@@ -158,6 +162,7 @@ class Needs:
 # Reviewed list, like RULES; a Needs entry that matches nothing fails test_every_rule_is_used.
 NEEDS = [
     Needs("docs/inference.md", r"format=onnx|OnnxPredictor", ("paddle2onnx", "onnxruntime"), "onnx"),
+    Needs("docs/search.md", r".", ("optuna",), "search"),  # every command reads or makes a search
 ]
 
 

@@ -20,8 +20,8 @@ def test_each_sweep_form_becomes_its_distribution_and_the_rest_stays_fixed():
     assert d["data.batch_size"] == optuna.distributions.IntDistribution(32, 128, step=32)
     assert d["model"] == optuna.distributions.CategoricalDistribution(["resnet20", "resnet32"])
     assert space.fixed == ["trainer.seed=3"]
-    assert space.overrides({"optim.lr": 0.01, "model": "resnet32"}) == ["trainer.seed=3", "optim.lr=0.01",
-                                                                        "model=resnet32"]
+    assert space.overrides({"optim.lr": 0.01, "model": "resnet32"}) == ["optim.lr=0.01", "model=resnet32",
+                                                                        "trainer.seed=3"]
 
 
 def test_the_command_line_wins_over_the_configs_search_space():

@@ -1,5 +1,5 @@
-"""The paddletrain_optuna sweeper end to end on the embedded data: a study, its reports, pruning, and a sweep that
-is killed and run again with the same command."""
+"""The paddletrain_optuna sweeper end to end on the embedded data: a study, its reports, pruning, failures, and a sweep
+that is killed and run again with the same command."""
 from __future__ import annotations
 
 import json
@@ -15,6 +15,8 @@ import pytest
 
 optuna = pytest.importorskip("optuna", reason="the search extra (pip install paddletrain[search]) is not installed")
 
+from visualdl import LogReader  # noqa: E402
+
 from tests.conftest import TINY, run_module  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,20 +29,59 @@ def _sweep(tmp_path: Path, *extra: str, timeout: float = 600) -> subprocess.Comp
                       cwd=tmp_path, timeout=timeout)
 
 
+def _study(tmp_path: Path) -> dict:
+    return json.loads((tmp_path / "sweep" / "study.json").read_text())
+
+
+def _hparams(run_dir: Path) -> dict[str, float | str]:
+    [name] = [f for f in os.listdir(run_dir / "visualdl") if "vdlrecords" in f]
+    [record] = LogReader(file_path=str(run_dir / "visualdl" / name)).get_data("hyper_parameters", "hparam")
+    return {info.name: info.float_value or info.string_value for info in record.hparam.hparamInfos}
+
+
 def test_a_study_runs_its_trials_and_writes_its_reports(tmp_path):
     result = _sweep(tmp_path, "optim.lr=tag(log,interval(1e-3,0.3))", "loss.label_smoothing=interval(0,0.2)",
                     "hydra.sweeper.n_trials=3", "hydra.sweeper.pruner=none")
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     sweep = tmp_path / "sweep"
-    study = json.loads((sweep / "study.json").read_text())
+    study = _study(tmp_path)
     assert [t["state"] for t in study["trials"]] == ["COMPLETE"] * 3
+    assert len({t["params"]["optim.lr"] for t in study["trials"]}) == 3
     assert all(0.001 <= t["params"]["optim.lr"] <= 0.3 for t in study["trials"])
     for trial in study["trials"]:
-        assert (Path(trial["run_dir"]) / "summary.json").is_file()
-    best = (sweep / "best.yaml").read_text()
-    assert best.startswith("# @package _global_") and "lr:" in best and "label_smoothing:" in best
+        run_dir = Path(trial["run_dir"])
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert trial["value"] == pytest.approx(summary["best"]["value"])  # the objective: the best val/top1
+        # VisualDL's hyper-parameter view compares the trials by what they sampled, not by the sweep's plumbing
+        hparams = _hparams(run_dir)
+        assert hparams["lr"] == pytest.approx(trial["params"]["optim.lr"], rel=1e-6)
+        assert hparams["label_smoothing"] == pytest.approx(trial["params"]["loss.label_smoothing"], rel=1e-6)
+        assert not any("optuna" in name for name in hparams)
+    best = min(study["trials"], key=lambda t: -t["value"])
+    best_yaml = (sweep / "best.yaml").read_text()
+    assert f"number {best['number']}" in best_yaml and "lr:" in best_yaml and "label_smoothing:" in best_yaml
     assert (sweep / "optimization_history.png").stat().st_size > 1000
-    assert "| trial | state |" in (sweep / "study.md").read_text()
+    table = (sweep / "study.md").read_text()
+    assert "| trial | state |" in table and table.count("| COMPLETE |") == 3
+
+
+def test_best_yaml_reruns_the_best_trial_as_it_is(tmp_path):
+    # a group choice and a value searched, beside fixed values and a fixed group choice
+    result = _sweep(tmp_path, "optim.lr=choice(0.05,0.2)", "model=choice(resnet20,resnet32)", "optim=sgd",
+                    "hydra.sweeper.sampler=grid", "hydra.sweeper.n_trials=4", "hydra.sweeper.pruner=none")
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    trials = _study(tmp_path)["trials"]
+    assert sorted((t["params"]["model"], t["params"]["optim.lr"]) for t in trials) == [  # the grid, each point once
+        ("resnet20", 0.05), ("resnet20", 0.2), ("resnet32", 0.05), ("resnet32", 0.2)]
+    best = max(trials, key=lambda t: t["value"])
+    rerun = run_module("paddletrain.fit", ["--config-dir", str(tmp_path / "sweep"), "--config-name", "best",
+                                           f"hydra.run.dir={tmp_path / 'rerun'}"], cwd=tmp_path)
+    assert rerun.returncode == 0, (rerun.stdout + rerun.stderr)[-3000:]
+    config = (tmp_path / "rerun" / ".hydra" / "config.yaml").read_text()
+    assert f"name: {best['params']['model']}" in config and "name: sgd" in config
+    summary = json.loads((tmp_path / "rerun" / "summary.json").read_text())
+    first = json.loads((Path(best["run_dir"]) / "summary.json").read_text())
+    assert summary["best"]["value"] == first["best"]["value"] and summary["train/loss"] == first["train/loss"]
 
 
 def test_pruned_trials_end_cleanly_keep_their_checkpoint_and_count_as_pruned(tmp_path):
@@ -48,55 +89,78 @@ def test_pruned_trials_end_cleanly_keep_their_checkpoint_and_count_as_pruned(tmp
     result = _sweep(tmp_path, "optim.lr=interval(0.01,0.1)", "hydra.sweeper.n_trials=3",
                     "hydra.sweeper.pruner={name:percentile,percentile:99.9,n_startup_trials:1,n_warmup_steps:0}")
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    study = json.loads((tmp_path / "sweep" / "study.json").read_text())
-    states = [t["state"] for t in study["trials"]]
+    states = [t["state"] for t in _study(tmp_path)["trials"]]
     assert states[0] == "COMPLETE" and "PRUNED" in states[1:]
-    for trial in study["trials"]:
+    for trial in _study(tmp_path)["trials"]:
+        run_dir = Path(trial["run_dir"])
         if trial["state"] == "PRUNED":
-            run_dir = Path(trial["run_dir"])
             pruned = json.loads((run_dir / "pruned.json").read_text())
-            assert pruned["pruned"] is True and pruned["epoch"] == trial["pruned_step"]
-            assert any((run_dir / "checkpoints").iterdir())
+            assert pruned["pruned"] is True and pruned["epoch"] == trial["pruned_step"] == 0
+            assert [p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("epoch")]
+            assert json.loads((run_dir / "summary.json").read_text())["epochs"] == 1  # stopped after epoch 1 of 3
+        else:
+            assert not (run_dir / "pruned.json").exists()
 
 
-def test_an_unknown_sampler_or_a_range_outside_the_schema_is_refused_before_any_trial(tmp_path):
-    for extra, message in ((["optim.lr=interval(-1,0.3)"], "optim.lr must be > 0"),
-                           (["optim.lr=interval(0.01,0.1)", "hydra.sweeper.sampler=annealing"], "annealing")):
-        result = _sweep(tmp_path, *extra)
-        output = result.stdout + result.stderr
-        assert result.returncode == 2 and message in output and "Traceback" not in output, output[-2000:]
-        assert not list((tmp_path / "sweep").glob("trial_*"))
+def test_a_failing_trial_counts_as_failed_and_the_study_goes_on(tmp_path):
+    # A NaN loss from the first step (lr far too large for plain SGD without clipping) ends a trial with an error.
+    result = _sweep(tmp_path, "optim.lr=choice(0.05,1e30)", "hydra.sweeper.sampler=grid", "hydra.sweeper.n_trials=2",
+                    "hydra.sweeper.pruner=none", "trainer.max_consecutive_nonfinite=1")
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    states = {t["params"]["optim.lr"]: t["state"] for t in _study(tmp_path)["trials"]}
+    assert states == {0.05: "COMPLETE", 1e30: "FAIL"}
+    logs = list((tmp_path / "sweep" / "logs").iterdir())
+    assert len(logs) == 2 and any("ERROR" in log.read_text() for log in logs)
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["optim.lr=interval(-1,0.3)"], "optim.lr must be > 0"),
+    (["optim.lr=interval(0.01,0.1)", "hydra.sweeper.sampler=annealing"], "annealing"),
+    (["optim.lr=interval(0.01,0.1)", "hydra.sweeper.sampler=grid"], "an interval has no grid"),
+    (["optim.lr=interval(0.01,0.1)", "hydra.sweeper.pruner=wait"], "hydra.sweeper.pruner"),
+    (["optim.lr=interval(0.01,0.1)", "hydra.sweeper.n_trails=3"], "n_trails"),
+    (["optim.lr=interval(0.01,0.1)", "optim.lrr=0.1"], "optim.lrr"),
+])
+def test_a_mistake_is_refused_in_one_line_before_any_trial(tmp_path, extra, message):
+    result = _sweep(tmp_path, *extra)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and message in output and "Traceback" not in output, output[-2000:]
+    assert not list((tmp_path / "sweep").glob("trial_*"))
 
 
 @pytest.mark.slow
 def test_a_killed_sweep_continues_its_running_trial_exactly(tmp_path):
-    """SIGKILL the sweep in its second trial; the same command continues that trial from its checkpoint, and its
-    final weights equal those of an undisturbed trial with the same parameters."""
+    """SIGKILL the sweep in its second trial; the same command hands that trial on to a new one that continues its
+    run directory from the checkpoint, whose final weights equal those of an undisturbed run."""
     args = ["-m", *TINY, *SWEEP, "optim.lr=interval(0.01,0.1)", "hydra.sweeper.n_trials=2",
             "hydra.sweeper.pruner=none", "trainer.max_epochs=4", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
     command = [sys.executable, "-m", "paddletrain.fit", *args]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
     process = subprocess.Popen(command, cwd=tmp_path, env=env, start_new_session=True)
     second = tmp_path / "sweep" / "trial_0001" / "checkpoints"
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not (second.is_dir() and any(second.iterdir())):
-        time.sleep(0.2)
-    os.killpg(process.pid, signal.SIGKILL)
+    while time.monotonic() < deadline and not (second.is_dir() and any(p.name.startswith("epoch")
+                                                                       for p in second.iterdir())):
+        time.sleep(0.1)
+    os.killpg(process.pid, signal.SIGKILL)  # the sweep and its trial, at once: nothing is told to the study
     process.wait()
     assert subprocess.run(command, cwd=tmp_path, env=env, timeout=600).returncode == 0
-    study = json.loads((tmp_path / "sweep" / "study.json").read_text())
-    assert [t["state"] for t in study["trials"]] == ["COMPLETE", "COMPLETE"]
-    continued = study["trials"][1]
+    trials = _study(tmp_path)["trials"]
+    assert [(t["state"], t["continues"]) for t in trials] == [("COMPLETE", None), ("FAIL", None), ("COMPLETE", 1)]
+    killed, continued = trials[1], trials[2]
+    assert continued["params"] == killed["params"] and continued["run_dir"] == killed["run_dir"]
+    summary = json.loads((Path(continued["run_dir"]) / "summary.json").read_text())
+    assert summary.get("resumed_from")  # continued from a checkpoint, not started again
     # the undisturbed twin: the same overrides, one fit
     twin = tmp_path / "twin"
-    lr = continued["params"]["optim.lr"]
-    result = run_module("paddletrain.fit", [*TINY, *SWEEP[2:], "trainer.max_epochs=4", f"optim.lr={lr!r}",
-                                            f"hydra.run.dir={twin}"], cwd=tmp_path)
+    result = run_module("paddletrain.fit", [*TINY, *SWEEP[2:], "trainer.max_epochs=4",
+                                            f"optim.lr={continued['params']['optim.lr']!r}", f"hydra.run.dir={twin}"],
+                        cwd=tmp_path)
     assert result.returncode == 0
     from paddletrain.checkpoint import load_checkpoint
 
     def weights(run_dir: Path) -> dict:
-        last = sorted((run_dir / "checkpoints").iterdir())[-1]
+        last = sorted(p for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("epoch"))[-1]
         return load_checkpoint(last).state["model"]
 
     mine, theirs = weights(Path(continued["run_dir"])), weights(twin)

@@ -34,6 +34,9 @@ log = logging.getLogger("paddletrain")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 # Set by paddletrain's launcher for the processes it starts: it announces signals and outcomes itself.
 LAUNCHER_ENV = "PADDLETRAIN_LAUNCHER_PID"
+# Set to its pid by a process that starts a command line of its own (a sweep's trials): the command stops, saving,
+# when that process dies (:func:`hold_stop_signals_during_imports`).
+STOP_WITH_PARENT_ENV = "PADDLETRAIN_STOP_WITH_PARENT"
 # The same signal again within this many seconds is the same request delivered twice (e.g. `pkill` reaching a
 # rank directly and through its launcher), not a user insisting.
 REPEAT_WINDOW = 1.0
@@ -236,10 +239,14 @@ def hold_stop_signals_during_imports() -> None:
 
     SIGTERM/SIGINT wait while Paddle and Hydra load (Paddle's import installs a crash reporter on SIGTERM that
     would kill the process half-started); :func:`own_stop_signals` then acts on them. A process started by
-    ``paddle.distributed.launch`` (a rank) also stops, saving, when that launcher dies.
+    ``paddle.distributed.launch`` (a rank) also stops, saving, when that launcher dies, and so does a command
+    started with :data:`STOP_WITH_PARENT_ENV` set to its parent's pid (a sweep's trial) when that parent dies.
     """
     block_stop_signals()
-    if "PADDLE_TRAINER_ID" in os.environ:
+    parent = os.environ.pop(STOP_WITH_PARENT_ENV, None)  # for this process only, not for those it starts
+    if parent and parent.isdigit():
+        die_with_parent(signal.SIGTERM, int(parent))
+    elif "PADDLE_TRAINER_ID" in os.environ:
         die_with_parent(signal.SIGTERM)
 
 

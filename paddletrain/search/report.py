@@ -6,14 +6,19 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from paddletrain.search.space import SearchSpace
+
 log = logging.getLogger("paddletrain")
 
 BEST_FILE = "best.yaml"
+# The trial's user attribute that names its run directory (a trial that continues another keeps it).
+RUN_DIR_ATTR = "run_dir"
 STUDY_JSON = "study.json"
 STUDY_MD = "study.md"
 PICTURES = {
@@ -31,31 +36,56 @@ def trial_rows(study: Any) -> list[dict[str, Any]]:
         duration = trial.duration.total_seconds() if trial.duration is not None else None
         pruned_step = max(trial.intermediate_values) if trial.state.name == "PRUNED" and trial.intermediate_values \
             else None
+        history = trial.system_attrs.get("retry_history") or [None]  # the trials this one continues
         rows.append({"number": trial.number, "state": trial.state.name, "params": dict(trial.params),
                      "value": trial.value, "duration_seconds": duration, "pruned_step": pruned_step,
-                     "run_dir": trial.user_attrs.get("run_dir")})
+                     "continues": history[-1], "run_dir": trial.user_attrs.get(RUN_DIR_ATTR)})
     return rows
 
 
-def best_config(study: Any, fixed: list[str]) -> str:
-    """``best.yaml``: the fixed overrides and the best trial's parameters as an experiment config
-    (``python -m paddletrain.fit --config-dir <sweep dir> +experiment=best``-style: ``# @package _global_``)."""
+@dataclass(frozen=True)
+class RunConfig:
+    """How the sweep's command composed its config: the primary config's name, the config groups it knows (an
+    override of one is a choice, not a value) and the config directories it added."""
+
+    primary: str = "fit"
+    groups: frozenset[str] = frozenset()
+    search_path: tuple[str, ...] = ()
+
+
+def best_config(study: Any, space: SearchSpace, run: RunConfig) -> str:
+    """``best.yaml``: the best trial as a primary config that ``fit`` runs as it is (``python -m paddletrain.fit
+    --config-dir <sweep dir> --config-name best``): the sweep's primary config, its group choices and its values,
+    the fixed ones and the trial's."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
     best = study.best_trial
-    lines = ["# @package _global_",
-             f"# The best trial of study {study.study_name}: number {best.number}, value {best.value}.",
-             "# Run it as it is: python -m paddletrain.fit " + " ".join(
-                 [*fixed, *(f"{k}={v}" for k, v in best.params.items())])]
+    overrides = space.overrides(best.params)
+    added: list[Any] = []
+    chosen: list[Any] = []
     values: dict[str, Any] = {}
-    for key, value in best.params.items():
+    for override in OverridesParser.create().parse_overrides(overrides):
+        key, value = override.key_or_group, override.value()
+        if override.is_delete():
+            raise ValueError(f"{override.input_line}: a deletion has no place in a config")
+        if key in run.groups:
+            (added if override.is_add() else chosen).append({(key if override.is_add() else f"override {key}"): value})
+            continue
         node = values
         *parents, leaf = key.split(".")
         for part in parents:
             node = node.setdefault(part, {})
         node[leaf] = value
-    return "\n".join(lines) + "\n" + yaml.safe_dump(values, sort_keys=False)
+    document: dict[str, Any] = {"defaults": [run.primary, *added, "_self_", *chosen]}
+    if run.search_path:
+        document["hydra"] = {"searchpath": list(run.search_path)}
+    document.update(values)
+    head = [f"# The best trial of study {study.study_name}: number {best.number}, value {best.value}.",
+            "# Run it as it is: python -m paddletrain.fit --config-dir <this directory> --config-name best"]
+    return "\n".join(head) + "\n" + yaml.safe_dump(document, sort_keys=False)
 
 
-def write_reports(study: Any, sweep_dir: Path, fixed: list[str]) -> None:
+def write_reports(study: Any, sweep_dir: Path, space: SearchSpace, run: RunConfig) -> None:
     """Write every report of ``study`` into ``sweep_dir`` (pictures only where Optuna can draw them)."""
     sweep_dir.mkdir(parents=True, exist_ok=True)
     rows = trial_rows(study)
@@ -63,17 +93,17 @@ def write_reports(study: Any, sweep_dir: Path, fixed: list[str]) -> None:
                                                     "trials": rows}, indent=2) + "\n")
     (sweep_dir / STUDY_MD).write_text(study_markdown(study.study_name, rows))
     if any(row["state"] == "COMPLETE" for row in rows):
-        (sweep_dir / BEST_FILE).write_text(best_config(study, fixed))
+        (sweep_dir / BEST_FILE).write_text(best_config(study, space, run))
     _pictures(study, sweep_dir)
 
 
 def study_markdown(name: str, rows: list[dict[str, Any]]) -> str:
     keys = sorted({key for row in rows for key in row["params"]})
-    head = ["trial", "state", *keys, "value", "seconds", "pruned at"]
+    head = ["trial", "state", *keys, "value", "seconds", "pruned at", "continues"]
     lines = [f"# Study {name}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         cells = [str(row["number"]), row["state"], *(_cell(row["params"].get(k)) for k in keys), _cell(row["value"]),
-                 _cell(row["duration_seconds"]), "" if row["pruned_step"] is None else str(row["pruned_step"])]
+                 _cell(row["duration_seconds"]), _cell(row["pruned_step"]), _cell(row["continues"])]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -31,8 +31,9 @@ class SearchSpace:
     fixed: list[str] = field(default_factory=list)
 
     def overrides(self, params: Mapping[str, Any]) -> list[str]:
-        """The command-line overrides of a trial whose sampled values are ``params``."""
-        return [*self.fixed, *(f"{key}={_override_value(value)}" for key, value in params.items())]
+        """The command-line overrides of a trial whose sampled values are ``params``, those first (loggers such as
+        VisualDL's hyper-parameter view take the first keys of the command line as the most important)."""
+        return [*(f"{key}={_override_value(value)}" for key, value in params.items()), *self.fixed]
 
 
 def _override_value(value: Any) -> str:
@@ -55,7 +56,7 @@ def parse_space(arguments: Iterable[str], params: Mapping[str, str] | None = Non
     space = SearchSpace()
     for key, override in by_key.items():
         if override.is_sweep_override():
-            space.distributions[override.get_key_element()] = distribution_of(override)
+            space.distributions[key] = distribution_of(override)
         else:
             space.fixed.append(override.input_line)
     return space
@@ -89,6 +90,23 @@ def distribution_of(override: Override) -> Any:
         return d.FloatDistribution(float(value.start), float(value.end), log=log)
     raise ConfigError(f"{key}: {override.input_line} is not a sweep the search understands (choice, range or "
                       "interval, optionally tag(log, ...) or tag(int, ...))")
+
+
+def grid_of(space: SearchSpace) -> dict[str, list[Any]]:
+    """The values ``hydra.sweeper.sampler=grid`` walks: each choice, each step of a range; an interval has no grid."""
+    import optuna.distributions as d
+
+    grid: dict[str, list[Any]] = {}
+    for key, dist in space.distributions.items():
+        if isinstance(dist, d.CategoricalDistribution):
+            grid[key] = list(dist.choices)
+        elif dist.step is not None and not dist.log:
+            count = int(round((dist.high - dist.low) / dist.step)) + 1
+            grid[key] = [type(dist.low)(dist.low + i * dist.step) for i in range(count)]
+        else:
+            raise ConfigError(f"{key}: hydra.sweeper.sampler=grid walks choice() and range() sweeps; an interval "
+                              "has no grid (give range(start,stop,step), or another sampler)")
+    return grid
 
 
 def _field_rule(key: str) -> Any | None:

@@ -8,14 +8,17 @@
   can both try (PostgreSQL refuses the second ``CREATE TABLE`` with a unique violation in ``pg_type``):
   :func:`open_storage` retries with a short, jittered back-off until the tables exist.
 
-Trials record a heartbeat, so a trial whose process died (a kill, a lost node) is found stale by the next sweep
-and continued from its newest checkpoint rather than counted as running forever.
+In a database, the sweep running a trial records its heartbeat, so a trial whose sweep died (a kill, a lost node)
+is found stale by the next sweep to look and handed on to a new trial that continues it from its newest checkpoint
+(:func:`paddletrain.search.sweeper.requeue_abandoned`) rather than counted as running forever.
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +27,18 @@ from paddletrain.errors import ConfigError
 log = logging.getLogger("paddletrain")
 
 JOURNAL_FILE = "study.journal"
-# Seconds between a running trial's heartbeats, and after how many missed ones it counts as dead.
-HEARTBEAT_SECONDS = 30
-GRACE_SECONDS = 120
 # Table creation collisions: how often and how long to retry.
 CREATE_ATTEMPTS = 8
 CREATE_BACKOFF_SECONDS = 0.5
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """How often the sweep running a trial records that it is alive (``interval``), and after how long without a
+    heartbeat (``grace``) another sweep takes the trial for abandoned; seconds, in a database storage only."""
+
+    interval: int = 30
+    grace: int = 120
 
 
 def storage_url(storage: str | None, sweep_dir: Path) -> str:
@@ -39,8 +48,9 @@ def storage_url(storage: str | None, sweep_dir: Path) -> str:
     return f"journal:{Path(sweep_dir).resolve() / JOURNAL_FILE}"
 
 
-def open_storage(url: str) -> Any:
-    """An Optuna storage for ``url`` (see the module docstring for the forms), with trial heartbeats."""
+def open_storage(url: str, heartbeat: Heartbeat | None = None) -> Any:
+    """An Optuna storage for ``url`` (see the module docstring for the forms); a database one with ``heartbeat``
+    (and :func:`retry_callback` for its abandoned trials) when given."""
     import optuna
 
     if url.startswith("journal:"):
@@ -53,18 +63,34 @@ def open_storage(url: str) -> Any:
     if "://" not in url:
         raise ConfigError(f"hydra.sweeper.storage={url!r} is neither a database URL (sqlite:///..., "
                           "postgresql://...) nor null (a journal file in the sweep directory)")
-    return _rdb_storage(url)
+    return _rdb_storage(url, heartbeat)
 
 
-def _rdb_storage(url: str) -> Any:
+def retry_callback() -> Any:
+    """Optuna's callback that queues an abandoned trial again, with its parameters, user attributes (the run
+    directory) and the values it reported (for the pruner)."""
+    import optuna
+
+    retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None) or \
+        optuna.storages.RetryFailedTrialCallback  # Optuna < 4.9
+    return retry(inherit_intermediate_values=True)
+
+
+def _rdb_storage(url: str, heartbeat: Heartbeat | None) -> Any:
     import optuna
     import sqlalchemy.exc
 
+    options: dict[str, Any] = {"engine_kwargs": {"pool_pre_ping": True}}
+    if heartbeat is not None:
+        parameters = inspect.signature(optuna.storages.RDBStorage).parameters
+        on_stale = "heartbeat_stale_trial_callback" if "heartbeat_stale_trial_callback" in parameters else \
+            "failed_trial_callback"  # its name before Optuna 4.9
+        options.update(heartbeat_interval=heartbeat.interval, grace_period=heartbeat.grace,
+                       **{on_stale: retry_callback()})
     last: Exception | None = None
     for attempt in range(CREATE_ATTEMPTS):
         try:
-            return optuna.storages.RDBStorage(url, heartbeat_interval=HEARTBEAT_SECONDS, grace_period=GRACE_SECONDS,
-                                              engine_kwargs={"pool_pre_ping": True})
+            return optuna.storages.RDBStorage(url, **options)
         except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError,
                 sqlalchemy.exc.OperationalError) as exc:
             # Another process is creating the tables right now (or the server is starting): wait and try again.

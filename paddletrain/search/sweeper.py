@@ -4,53 +4,81 @@ and continue exactly after a kill.
     python -m paddletrain.fit -m hydra/sweeper=paddletrain_optuna 'optim.lr=tag(log,interval(1e-3,0.3))' \\
         'loss.label_smoothing=interval(0,0.2)' 'model=choice(resnet20,resnet32)' hydra.sweeper.n_trials=20
 
-Each trial is one ``fit`` run in ``<sweep dir>/trial_<number>``: the sampled overrides, the fixed ones, the pruning
-callback (:mod:`~paddletrain.search.pruning`) and ``trainer.resume=auto``. With ``n_jobs=1`` trials run through
-Hydra's configured launcher (in this process by default); with ``n_jobs>1`` each trial is its own process of this
-command, ``n_jobs`` at a time, each with its share of the CPU threads.
+Each trial is one ``fit`` command, a process of its own (``hydra.sweeper.n_jobs`` at a time, each with its share of
+the cores), in ``<sweep dir>/trial_<number>``: the sampled overrides, the fixed ones, the pruning callback
+(:mod:`~paddletrain.search.pruning`) and ``trainer.resume=auto``. A trial that fails (a bad value, a diverged loss)
+counts as failed and the study goes on; the trial's console output is in ``<sweep dir>/logs/``.
 
-Killed and run again with the same command, the sweep opens the same study (its storage lives in the sweep
-directory unless ``storage`` names a database): finished trials stay finished, and a trial that was running is
-continued in its own run directory from its newest checkpoint (paddletrain's exact resume), so it ends with the
-weights an undisturbed trial would have had. Across machines (a database ``storage``), a trial counts as abandoned
-only once its heartbeat is stale, so a trial another machine is running is left alone.
+Killed and run again with the same command, the sweep opens the same study: finished trials stay finished, and a
+trial that was running is handed on to a new trial of the same parameters (Optuna's
+``RetryHeartbeatStaleTrialCallback``, the reports it made so far included) that continues the same run directory
+from its newest checkpoint, so that it ends with the weights an undisturbed trial would have had. On one machine
+(the journal file) a trial counts as abandoned when no sweep holds the sweep directory; across machines (a
+database) when its heartbeat, which the sweep that runs it records, is stale.
 """
 from __future__ import annotations
 
+import fcntl
+import json
 import logging
+import math
 import os
 import subprocess
-import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hydra.core.hydra_config import HydraConfig
-from hydra.core.plugins import Plugins
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
+from paddletrain.cli import this_command
+from paddletrain.devices import usable_cores
 from paddletrain.errors import ConfigError
+from paddletrain.job.processes import STOP_WITH_PARENT_ENV
 from paddletrain.search.pruning import make_pruner, pruned_record
-from paddletrain.search.report import write_reports
-from paddletrain.search.space import SearchSpace, check_against_schema, parse_space
-from paddletrain.search.storage import open_storage, storage_url
+from paddletrain.search.report import RUN_DIR_ATTR, RunConfig, write_reports
+from paddletrain.search.space import SearchSpace, check_against_schema, grid_of, parse_space
+from paddletrain.search.storage import Heartbeat, open_storage, retry_callback, storage_url
 
 log = logging.getLogger("paddletrain")
 
-SAMPLERS = ("tpe", "random", "grid", "cmaes", "qmc")
 TRIAL_DIR = "trial_{number:04d}"
-RUN_DIR_ATTR = "run_dir"
+LOCK_FILE = "sweep.lock"
+SAMPLERS = ("tpe", "random", "grid", "cmaes", "qmc")
+# How often a sweep with nothing left to start looks whether the trials running elsewhere have ended.
+WAIT_SECONDS = 5
 
 
 @dataclass
 class Trial:
-    """A trial to run: its Optuna handle, its overrides and its run directory."""
+    """A trial to run: its Optuna handle, its command-line overrides, its run directory and console log."""
 
     handle: Any
     overrides: list[str]
     run_dir: Path
+    log_file: Path
+
+
+def make_sampler(spec: dict[str, Any], seed: int | None, space: SearchSpace) -> Any:
+    """The Optuna sampler ``spec`` names (``{"name": "tpe", <its options>}``), seeded with ``seed``."""
+    import optuna
+
+    spec = dict(spec)
+    name = str(spec.pop("name", "tpe")).lower()
+    samplers = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler,
+                "cmaes": optuna.samplers.CmaEsSampler, "qmc": optuna.samplers.QMCSampler,
+                "grid": optuna.samplers.GridSampler}
+    if name == "grid":
+        spec.setdefault("search_space", grid_of(space))
+    try:
+        return samplers[name](seed=seed, **spec)
+    except TypeError as exc:  # an option the sampler does not take
+        raise ConfigError(f"hydra.sweeper.sampler={name}: {exc}") from None
 
 
 class PaddletrainOptunaSweeper(Sweeper):
@@ -59,56 +87,60 @@ class PaddletrainOptunaSweeper(Sweeper):
 
     def __init__(self, sampler: dict[str, Any] | str = "tpe", pruner: dict[str, Any] | str = "median",
                  seed: int | None = None, n_trials: int = 20, n_jobs: int = 1, storage: str | None = None,
-                 study_name: str | None = None, params: dict[str, str] | None = None) -> None:
+                 study_name: str | None = None, params: dict[str, str] | None = None, heartbeat_interval: int = 30,
+                 grace_period: int = 120) -> None:
         self.sampler_spec = {"name": sampler} if isinstance(sampler, str) else dict(sampler)
         self.pruner_spec = {"name": pruner} if isinstance(pruner, str) else dict(pruner)
         self.seed, self.n_trials, self.n_jobs = seed, int(n_trials), int(n_jobs)
         self.storage, self.study_name = storage, study_name
         self.params = dict(params or {})
+        self.heartbeat = Heartbeat(int(heartbeat_interval), int(grace_period))
+        if self.heartbeat.interval < 1 or self.heartbeat.grace <= self.heartbeat.interval:
+            raise ConfigError(f"hydra.sweeper.heartbeat_interval={heartbeat_interval} must be >= 1 and "
+                              f"hydra.sweeper.grace_period={grace_period} larger than it")
         if self.n_trials < 1 or self.n_jobs < 1:
             raise ConfigError(f"hydra.sweeper.n_trials={n_trials} and hydra.sweeper.n_jobs={n_jobs} must be >= 1")
         if str(self.sampler_spec.get("name", "tpe")).lower() not in SAMPLERS:
             raise ConfigError(f"hydra.sweeper.sampler={self.sampler_spec.get('name')!r} is not one of "
                               f"{', '.join(SAMPLERS)}")
-        make_pruner(self.pruner_spec)  # a bad pruner is refused before any trial
+        try:
+            make_pruner(self.pruner_spec)  # a bad pruner is refused before any trial
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"hydra.sweeper.pruner: {exc}") from None
         self.config: DictConfig | None = None
-        self.hydra_context: HydraContext | None = None
-        self.launcher: Any = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        self.hydra_context, self.config = hydra_context, config
-        self.launcher = Plugins.instance().instantiate_launcher(hydra_context=hydra_context,
-                                                                task_function=task_function, config=config)
+        self.config = config
 
     # ---------------------------------------------------------------------------------------------- the study
-    def _sampler(self) -> Any:
+    @property
+    def monitor(self) -> str:
+        """The trials' objective: the metric their runs monitor (``val/mAP`` for a multi-label run left at the
+        default, as :func:`paddletrain.build.monitored_metric` says)."""
+        from paddletrain.build import monitored_metric
+
+        return monitored_metric(self.config)
+
+    @property
+    def name(self) -> str:
+        return str(self.study_name or OmegaConf.select(self.config, "name", default="paddletrain"))
+
+    def _run_config(self) -> RunConfig:
+        """What ``best.yaml`` needs to know of how this command composed its config."""
+        hydra_cfg = self.config.hydra
+        groups = frozenset(key for key in hydra_cfg.runtime.choices if not key.startswith("hydra/"))
+        search_path = tuple(f"file://{Path(source.path).resolve()}" for source in hydra_cfg.runtime.config_sources
+                            if source.provider == "command-line" and source.schema == "file")
+        return RunConfig(str(hydra_cfg.job.config_name), groups, search_path)
+
+    def _open_study(self, space: SearchSpace, url: str) -> Any:
         import optuna
 
-        spec = dict(self.sampler_spec)
-        name = str(spec.pop("name", "tpe")).lower()
-        if name == "tpe":
-            return optuna.samplers.TPESampler(seed=self.seed, **spec)
-        if name == "random":
-            return optuna.samplers.RandomSampler(seed=self.seed)
-        if name == "cmaes":
-            return optuna.samplers.CmaEsSampler(seed=self.seed, **spec)
-        if name == "qmc":
-            return optuna.samplers.QMCSampler(seed=self.seed, **spec)
-        return optuna.samplers.GridSampler(spec.pop("search_space", self._grid), seed=self.seed)
-
-    def _direction(self) -> str:
-        assert self.config is not None
-        mode = OmegaConf.select(self.config, "monitor_mode", default="max")
-        return "maximize" if mode == "max" else "minimize"
-
-    def _open_study(self, sweep_dir: Path) -> Any:
-        import optuna
-
-        self.url = storage_url(self.storage, sweep_dir)
-        name = self.study_name or OmegaConf.select(self.config, "name", default="paddletrain")
-        return optuna.create_study(study_name=str(name), storage=open_storage(self.url), sampler=self._sampler(),
-                                   pruner=make_pruner(self.pruner_spec), direction=self._direction(),
-                                   load_if_exists=True)
+        direction = "maximize" if OmegaConf.select(self.config, "monitor_mode", default="max") == "max" \
+            else "minimize"
+        return optuna.create_study(study_name=self.name, storage=open_storage(url, self.heartbeat),
+                                   sampler=make_sampler(self.sampler_spec, self.seed, space),
+                                   pruner=make_pruner(self.pruner_spec), direction=direction, load_if_exists=True)
 
     # ---------------------------------------------------------------------------------------------- the sweep
     def sweep(self, arguments: list[str]) -> Any:
@@ -118,128 +150,190 @@ class PaddletrainOptunaSweeper(Sweeper):
             raise ConfigError("hydra/sweeper=paddletrain_optuna needs a search space: e.g. "
                               "'optim.lr=tag(log,interval(1e-3,0.3))' or hydra.sweeper.params")
         check_against_schema(space)
-        self._grid = {k: list(getattr(d, "choices", [])) for k, d in space.distributions.items()}
-        sweep_dir = Path(self.config.hydra.sweep.dir)
+        sweep_dir = Path(self.config.hydra.sweep.dir).resolve()
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
-        study = self._open_study(sweep_dir)
-        self._continue_abandoned(study, space, sweep_dir)
-        while self._finished(study) < self.n_trials:
-            room = min(self.n_jobs, self.n_trials - self._finished(study) - self._running(study))
-            if room <= 0:
-                break  # the rest are running elsewhere (another machine joined the study)
-            batch = [self._new_trial(study, space, sweep_dir) for _ in range(room)]
-            self._run(study, batch)
-        write_reports(study, sweep_dir, space.fixed)
+        url = storage_url(self.storage, sweep_dir)
+        journal = url.startswith("journal:")
+        with holding_sweep_dir(sweep_dir) as lock:
+            study = self._open_study(space, url)
+            # On one machine, a trial still RUNNING when no other sweep holds the directory was left by a killed one.
+            requeue_abandoned(study, running_are_abandoned=journal and lock.held)
+            while (left := self.n_trials - spent(study) - running(study)) > 0 or running(study):
+                if left > 0:
+                    self._run(study, [self._next_trial(study, space, sweep_dir, url)
+                                      for _ in range(min(self.n_jobs, left))])
+                else:  # the last trials run in another sweep: wait for them to end, or to be abandoned
+                    time.sleep(min(self.heartbeat.interval, WAIT_SECONDS))
+                # a database: trials of sweeps that died meanwhile; a journal: the other sweep here has gone
+                requeue_abandoned(study, running_are_abandoned=journal and not lock.held and lock.take())
+            write_reports(study, sweep_dir, space, self._run_config())
         return study
 
-    @staticmethod
-    def _finished(study: Any) -> int:
-        import optuna
-
-        done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
-        return len(study.get_trials(deepcopy=False, states=done))
-
-    @staticmethod
-    def _running(study: Any) -> int:
-        import optuna
-
-        return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)))
-
-    def _new_trial(self, study: Any, space: SearchSpace, sweep_dir: Path) -> Trial:
+    def _next_trial(self, study: Any, space: SearchSpace, sweep_dir: Path, url: str) -> Trial:
+        """The next trial to run: an abandoned one handed on (it continues its run directory), or a new sample."""
         handle = study.ask(space.distributions)
-        run_dir = sweep_dir / TRIAL_DIR.format(number=handle.number)
-        handle.set_user_attr(RUN_DIR_ATTR, str(run_dir))
-        return Trial(handle, self._overrides(space.overrides(handle.params), handle._trial_id, run_dir), run_dir)
-
-    def _continue_abandoned(self, study: Any, space: SearchSpace, sweep_dir: Path) -> None:
-        """Trials a killed sweep left running: each continues in its own run directory from its newest checkpoint."""
-        import optuna
-
-        if hasattr(study._storage, "fail_stale_trials") and not self.url.startswith("journal:"):
-            stale = set(study._storage.fail_stale_trials(study._study_id))  # heartbeat missed: another machine died
+        continued = handle.user_attrs.get(RUN_DIR_ATTR)
+        run_dir = Path(continued) if continued else sweep_dir / TRIAL_DIR.format(number=handle.number)
+        if continued:
+            log.info("Trial %d continues the run in %s", handle.number, run_dir)
         else:
-            stale = None  # one machine: every trial still RUNNING belongs to the sweep that was killed
-        abandoned = []
-        for frozen in study.get_trials(deepcopy=False):
-            running = frozen.state == optuna.trial.TrialState.RUNNING
-            if not (running and stale is None) and not (stale and frozen._trial_id in stale):
-                continue
-            run_dir = Path(frozen.user_attrs.get(RUN_DIR_ATTR) or sweep_dir / TRIAL_DIR.format(number=frozen.number))
-            handle = optuna.trial.Trial(study, frozen._trial_id)
-            overrides = self._overrides(space.overrides(frozen.params), frozen._trial_id, run_dir)
-            abandoned.append(Trial(handle, overrides, run_dir))
-        if abandoned:
-            log.info("Continuing %d trial(s) a previous sweep left running: %s", len(abandoned),
-                     ", ".join(str(t.handle.number) for t in abandoned))
-            for start in range(0, len(abandoned), self.n_jobs):
-                self._run(study, abandoned[start:start + self.n_jobs])
-
-    def _overrides(self, sampled: list[str], trial_id: int, run_dir: Path) -> list[str]:
-        """A trial's command line: its values, its pruning callback, its own run directory, continued if begun."""
-        monitor = OmegaConf.select(self.config, "monitor", default="val/top1")
-        pruner = ",".join(f"{k}:{_plain(v)}" for k, v in self.pruner_spec.items())
-        callback = (f"+callbacks.optuna_pruning={{storage:{_quoted(self.url)},study_name:"
-                    f"{_quoted(self._study_name_of())},trial_id:{trial_id},monitor:{_quoted(monitor)},"
-                    f"pruner:{{{pruner}}}}}")
-        return [*sampled, callback, "trainer.resume=auto", f"hydra.run.dir={run_dir}",
-                f"hydra.sweep.subdir={run_dir.name}"]
-
-    def _study_name_of(self) -> str:
-        return str(self.study_name or OmegaConf.select(self.config, "name", default="paddletrain"))
+            handle.set_user_attr(RUN_DIR_ATTR, str(run_dir))
+        callback = (f"+callbacks.optuna_pruning={{storage:{_quoted(url)},study_name:{_quoted(self.name)},"
+                    f"trial_id:{handle._trial_id},monitor:{_quoted(self.monitor)},"
+                    f"pruner:{{{','.join(f'{k}:{_plain(v)}' for k, v in self.pruner_spec.items())}}}}}")
+        overrides = [*space.overrides(handle.params), callback, "trainer.resume=auto", f"hydra.run.dir={run_dir}"]
+        if self.n_jobs > 1 and not any(o.startswith("trainer.cpu_threads=") for o in space.fixed):
+            overrides.append(f"trainer.cpu_threads={max(1, usable_cores() // self.n_jobs)}")
+        return Trial(handle, overrides, run_dir, sweep_dir / "logs" / f"{run_dir.name}.log")
 
     # ---------------------------------------------------------------------------------------------- running
     def _run(self, study: Any, batch: list[Trial]) -> None:
-        """Run ``batch`` (in Hydra's launcher one after another, or as ``n_jobs`` processes) and tell the study."""
-        if self.n_jobs == 1:
-            for trial in batch:
-                (result,) = self.launcher.launch([trial.overrides], initial_job_idx=trial.handle.number)
-                self._tell(study, trial, lambda r=result: r.return_value)
-            return
-        threads = max(1, (os.cpu_count() or 1) // len(batch))
-        processes = [(trial, subprocess.Popen([sys.executable, *self._program(), *trial.overrides,
-                                               f"trainer.cpu_threads={threads}"],
-                                              env=dict(os.environ, HYDRA_FULL_ERROR="0")))
-                     for trial in batch]
-        for trial, process in processes:
-            code = process.wait()
-            self._tell(study, trial, lambda t=trial, c=code: _summary_value(t.run_dir, self.config, c))
+        """Run ``batch`` at once, each trial a process of its own that stops (saving) if this one dies, and tell the
+        study how each ended."""
+        env = dict(os.environ, **{STOP_WITH_PARENT_ENV: str(os.getpid())})
+        processes = []
+        for trial in batch:
+            trial.log_file.parent.mkdir(parents=True, exist_ok=True)
+            log.info("Trial %d: %s (log %s)", trial.handle.number,
+                     " ".join(f"{k}={v}" for k, v in trial.handle.params.items()), trial.log_file)
+            with open(trial.log_file, "ab") as out:
+                processes.append(subprocess.Popen([*this_command(), *trial.overrides], env=env, stdout=out,
+                                                  stderr=subprocess.STDOUT))
+        with recording_heartbeats(study, [trial.handle._trial_id for trial in batch]):
+            codes = [process.wait() for process in processes]
+        for trial, code in zip(batch, codes, strict=True):
+            self._tell(study, trial, code)
 
-    def _program(self) -> list[str]:
-        """This command without its overrides: the script (``-m paddletrain.fit`` runs fit.py's file) and the
-        config directories of this command line."""
-        sources = HydraConfig.get().runtime.config_sources
-        dirs = [f"--config-dir={Path(s.path).resolve()}" for s in sources
-                if s.provider == "command-line" and s.schema == "file"]
-        return [str(Path(sys.argv[0]).resolve()), *dirs]
-
-    def _tell(self, study: Any, trial: Trial, value_of: Any) -> None:
+    def _tell(self, study: Any, trial: Trial, code: int) -> None:
         import optuna
 
-        pruned = pruned_record(trial.run_dir)
-        try:
-            value = value_of()
-        except Exception as exc:  # noqa: BLE001  (the trial failed: the study counts it, the sweep goes on)
-            log.error("Trial %d failed: %s", trial.handle.number, exc)
+        number = trial.handle.number
+        if pruned_record(trial.run_dir) is not None:
+            log.info("Trial %d pruned", number)
+            study.tell(trial.handle, state=optuna.trial.TrialState.PRUNED)
+            return
+        value = objective_value(trial.run_dir, self.monitor) if code == 0 else None
+        if value is None:
+            why = f"exit status {code}" if code else f"no finite {self.monitor} in its summary.json"
+            log.error("Trial %d failed (%s); its output: %s", number, why, trial.log_file)
             study.tell(trial.handle, state=optuna.trial.TrialState.FAIL)
             return
-        if pruned is not None:
-            study.tell(trial.handle, state=optuna.trial.TrialState.PRUNED)
-        elif value is None:
-            log.error("Trial %d ended without its monitored metric", trial.handle.number)
-            study.tell(trial.handle, state=optuna.trial.TrialState.FAIL)
-        else:
-            study.tell(trial.handle, float(value))
+        log.info("Trial %d: %s=%.6g", number, self.monitor, value)
+        study.tell(trial.handle, value)
 
 
-def _summary_value(run_dir: Path, config: Any, code: int) -> float | None:
-    """The monitored metric a trial process ended with, from its ``summary.json``."""
-    import json
+def objective_value(run_dir: Path, monitor: str) -> float | None:
+    """What a finished trial scores: the best ``monitor`` its run validated (the value of its best checkpoint),
+    else its final one; None when ``summary.json`` has neither or it is not finite."""
+    try:
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    best = summary.get("best") if isinstance(summary, dict) else None
+    value = best.get("value") if isinstance(best, dict) and best.get("monitor") == monitor else summary.get(monitor)
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
-    if code != 0:
-        raise RuntimeError(f"exit status {code} (see {run_dir})")
-    summary = json.loads((run_dir / "summary.json").read_text())
-    return summary.get(OmegaConf.select(config, "monitor", default="val/top1"))
+
+def spent(study: Any) -> int:
+    """Trials that count against ``n_trials``: finished ones, except the abandoned ones that a retry continues."""
+    import optuna
+
+    trials = study.get_trials(deepcopy=False)
+    handed_on = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+    done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
+    return sum(1 for t in trials if t.state in done and t.number not in handed_on)
+
+
+def running(study: Any) -> int:
+    """Trials running now, here or in another sweep (a waiting one is started by the next ``ask``)."""
+    import optuna
+
+    return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)))
+
+
+def requeue_abandoned(study: Any, running_are_abandoned: bool) -> None:
+    """Hand each abandoned trial on to a waiting one of the same parameters, run directory and reports.
+
+    A database storage finds abandoned trials by their stale heartbeat (Optuna's ``fail_stale_trials``, which calls
+    the storage's retry callback, :func:`~paddletrain.search.storage.open_storage`); on one machine every trial
+    still RUNNING is abandoned when ``running_are_abandoned``. Failing a trial is atomic in the storage, so two
+    sweeps never both continue it.
+    """
+    import optuna
+
+    optuna.storages.fail_stale_trials(study)
+    if not running_are_abandoned:
+        return
+    storage = study._storage
+    for frozen in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        try:
+            claimed = storage.set_trial_state_values(frozen._trial_id, state=optuna.trial.TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            claimed = False
+        if claimed:
+            log.info("Trial %d was running when the sweep stopped: it continues as a new trial", frozen.number)
+            retry_callback()(study, storage.get_trial(frozen._trial_id))
+
+
+@contextmanager
+def recording_heartbeats(study: Any, trial_ids: list[int]) -> Iterator[None]:
+    """Record each trial's heartbeat in a database storage while the block runs (its trials' processes), so that
+    other machines see they are alive; nothing for a storage without heartbeats."""
+    storage = study._storage
+    interval = storage.get_heartbeat_interval() if hasattr(storage, "get_heartbeat_interval") else None
+    if not interval:
+        yield
+        return
+    done = threading.Event()
+
+    def beat() -> None:
+        while True:
+            for trial_id in trial_ids:
+                storage.record_heartbeat(trial_id)
+            if done.wait(interval):
+                return
+
+    thread = threading.Thread(target=beat, name="optuna-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+class SweepLock:
+    """``<sweep dir>/sweep.lock``, held by the one sweep of this machine that owns the study's running trials (a
+    second sweep of the same directory joins the study but leaves the first one's running trials alone)."""
+
+    def __init__(self, sweep_dir: Path) -> None:
+        self.handle = open(sweep_dir / LOCK_FILE, "a")  # noqa: SIM115  (held open until release)
+        self.held = False
+
+    def take(self) -> bool:
+        """Whether this sweep holds the lock now (taking it if its holder has gone)."""
+        if not self.held:
+            try:
+                fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self.held = True
+            except BlockingIOError:
+                pass
+        return self.held
+
+    def release(self) -> None:
+        self.handle.close()
+
+
+@contextmanager
+def holding_sweep_dir(sweep_dir: Path) -> Iterator[SweepLock]:
+    """The :class:`SweepLock` of ``sweep_dir``, taken if free, released when the block ends."""
+    lock = SweepLock(sweep_dir)
+    lock.take()
+    try:
+        yield lock
+    finally:
+        lock.release()
 
 
 def _quoted(text: str) -> str:
