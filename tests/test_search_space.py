@@ -6,7 +6,7 @@ import pytest
 optuna = pytest.importorskip("optuna", reason="the search extra (pip install paddletrain[search]) is not installed")
 
 from paddletrain.errors import ConfigError  # noqa: E402
-from paddletrain.search.space import check_against_schema, parse_space  # noqa: E402
+from paddletrain.search.space import check_against_schema, grid_of, parse_space  # noqa: E402
 
 
 def test_each_sweep_form_becomes_its_distribution_and_the_rest_stays_fixed():
@@ -38,3 +38,19 @@ def test_the_command_line_wins_over_the_configs_search_space():
 def test_a_range_outside_a_keys_schema_is_refused_before_any_trial(override, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         check_against_schema(parse_space([override]))
+
+
+def test_a_range_ends_at_its_last_step_below_its_stop():
+    space = parse_space(["data.batch_size=range(32,130,32)", "loss.label_smoothing=range(0.0,0.25,0.1)"])
+    assert space.distributions["data.batch_size"] == optuna.distributions.IntDistribution(32, 128, step=32)
+    smoothing = space.distributions["loss.label_smoothing"]
+    assert (smoothing.low, smoothing.step) == (0.0, 0.1) and smoothing.high == pytest.approx(0.2)
+    with pytest.raises(ConfigError, match="holds no value"):
+        parse_space(["data.batch_size=range(64,32,8)"])
+
+
+def test_the_grid_sampler_walks_choices_and_ranges_but_not_intervals():
+    space = parse_space(["model=choice(resnet20,resnet32)", "data.batch_size=range(32,97,32)"])
+    assert grid_of(space) == {"model": ["resnet20", "resnet32"], "data.batch_size": [32, 64, 96]}
+    with pytest.raises(ConfigError, match="optim.lr: hydra.sweeper.sampler=grid walks choice"):
+        grid_of(parse_space(["optim.lr=interval(0.01,0.1)"]))

@@ -114,7 +114,7 @@ def _free_port() -> int:
 def postgres_server():
     """A PostgreSQL server of this module's own (trust authentication on loopback, no fsync), or a skip that says
     what is missing."""
-    pytest.importorskip("psycopg2", reason="psycopg2 (the search extra) is not installed")
+    pytest.importorskip("psycopg", reason="psycopg (the search extra) is not installed")
     bin_dir = _postgres_bin()
     if bin_dir is None:
         pytest.skip("no PostgreSQL server on this machine (Debian's postgresql package; .ci/run installs it)")
@@ -137,14 +137,14 @@ def postgres_server():
     server = subprocess.Popen([*run_as, str(bin_dir / "postgres"), "-D", str(data), "-p", str(port), "-k", str(root),
                                "-h", "127.0.0.1", "-F", "-c", "max_connections=100"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    import psycopg2
+    import psycopg
 
     deadline = time.monotonic() + 60
     while True:
         try:
-            psycopg2.connect(host="127.0.0.1", port=port, user="paddletrain", dbname="postgres").close()
+            psycopg.connect(host="127.0.0.1", port=port, user="paddletrain", dbname="postgres").close()
             break
-        except psycopg2.OperationalError:
+        except psycopg.OperationalError:
             if time.monotonic() > deadline or server.poll() is not None:
                 server.kill()
                 shutil.rmtree(root, ignore_errors=True)
@@ -162,15 +162,13 @@ def postgres_server():
 @pytest.fixture
 def empty_database(postgres_server, request) -> str:
     """The URL of a new, empty database on the module's server."""
-    import psycopg2
+    import psycopg
 
     name = "study_" + request.node.name.lower().replace("[", "_").replace("]", "").replace("-", "_")[:40]
-    connection = psycopg2.connect(host="127.0.0.1", port=postgres_server, user="paddletrain", dbname="postgres")
-    connection.autocommit = True
-    with connection.cursor() as cursor:
-        cursor.execute(f"DROP DATABASE IF EXISTS {name}")
-        cursor.execute(f"CREATE DATABASE {name}")
-    connection.close()
+    with psycopg.connect(host="127.0.0.1", port=postgres_server, user="paddletrain", dbname="postgres",
+                         autocommit=True) as connection:
+        connection.execute(f"DROP DATABASE IF EXISTS {name}")
+        connection.execute(f"CREATE DATABASE {name}")
     return f"postgresql://paddletrain@127.0.0.1:{postgres_server}/{name}"
 
 

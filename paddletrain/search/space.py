@@ -11,6 +11,7 @@ Each bound and each choice is checked against the key's declared range before an
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -78,10 +79,13 @@ def distribution_of(override: Override) -> Any:
         assert isinstance(value, RangeSweep)
         if value.shuffle:
             raise ConfigError(f"{key}: shuffle(range(...)) means nothing to a sampler; give range(...)")
+        if value.step <= 0 or value.stop <= value.start:
+            raise ConfigError(f"{key}: {override.input_line} holds no value (a range counts up from its start)")
+        # range() excludes its stop: its last value is the last step below it
+        last = value.start + (math.ceil((value.stop - value.start) / value.step) - 1) * value.step
         if all(isinstance(x, int) for x in (value.start, value.stop, value.step)):
-            last = value.stop - value.step  # range() excludes its stop
             return d.IntDistribution(int(value.start), int(last), step=int(value.step))
-        return d.FloatDistribution(float(value.start), float(value.stop) - float(value.step), step=float(value.step))
+        return d.FloatDistribution(float(value.start), float(last), step=float(value.step))
     if override.is_interval_sweep():
         assert isinstance(value, IntervalSweep)
         log, as_int = "log" in value.tags, "int" in value.tags

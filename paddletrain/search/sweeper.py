@@ -26,6 +26,7 @@ import os
 import subprocess
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -172,7 +173,9 @@ class PaddletrainOptunaSweeper(Sweeper):
 
     def _next_trial(self, study: Any, space: SearchSpace, sweep_dir: Path, url: str) -> Trial:
         """The next trial to run: an abandoned one handed on (it continues its run directory), or a new sample."""
-        handle = study.ask(space.distributions)
+        with warnings.catch_warnings():  # "heartbeat is supposed to be used with Study.optimize": the sweep beats
+            warnings.filterwarnings("ignore", message="Heartbeat of storage")
+            handle = study.ask(space.distributions)
         continued = handle.user_attrs.get(RUN_DIR_ATTR)
         run_dir = Path(continued) if continued else sweep_dir / TRIAL_DIR.format(number=handle.number)
         if continued:
