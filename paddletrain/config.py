@@ -196,6 +196,9 @@ class DataConfig:
     holdout: float = allowed(0.0, ge=0, lt=1)
     # Seeds which images are held out; not trainer.seed, so that every seed of a recipe sees the same split.
     holdout_seed: int = allowed(0, ge=0)
+    # Share of each class of the training split (after holdout) that training uses, chosen by data.holdout_seed:
+    # a seeded subset for quick studies (docs/search.md); the validation split stays whole.
+    train_subset: float = allowed(1.0, gt=0, le=1)
     # image_size, interpolation, mean, std: null = from the pretrained weights (model.pretrained), else these
     # defaults; see docs/finetuning.md.
     image_size: int | None = allowed(32, ge=1)

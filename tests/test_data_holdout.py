@@ -62,6 +62,22 @@ def test_the_data_config_holds_out_val_and_keeps_the_own_split_as_test(fashion_r
     assert splits.classes == plain.classes and splits.in_chans == 1
 
 
+def test_a_train_subset_is_a_seeded_share_of_each_training_class_apart_from_the_held_out_images(fashion_root):
+    held = DataConfig(name="fashion_mnist", root=str(fashion_root), holdout=0.2, holdout_seed=3)
+    whole = hold_out_by_config(build_datasets(held), held)
+    cfg = DataConfig(name="fashion_mnist", root=str(fashion_root), holdout=0.2, holdout_seed=3, train_subset=0.25)
+    splits = hold_out_by_config(build_datasets(cfg), cfg)
+    assert (len(splits.train), len(splits.val), len(splits.test)) == (8, 8, 7)  # 2 of each class's 8 training images
+    assert np.bincount(splits.train.targets).tolist() == [2, 2, 2, 2]
+    np.testing.assert_array_equal(splits.val.indices, whole.val.indices)  # the validation split stays whole
+    trained = splits.train.dataset.indices[splits.train.indices]  # the files' own indices
+    assert not set(trained) & set(whole.val.indices)
+    again = hold_out_by_config(build_datasets(cfg), cfg)
+    np.testing.assert_array_equal(again.train.indices, splits.train.indices)  # seeded: the same subset each time
+    other = hold_out_by_config(build_datasets(cfg), DataConfig(**{**vars(cfg), "holdout_seed": 4}))
+    assert not np.array_equal(other.train.dataset.indices[other.train.indices], trained)
+
+
 def test_a_dataset_without_one_class_per_sample_cannot_be_held_out():
     class MultiHot:
         classes, in_chans = ["a", "b"], 3

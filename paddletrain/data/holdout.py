@@ -22,7 +22,11 @@ from paddletrain.data.balance import dataset_targets
 from paddletrain.data.datasets import DatasetError, DatasetSplits
 from paddletrain.data.split import val_count
 
-__all__ = ["SubsetDataset", "hold_out", "hold_out_by_config", "holdout_indices"]
+__all__ = ["SubsetDataset", "hold_out", "hold_out_by_config", "holdout_indices", "train_subset"]
+
+# The subset's permutation is seeded apart from the held-out one's (same data.holdout_seed), so that the two draws
+# are independent.
+SUBSET_SEED_OFFSET = 1_000_003
 
 
 class SubsetDataset(paddle.io.Dataset):
@@ -67,10 +71,27 @@ def holdout_indices(targets: np.ndarray, fraction: float, seed: int) -> tuple[np
 
 
 def hold_out_by_config(splits: DatasetSplits, cfg: Any) -> DatasetSplits:
-    """``splits`` as the data config ``cfg`` asks: held out by ``cfg.holdout`` (seeded by ``cfg.holdout_seed``),
-    or unchanged when it is 0."""
+    """``splits`` as the data config ``cfg`` asks: held out by ``cfg.holdout`` (seeded by ``cfg.holdout_seed``;
+    unchanged when it is 0), then the training split cut to ``cfg.train_subset`` of each class."""
     fraction = getattr(cfg, "holdout", 0) or 0
-    return hold_out(splits, fraction, cfg.holdout_seed, cfg.name) if fraction else splits
+    splits = hold_out(splits, fraction, cfg.holdout_seed, cfg.name) if fraction else splits
+    share = getattr(cfg, "train_subset", 1.0)
+    return train_subset(splits, share, cfg.holdout_seed, cfg.name) if share < 1 else splits
+
+
+def train_subset(splits: DatasetSplits, share: float, seed: int, dataset_name: str = "") -> DatasetSplits:
+    """``splits`` with a seeded ``share`` of each training class (the rule of :func:`holdout_indices`, seeded apart
+    from the held-out images), the other splits unchanged."""
+    targets = dataset_targets(splits.train)
+    if targets is None:
+        raise DatasetError(f"data.train_subset={share}: data.name={dataset_name} has no single class per training "
+                           "sample to stratify by; leave data.train_subset at 1")
+    _, chosen = holdout_indices(targets, share, seed + SUBSET_SEED_OFFSET)
+    if len(chosen) == 0:
+        raise DatasetError(f"data.train_subset={share} keeps no image of the {len(targets)} training images of "
+                           f"data.name={dataset_name}: raise it")
+    return DatasetSplits(train=SubsetDataset(splits.train, chosen), val=splits.val, classes=splits.classes,
+                         in_chans=splits.in_chans, test=splits.test)
 
 
 def hold_out(splits: DatasetSplits, fraction: float, seed: int, dataset_name: str = "") -> DatasetSplits:

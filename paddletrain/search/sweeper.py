@@ -33,8 +33,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hydra.plugins.sweeper import Sweeper
-from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
 from paddletrain.cli import this_command
@@ -82,8 +80,9 @@ def make_sampler(spec: dict[str, Any], seed: int | None, space: SearchSpace) -> 
         raise ConfigError(f"hydra.sweeper.sampler={name}: {exc}") from None
 
 
-class PaddletrainOptunaSweeper(Sweeper):
-    """Hydra's sweeper interface over an Optuna study (configured under ``hydra.sweeper``, see
+class OptunaSweep:
+    """An Optuna study run as Hydra's sweeper (``hydra/sweeper=paddletrain_optuna``, which Hydra finds as
+    :class:`hydra_plugins.paddletrain_optuna.PaddletrainOptunaSweeper`; its options are
     :class:`hydra_plugins.paddletrain_optuna.OptunaSweeperConf`)."""
 
     def __init__(self, sampler: dict[str, Any] | str = "tpe", pruner: dict[str, Any] | str = "median",
@@ -110,7 +109,8 @@ class PaddletrainOptunaSweeper(Sweeper):
             raise ConfigError(f"hydra.sweeper.pruner: {exc}") from None
         self.config: DictConfig | None = None
 
-    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+    def setup(self, config: DictConfig) -> None:
+        """Hydra's composed config of the sweep (the fixed overrides applied, the search ones not)."""
         self.config = config
 
     # ---------------------------------------------------------------------------------------------- the study
