@@ -1,6 +1,6 @@
 """``python -m comparisons <benchmark> [key=value ...] [out=results.json]`` from a checkout.
 
-Benchmarks: overhead, decode, recipes, full_scale, step_profile, mkl_dispatch.
+Benchmarks: overhead, decode, recipes, full_scale, step_profile, mkl_dispatch, search.
 
 Examples::
 
@@ -10,6 +10,7 @@ Examples::
     python -m comparisons full_scale runs=[outputs/fashion_mnist_949/seed0] picture=curves.png
     python -m comparisons step_profile model=resnet20 width=2 batch_size=64 image_size=28 in_chans=1
     python -m comparisons mkl_dispatch rounds=3
+    python -m comparisons search out_dir=sweeps/compare_pruning
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ def benchmarks() -> dict[str, tuple[type, Callable[[Any], dict[str, Any]]]]:
     from comparisons.mkl_dispatch import MklDispatchConfig, run_mkl_dispatch
     from comparisons.overhead import OverheadBenchConfig, run_overhead
     from comparisons.recipes import RecipesBenchConfig, run_recipes
+    from comparisons.search import SearchCompareConfig, run_search
     from comparisons.step_profile import StepProfileConfig, run_step_profile
 
     return {
@@ -35,6 +37,7 @@ def benchmarks() -> dict[str, tuple[type, Callable[[Any], dict[str, Any]]]]:
         "full_scale": (FullScaleConfig, run_full_scale),
         "step_profile": (StepProfileConfig, run_step_profile),
         "mkl_dispatch": (MklDispatchConfig, run_mkl_dispatch),
+        "search": (SearchCompareConfig, run_search),
     }
 
 
@@ -53,6 +56,8 @@ ABOUT = {
                      "in_chans=1"),
     "mkl_dispatch": ("MKL's own code path on this CPU against the one paddletrain sets (training images/s, matmul)",
                      "python -m comparisons mkl_dispatch rounds=3"),
+    "search": ("a study with its pruner against the same study without, and the config's own values: training "
+               "steps and best values", "python -m comparisons search out_dir=sweeps/compare_pruning"),
 }
 
 SUITE = Suite("python -m comparisons", benchmarks, ABOUT)

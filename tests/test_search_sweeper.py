@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 optuna = pytest.importorskip("optuna", reason="the search extra (pip install paddletrain[search]) is not installed")
@@ -85,21 +86,24 @@ def test_best_yaml_reruns_the_best_trial_as_it_is(tmp_path):
 
 
 def test_pruned_trials_end_cleanly_keep_their_checkpoint_and_count_as_pruned(tmp_path):
-    # A pruner that prunes after the first report of every trial but the first: each pruned trial stops at epoch 0.
-    result = _sweep(tmp_path, "optim.lr=interval(0.01,0.1)", "hydra.sweeper.n_trials=3",
-                    "hydra.sweeper.pruner={name:percentile,percentile:99.9,n_startup_trials:1,n_warmup_steps:0}")
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    states = [t["state"] for t in _study(tmp_path)["trials"]]
-    assert states[0] == "COMPLETE" and "PRUNED" in states[1:]
-    for trial in _study(tmp_path)["trials"]:
+    # A pruner whose verdict does not depend on the values: every trial below 1.01 after its first epoch.
+    result = _sweep(tmp_path, "optim.lr=interval(0.01,0.1)", "hydra.sweeper.n_trials=2",
+                    "hydra.sweeper.pruner={name:threshold,lower:1.01,n_warmup_steps:0}")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    trials = _study(tmp_path)["trials"]
+    assert [t["state"] for t in trials] == ["PRUNED", "PRUNED"]
+    for trial in trials:
         run_dir = Path(trial["run_dir"])
-        if trial["state"] == "PRUNED":
-            pruned = json.loads((run_dir / "pruned.json").read_text())
-            assert pruned["pruned"] is True and pruned["epoch"] == trial["pruned_step"] == 0
-            assert [p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("epoch")]
-            assert json.loads((run_dir / "summary.json").read_text())["epochs"] == 1  # stopped after epoch 1 of 3
-        else:
-            assert not (run_dir / "pruned.json").exists()
+        pruned = json.loads((run_dir / "pruned.json").read_text())
+        assert pruned["pruned"] is True and pruned["epochs"] == trial["pruned_step"] == 1
+        assert pruned["global_step"] == 4 and pruned["value"] < 1.01  # 4 batches of its first epoch
+        assert [p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("epoch")]
+        assert json.loads((run_dir / "summary.json").read_text())["epochs"] == 1  # stopped after epoch 1 of 3
+        # one progress line per trial: its number, values, outcome, the best so far
+        assert f"Trial {trial['number']} (optim.lr=" in output and "pruned after epoch 1" in output
+    assert "best so far: none yet | 2 of 2 trials done" in output
+    assert not (tmp_path / "sweep" / "best.yaml").exists()  # no trial completed: no best to run
 
 
 def test_a_failing_trial_counts_as_failed_and_the_study_goes_on(tmp_path):
@@ -128,29 +132,43 @@ def test_a_mistake_is_refused_in_one_line_before_any_trial(tmp_path, extra, mess
     assert not list((tmp_path / "sweep").glob("trial_*"))
 
 
+def _kill(sweep: subprocess.Popen, what: str) -> None:
+    """SIGKILL the search and its trial at once ("both": a lost node), the search alone (its trial stops, saving,
+    when its parent dies) or the trial alone (the OOM killer)."""
+    if what == "both":
+        os.killpg(sweep.pid, signal.SIGKILL)
+        return
+    trial = next(p for p in psutil.Process(sweep.pid).children() if "paddletrain" in " ".join(p.cmdline()))
+    os.kill(sweep.pid if what == "search" else trial.pid, signal.SIGKILL)
+    if what == "search":
+        trial.wait(timeout=120)  # it saves a checkpoint at its step's end, then stops
+
+
 @pytest.mark.slow
-def test_a_killed_sweep_continues_its_running_trial_exactly(tmp_path):
-    """SIGKILL the sweep in its second trial; the same command hands that trial on to a new one that continues its
-    run directory from the checkpoint, whose final weights equal those of an undisturbed run."""
+@pytest.mark.parametrize("killed", ["both", "search", "trial"])
+def test_a_killed_trial_continues_exactly_with_the_same_command(tmp_path, killed):
+    """SIGKILL in the second trial; that trial is handed on to a new one that continues its run directory from the
+    checkpoint (in the same search when only the trial was killed, else when the same command runs again), and its
+    final weights equal those of an undisturbed run."""
     args = ["-m", *TINY, *SWEEP, "optim.lr=interval(0.01,0.1)", "hydra.sweeper.n_trials=2",
             "hydra.sweeper.pruner=none", "trainer.max_epochs=4", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
     command = [sys.executable, "-m", "paddletrain.fit", *args]
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
-    process = subprocess.Popen(command, cwd=tmp_path, env=env, start_new_session=True)
+    sweep = subprocess.Popen(command, cwd=tmp_path, env=env, start_new_session=True)
     second = tmp_path / "sweep" / "trial_0001" / "checkpoints"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and not (second.is_dir() and any(p.name.startswith("epoch")
                                                                        for p in second.iterdir())):
         time.sleep(0.1)
-    os.killpg(process.pid, signal.SIGKILL)  # the sweep and its trial, at once: nothing is told to the study
-    process.wait()
-    assert subprocess.run(command, cwd=tmp_path, env=env, timeout=600).returncode == 0
+    _kill(sweep, killed)
+    sweep.wait(timeout=600)
+    assert subprocess.run(command, cwd=tmp_path, env=env, timeout=600).returncode == 0  # the same command again
     trials = _study(tmp_path)["trials"]
     assert [(t["state"], t["continues"]) for t in trials] == [("COMPLETE", None), ("FAIL", None), ("COMPLETE", 1)]
-    killed, continued = trials[1], trials[2]
-    assert continued["params"] == killed["params"] and continued["run_dir"] == killed["run_dir"]
+    stopped, continued = trials[1], trials[2]
+    assert continued["params"] == stopped["params"] and continued["run_dir"] == stopped["run_dir"]
     summary = json.loads((Path(continued["run_dir"]) / "summary.json").read_text())
-    assert summary.get("resumed_from")  # continued from a checkpoint, not started again
+    assert summary.get("resumed_from") and summary["epochs"] == 4  # continued from a checkpoint, not started again
     # the undisturbed twin: the same overrides, one fit
     twin = tmp_path / "twin"
     result = run_module("paddletrain.fit", [*TINY, *SWEEP[2:], "trainer.max_epochs=4",

@@ -21,7 +21,8 @@ class OptunaSweeperConf:
     # tpe (default), random, grid, cmaes, qmc; a mapping adds the sampler's own options:
     # {name: tpe, n_startup_trials: 5}
     sampler: Any = "tpe"
-    # median (default), hyperband, successive_halving, percentile, none; a mapping adds the pruner's options
+    # median (default), hyperband, successive_halving, percentile, threshold, none; a mapping adds the pruner's
+    # options: {name: median, n_warmup_steps: 2}
     pruner: Any = "median"
     # Makes a study repeatable: the sampler's seed.
     seed: Optional[int] = None

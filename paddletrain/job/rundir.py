@@ -136,6 +136,27 @@ def held_run_dir() -> Path | None:
     return _held.run_dir if _held is not None else None
 
 
+def wait_until_free(run_dir: str | Path, timeout: float, poll: float = 0.5) -> bool:
+    """Wait until no process holds ``run_dir``'s lock (e.g. a stopped run still saving its checkpoint), at most
+    ``timeout`` seconds; returns whether it is free (a directory without a lock file is)."""
+    path = Path(run_dir) / LOCK_FILE
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return True  # no lock file (or none we could take): nobody holds it
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True  # closing the descriptor releases it at once
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+        finally:
+            os.close(fd)
+        time.sleep(poll)
+
+
 def describe_holder(fd: int) -> str:
     """``pid 123 on host`` from the lock file's record, or why it cannot be told."""
     try:

@@ -4,8 +4,8 @@ judges poor stops cleanly.
 The sweeper adds this callback to each trial's config (``callbacks.optuna_pruning``: the study's storage and name,
 the trial's id and the pruner). Rank 0 reports and asks; its verdict reaches every rank, which stop at the same
 epoch's end. A pruned run keeps its checkpoints (the epoch's checkpoint is written after the verdict, at the
-epoch's end), and says so in ``<run dir>/pruned.json`` (the epoch and global step it stopped at, and the value it
-was judged on), which the sweeper reads to count the trial as pruned, not failed.
+epoch's end), and says so in ``<run dir>/pruned.json`` (the epochs it trained, the global step it stopped at and the
+value it was judged on), which the sweeper reads to count the trial as pruned, not failed.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def make_pruner(spec: dict[str, Any] | None) -> Any:
     pruners = {"none": optuna.pruners.NopPruner, "median": optuna.pruners.MedianPruner,
                "hyperband": optuna.pruners.HyperbandPruner,
                "successive_halving": optuna.pruners.SuccessiveHalvingPruner,
-               "percentile": optuna.pruners.PercentilePruner}
+               "percentile": optuna.pruners.PercentilePruner, "threshold": optuna.pruners.ThresholdPruner}
     if name not in pruners:
         raise ValueError(f"hydra.sweeper.pruner.name={name!r} is not one of {', '.join(pruners)}")
     return pruners[name](**spec)
@@ -71,16 +71,17 @@ class OptunaPruning(Callback):
             value = metrics.get(self.monitor)
             if value is not None and math.isfinite(value):
                 trial = self._optuna_trial()
-                trial.report(float(value), step=trainer.epoch)
+                epochs = trainer.epoch + 1  # the report's step: epochs trained (a pruner's resource)
+                trial.report(float(value), step=epochs)
                 if trial.should_prune():
-                    verdict = {"pruned": True, "epoch": trainer.epoch, "global_step": trainer.global_step,
+                    verdict = {"pruned": True, "epochs": epochs, "global_step": trainer.global_step,
                                "monitor": self.monitor, "value": float(value)}
         if trainer.world_size > 1:
             verdict = distributed.broadcast_object(verdict)
         if verdict is None:
             return
         trainer.should_stop = True
-        log.info("Optuna pruned this trial after epoch %d (%s=%.4f)", verdict["epoch"] + 1, self.monitor,
+        log.info("Optuna pruned this trial after epoch %d (%s=%.4f)", verdict["epochs"], self.monitor,
                  verdict["value"])
         if trainer.is_main and trainer.run_dir:
             (Path(trainer.run_dir) / PRUNED_FILE).write_text(json.dumps(verdict) + "\n")

@@ -99,7 +99,7 @@ def write_reports(study: Any, sweep_dir: Path, space: SearchSpace, run: RunConfi
 
 def study_markdown(name: str, rows: list[dict[str, Any]]) -> str:
     keys = sorted({key for row in rows for key in row["params"]})
-    head = ["trial", "state", *keys, "value", "seconds", "pruned at", "continues"]
+    head = ["trial", "state", *keys, "value", "seconds", "pruned after epoch", "continues"]
     lines = [f"# Study {name}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         cells = [str(row["number"]), row["state"], *(_cell(row["params"].get(k)) for k in keys), _cell(row["value"]),

@@ -66,14 +66,18 @@ def open_storage(url: str, heartbeat: Heartbeat | None = None) -> Any:
     return _rdb_storage(url, heartbeat)
 
 
+# How often one trial is handed on to a new one (after a kill, a lost machine) before it counts as failed.
+MAX_CONTINUATIONS = 3
+
+
 def retry_callback() -> Any:
     """Optuna's callback that queues an abandoned trial again, with its parameters, user attributes (the run
-    directory) and the values it reported (for the pruner)."""
+    directory) and the values it reported (for the pruner), at most :data:`MAX_CONTINUATIONS` times."""
     import optuna
 
     retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None) or \
         optuna.storages.RetryFailedTrialCallback  # Optuna < 4.9
-    return retry(inherit_intermediate_values=True)
+    return retry(max_retry=MAX_CONTINUATIONS, inherit_intermediate_values=True)
 
 
 def _rdb_storage(url: str, heartbeat: Heartbeat | None) -> Any:

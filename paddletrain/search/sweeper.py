@@ -37,8 +37,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from paddletrain.cli import this_command
 from paddletrain.devices import usable_cores
-from paddletrain.errors import ConfigError
+from paddletrain.errors import ConfigError, ExitCode
 from paddletrain.job.processes import STOP_WITH_PARENT_ENV
+from paddletrain.job.rundir import wait_until_free
 from paddletrain.search.pruning import make_pruner, pruned_record
 from paddletrain.search.report import RUN_DIR_ATTR, RunConfig, write_reports
 from paddletrain.search.space import SearchSpace, check_against_schema, grid_of, parse_space
@@ -51,6 +52,9 @@ LOCK_FILE = "sweep.lock"
 SAMPLERS = ("tpe", "random", "grid", "cmaes", "qmc")
 # How often a sweep with nothing left to start looks whether the trials running elsewhere have ended.
 WAIT_SECONDS = 5
+# How long a continued trial waits for the run it continues to let go of its run directory (a stopped run saves a
+# checkpoint first).
+CONTINUE_WAIT_SECONDS = 300
 
 
 @dataclass
@@ -180,6 +184,9 @@ class OptunaSweep:
         run_dir = Path(continued) if continued else sweep_dir / TRIAL_DIR.format(number=handle.number)
         if continued:
             log.info("Trial %d continues the run in %s", handle.number, run_dir)
+            if not wait_until_free(run_dir, CONTINUE_WAIT_SECONDS):  # the trial it continues may still be saving
+                log.warning("Trial %d: %s is still in use after %d s; the trial will say by whom", handle.number,
+                            run_dir, CONTINUE_WAIT_SECONDS)
         else:
             handle.set_user_attr(RUN_DIR_ATTR, str(run_dir))
         callback = (f"+callbacks.optuna_pruning={{storage:{_quoted(url)},study_name:{_quoted(self.name)},"
@@ -198,8 +205,7 @@ class OptunaSweep:
         processes = []
         for trial in batch:
             trial.log_file.parent.mkdir(parents=True, exist_ok=True)
-            log.info("Trial %d: %s (log %s)", trial.handle.number,
-                     " ".join(f"{k}={v}" for k, v in trial.handle.params.items()), trial.log_file)
+            log.info("Trial %d %s started (output: %s)", trial.handle.number, _params_text(trial), trial.log_file)
             with open(trial.log_file, "ab") as out:
                 processes.append(subprocess.Popen([*this_command(), *trial.overrides], env=env, stdout=out,
                                                   stderr=subprocess.STDOUT))
@@ -209,21 +215,52 @@ class OptunaSweep:
             self._tell(study, trial, code)
 
     def _tell(self, study: Any, trial: Trial, code: int) -> None:
+        """Tell the study how ``trial`` ended (its exit status ``code``), and say it in one line."""
         import optuna
 
-        number = trial.handle.number
-        if pruned_record(trial.run_dir) is not None:
-            log.info("Trial %d pruned", number)
-            study.tell(trial.handle, state=optuna.trial.TrialState.PRUNED)
-            return
+        state = optuna.trial.TrialState
+        pruned = pruned_record(trial.run_dir)
         value = objective_value(trial.run_dir, self.monitor) if code == 0 else None
-        if value is None:
+        if pruned is not None:
+            study.tell(trial.handle, state=state.PRUNED)
+            outcome = f"pruned after epoch {pruned['epochs']} ({self.monitor}={pruned['value']:.4f})"
+        elif value is not None:
+            study.tell(trial.handle, value)
+            outcome = f"{self.monitor}={value:.4f}"
+        elif stopped_by_signal(code):
+            # Killed or stopped from outside (the OOM killer, a preemption), not by its own fault: a new trial of the
+            # same parameters continues it from its checkpoint, at most MAX_CONTINUATIONS times.
+            study.tell(trial.handle, state=state.FAIL)
+            retry_callback()(study, study._storage.get_trial(trial.handle._trial_id))
+            outcome = f"stopped by a signal (exit status {code}): a new trial continues it"
+        else:
+            study.tell(trial.handle, state=state.FAIL)
             why = f"exit status {code}" if code else f"no finite {self.monitor} in its summary.json"
-            log.error("Trial %d failed (%s); its output: %s", number, why, trial.log_file)
-            study.tell(trial.handle, state=optuna.trial.TrialState.FAIL)
-            return
-        log.info("Trial %d: %s=%.6g", number, self.monitor, value)
-        study.tell(trial.handle, value)
+            outcome = f"failed ({why}); its output: {trial.log_file}"
+        log.info("Trial %d %s: %s | best so far: %s | %d of %d trials done", trial.handle.number, _params_text(trial),
+                 outcome, _best_text(study, self.monitor), spent(study), self.n_trials)
+
+
+def stopped_by_signal(code: int) -> bool:
+    """Whether a trial's exit status says a signal ended it: killed (negative), or stopped, saving, on SIGINT or
+    SIGTERM (paddletrain's 128 + the signal)."""
+    return code < 0 or code in (ExitCode.INTERRUPTED_SIGINT, ExitCode.INTERRUPTED_SIGTERM)
+
+
+def _params_text(trial: Trial) -> str:
+    return "(" + ", ".join(f"{key}={_short(value)}" for key, value in trial.handle.params.items()) + ")"
+
+
+def _best_text(study: Any, monitor: str) -> str:
+    try:
+        best = study.best_trial
+    except ValueError:  # no trial has completed yet
+        return "none yet"
+    return f"{monitor}={best.value:.4f} (trial {best.number})"
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def objective_value(run_dir: Path, monitor: str) -> float | None:

@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 
 from paddletrain.errors import UserError
-from paddletrain.job.rundir import LOCK_FILE, held_run_dir, hold_run_dir, holding_run_dir, release_run_dir
+from paddletrain.job.rundir import (
+    LOCK_FILE,
+    held_run_dir,
+    hold_run_dir,
+    holding_run_dir,
+    release_run_dir,
+    wait_until_free,
+)
 from tests.conftest import TINY, run_module
 
 # Enough epochs that the first run is still training while the second one starts; it is killed anyway.
@@ -77,6 +84,23 @@ def test_a_held_directory_is_refused_to_another_process_naming_the_holder(tmp_pa
                            env=dict(os.environ, PYTHONWARNINGS="ignore"))
     assert other.returncode == 2
     assert f"run directory {tmp_path.resolve()} is in use" in other.stdout and f"pid {os.getpid()} " in other.stdout
+
+
+def test_waiting_for_a_run_directory_ends_when_its_holder_has_gone(tmp_path):
+    assert wait_until_free(tmp_path / "never_run", timeout=0)  # no lock file: free
+    holder = start(["-c", HOLD_SCRIPT, str(tmp_path)], tmp_path)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        started = time.monotonic()
+        assert not wait_until_free(tmp_path, timeout=0.5, poll=0.1)  # held: gives up after its timeout
+        assert time.monotonic() - started >= 0.5
+        killer = subprocess.Popen([sys.executable, "-c", f"import os, signal, time; time.sleep(0.5); "
+                                           f"os.kill({holder.pid}, signal.SIGKILL)"])
+        assert wait_until_free(tmp_path, timeout=60, poll=0.05)  # free once the holder is killed
+        killer.wait(timeout=60)
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_holding_is_idempotent_and_the_context_releases_only_what_it_took(tmp_path):
