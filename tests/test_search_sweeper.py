@@ -18,6 +18,7 @@ optuna = pytest.importorskip("optuna", reason="the search extra (pip install pad
 
 from visualdl import LogReader  # noqa: E402
 
+from paddletrain.devices import usable_cores  # noqa: E402
 from tests.conftest import TINY, run_module  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,6 +118,21 @@ def test_a_failing_trial_counts_as_failed_and_the_study_goes_on(tmp_path):
     assert len(logs) == 2 and any("ERROR" in log.read_text() for log in logs)
 
 
+def test_parallel_trials_run_at_once_each_with_its_share_of_the_cores(tmp_path):
+    tiny = [o for o in TINY if not o.startswith("trainer.cpu_threads=")]
+    result = run_module("paddletrain.fit", ["-m", *tiny, *SWEEP, "optim.lr=interval(0.01,0.1)",
+                                            "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=2",
+                                            "hydra.sweeper.pruner=none", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                        cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    first, second = _study(tmp_path)["trials"]
+    assert first["state"] == second["state"] == "COMPLETE"
+    assert first["started"] <= second["finished"] and second["started"] <= first["finished"]  # they overlapped
+    share = f"trainer.cpu_threads={max(1, usable_cores() // 2)}"
+    for trial in (first, second):
+        assert share in (Path(trial["run_dir"]) / ".hydra" / "overrides.yaml").read_text()
+
+
 @pytest.mark.parametrize(("extra", "message"), [
     (["optim.lr=interval(-1,0.3)"], "optim.lr must be > 0"),
     (["optim.lr=interval(0.01,0.1)", "hydra.sweeper.sampler=annealing"], "annealing"),
@@ -124,6 +140,8 @@ def test_a_failing_trial_counts_as_failed_and_the_study_goes_on(tmp_path):
     (["optim.lr=interval(0.01,0.1)", "hydra.sweeper.pruner=wait"], "hydra.sweeper.pruner"),
     (["optim.lr=interval(0.01,0.1)", "hydra.sweeper.n_trails=3"], "n_trails"),
     (["optim.lr=interval(0.01,0.1)", "optim.lrr=0.1"], "optim.lrr"),
+    (["optim.lrr=interval(0.01,0.1)"], "the search reaches optim.lrr=0.01, which fit refuses: unknown config key"),
+    (["trainer.max_epochs=interval(1,3)"], "the search reaches trainer.max_epochs=1.0"),  # not tag(int, ...)
 ])
 def test_a_mistake_is_refused_in_one_line_before_any_trial(tmp_path, extra, message):
     result = _sweep(tmp_path, *extra)

@@ -46,11 +46,12 @@ class PaddletrainOptunaSweeper(Sweeper):
     """Hydra's sweeper interface, handed to :class:`paddletrain.search.sweeper.OptunaSweep`."""
 
     def __init__(self, **options: Any) -> None:
-        from paddletrain.search.sweeper import OptunaSweep
-
-        self.sweep_impl = OptunaSweep(**options)
+        self.options = options  # checked in setup, where a mistake ends the command in one line
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        from paddletrain.search.sweeper import OptunaSweep
+
+        self.sweep_impl = OptunaSweep(**self.options)
         self.sweep_impl.setup(config)
 
     def sweep(self, arguments: List[str]) -> Any:

@@ -39,7 +39,8 @@ def trial_rows(study: Any) -> list[dict[str, Any]]:
         history = trial.system_attrs.get("retry_history") or [None]  # the trials this one continues
         rows.append({"number": trial.number, "state": trial.state.name, "params": dict(trial.params),
                      "value": trial.value, "duration_seconds": duration, "pruned_step": pruned_step,
-                     "continues": history[-1], "run_dir": trial.user_attrs.get(RUN_DIR_ATTR)})
+                     "continues": history[-1], "run_dir": trial.user_attrs.get(RUN_DIR_ATTR),
+                     "started": _iso(trial.datetime_start), "finished": _iso(trial.datetime_complete)})
     return rows
 
 
@@ -106,6 +107,10 @@ def study_markdown(name: str, rows: list[dict[str, Any]]) -> str:
                  _cell(row["duration_seconds"]), _cell(row["pruned_step"]), _cell(row["continues"])]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _iso(moment: Any) -> str | None:
+    return moment.isoformat(timespec="seconds") if moment is not None else None
 
 
 def _cell(value: Any) -> str:

@@ -10,6 +10,7 @@ Each bound and each choice is checked against the key's declared range before an
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import typing
@@ -128,6 +129,35 @@ def _field_rule(key: str) -> Any | None:
             return fields[part].metadata.get(ALLOWED)
         schema = typing.get_type_hints(schema).get(part)
     return None
+
+
+def check_in_config(space: SearchSpace, config: Any) -> None:
+    """Every value the search can reach, set in the sweep's ``config`` one key at a time, passes ``fit``'s whole
+    validation (:func:`paddletrain.validation.validate_config`: unknown keys, the rules that compare keys, the
+    components' own options); the choices of a config group are Hydra's to check when a trial composes them."""
+    import optuna.distributions as d
+    from omegaconf import OmegaConf, open_dict
+    from omegaconf.errors import OmegaConfBaseException
+
+    from paddletrain.validation import validate_config
+
+    base = copy.deepcopy(config)
+    groups = set(base.hydra.runtime.choices) if "hydra" in base else set()
+    with open_dict(base):
+        base.pop("hydra", None)
+    validate_config(base)  # the fixed part first, so that its mistake is not blamed on a searched value
+    for key, dist in space.distributions.items():
+        if key in groups:
+            continue
+        values = list(dist.choices) if isinstance(dist, d.CategoricalDistribution) else [dist.low, dist.high]
+        for value in values:
+            trial = copy.deepcopy(base)
+            try:
+                OmegaConf.update(trial, key, value, force_add=True)
+                validate_config(trial)
+            except (ConfigError, OmegaConfBaseException) as exc:
+                reason = str(exc).splitlines()[0]
+                raise ConfigError(f"the search reaches {key}={value}, which fit refuses: {reason}") from None
 
 
 def check_against_schema(space: SearchSpace) -> None:

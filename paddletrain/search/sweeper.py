@@ -42,7 +42,7 @@ from paddletrain.job.processes import STOP_WITH_PARENT_ENV
 from paddletrain.job.rundir import wait_until_free
 from paddletrain.search.pruning import make_pruner, pruned_record
 from paddletrain.search.report import RUN_DIR_ATTR, RunConfig, write_reports
-from paddletrain.search.space import SearchSpace, check_against_schema, grid_of, parse_space
+from paddletrain.search.space import SearchSpace, check_against_schema, check_in_config, grid_of, parse_space
 from paddletrain.search.storage import Heartbeat, open_storage, retry_callback, storage_url
 
 log = logging.getLogger("paddletrain")
@@ -155,6 +155,7 @@ class OptunaSweep:
             raise ConfigError("hydra/sweeper=paddletrain_optuna needs a search space: e.g. "
                               "'optim.lr=tag(log,interval(1e-3,0.3))' or hydra.sweeper.params")
         check_against_schema(space)
+        check_in_config(space, self.config)
         sweep_dir = Path(self.config.hydra.sweep.dir).resolve()
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
@@ -180,6 +181,8 @@ class OptunaSweep:
         with warnings.catch_warnings():  # "heartbeat is supposed to be used with Study.optimize": the sweep beats
             warnings.filterwarnings("ignore", message="Heartbeat of storage")
             handle = study.ask(space.distributions)
+        if hasattr(study._storage, "record_heartbeat") and study._storage.get_heartbeat_interval():
+            study._storage.record_heartbeat(handle._trial_id)  # alive from the start: a kill before its run is seen
         continued = handle.user_attrs.get(RUN_DIR_ATTR)
         run_dir = Path(continued) if continued else sweep_dir / TRIAL_DIR.format(number=handle.number)
         if continued:
