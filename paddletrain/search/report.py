@@ -110,7 +110,7 @@ def study_markdown(name: str, rows: list[dict[str, Any]]) -> str:
 
 
 def _iso(moment: Any) -> str | None:
-    return moment.isoformat(timespec="seconds") if moment is not None else None
+    return moment.isoformat() if moment is not None else None
 
 
 def _cell(value: Any) -> str:
