@@ -175,6 +175,9 @@ OPTIONAL = {
     "paddleclas": "pip install --no-deps paddleclas (.ci/run does, for the weight-conversion parity tests)",
     "paddlehub": "pip install paddlehub (PaddleHub weight sources)",
     "playwright": "pip install playwright (examples/visualdl_screenshots.py)",
+    "optuna": "the search extra (pip install -e '.[search]')",
+    "sqlalchemy": "the search extra (pip install -e '.[search]'; Optuna's database storage)",
+    "psycopg": "the search extra (pip install -e '.[search]'; PostgreSQL storage)",
 }
 # Present in every environment `python -m venv` makes (ensurepip), so never declared.
 WITH_EVERY_VENV = {"pip"}
