@@ -1,7 +1,10 @@
 """paddletrain.search.space: Hydra's sweep grammar becomes Optuna distributions, checked against the schema."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
 
 optuna = pytest.importorskip("optuna", reason="the search extra (pip install paddletrain[search]) is not installed")
 
@@ -54,3 +57,12 @@ def test_the_grid_sampler_walks_choices_and_ranges_but_not_intervals():
     assert grid_of(space) == {"model": ["resnet20", "resnet32"], "data.batch_size": [32, 64, 96]}
     with pytest.raises(ConfigError, match="optim.lr: hydra.sweeper.sampler=grid walks choice"):
         grid_of(parse_space(["optim.lr=interval(0.01,0.1)"]))
+
+
+@pytest.mark.parametrize("config", sorted((Path(__file__).resolve().parents[1] / "configs" / "hparams_search")
+                                          .glob("*.yaml")), ids=lambda p: p.stem)
+def test_the_search_spaces_in_configs_parse_and_stay_inside_their_keys_schema(config):
+    params = yaml.safe_load(config.read_text())["hydra"]["sweeper"]["params"]
+    space = parse_space([], params)
+    assert set(space.distributions) == set(params) and not space.fixed
+    check_against_schema(space)
