@@ -129,7 +129,7 @@ def _pictures(study: Any, sweep_dir: Path) -> None:
     for file, name in PICTURES.items():
         try:
             axes = getattr(plots, name)(study)
-        except (ValueError, RuntimeError, ZeroDivisionError) as exc:  # too few trials or parameters to draw it
+        except Exception as exc:  # too few trials or parameters to draw it: the study is reported without it
             log.info("study picture %s not drawn: %s", file, exc)
             continue
         figure = axes.figure if hasattr(axes, "figure") else axes.flat[0].figure
