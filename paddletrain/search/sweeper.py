@@ -156,6 +156,12 @@ class OptunaSweep:
                               "'optim.lr=tag(log,interval(1e-3,0.3))' or hydra.sweeper.params")
         check_against_schema(space)
         check_in_config(space, self.config)
+        if str(self.sampler_spec.get("name", "tpe")).lower() == "grid":
+            points = math.prod(len(values) for values in grid_of(space).values())
+            if self.n_trials > points:
+                log.info("hydra.sweeper.n_trials=%d: the grid has %d points; the search runs %d trials",
+                         self.n_trials, points, points)
+                self.n_trials = points
         sweep_dir = Path(self.config.hydra.sweep.dir).resolve()
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
@@ -225,23 +231,33 @@ class OptunaSweep:
         pruned = pruned_record(trial.run_dir)
         value = objective_value(trial.run_dir, self.monitor) if code == 0 else None
         if pruned is not None:
-            study.tell(trial.handle, state=state.PRUNED)
+            _tell(study, trial.handle, state=state.PRUNED)
             outcome = f"pruned after epoch {pruned['epochs']} ({self.monitor}={pruned['value']:.4f})"
         elif value is not None:
-            study.tell(trial.handle, value)
+            _tell(study, trial.handle, value)
             outcome = f"{self.monitor}={value:.4f}"
         elif stopped_by_signal(code):
             # Killed or stopped from outside (the OOM killer, a preemption), not by its own fault: a new trial of the
             # same parameters continues it from its checkpoint, at most MAX_CONTINUATIONS times.
-            study.tell(trial.handle, state=state.FAIL)
+            _tell(study, trial.handle, state=state.FAIL)
             retry_callback()(study, study._storage.get_trial(trial.handle._trial_id))
             outcome = f"stopped by a signal (exit status {code}): a new trial continues it"
         else:
-            study.tell(trial.handle, state=state.FAIL)
+            _tell(study, trial.handle, state=state.FAIL)
             why = f"exit status {code}" if code else f"no finite {self.monitor} in its summary.json"
             outcome = f"failed ({why}); its output: {trial.log_file}"
         log.info("Trial %d %s: %s | best so far: %s | %d of %d trials done", trial.handle.number, _params_text(trial),
                  outcome, _best_text(study, self.monitor), spent(study), self.n_trials)
+
+
+def _tell(study: Any, handle: Any, *args: Any, **kwargs: Any) -> None:
+    """``study.tell``; the grid sampler asks the study to stop once its grid is done, which Optuna refuses outside
+    ``optimize`` after it has recorded the trial: the sweep ends by its own count instead."""
+    try:
+        study.tell(handle, *args, **kwargs)
+    except RuntimeError as exc:
+        if "Study.stop" not in str(exc):
+            raise
 
 
 def stopped_by_signal(code: int) -> bool:
