@@ -78,8 +78,8 @@ def best_config(study: Any, space: SearchSpace, run: RunConfig) -> str:
             node = node.setdefault(part, {})
         node[leaf] = value
     document: dict[str, Any] = {"defaults": [run.primary, *added, "_self_", *chosen]}
-    if run.search_path:
-        document["hydra"] = {"searchpath": list(run.search_path)}
+    # one run, even where the search came from a config that makes every run of it a search (hydra.mode)
+    document["hydra"] = {"mode": "RUN", **({"searchpath": list(run.search_path)} if run.search_path else {})}
     document.update(values)
     head = [f"# The best trial of study {study.study_name}: number {best.number}, value {best.value}.",
             "# Run it as it is: python -m paddletrain.fit --config-dir <this directory> --config-name best"]

@@ -201,7 +201,9 @@ class OptunaSweep:
         callback = (f"+callbacks.optuna_pruning={{storage:{_quoted(url)},study_name:{_quoted(self.name)},"
                     f"trial_id:{handle._trial_id},monitor:{_quoted(self.monitor)},"
                     f"pruner:{{{','.join(f'{k}:{_plain(v)}' for k, v in self.pruner_spec.items())}}}}}")
-        overrides = [*space.overrides(handle.params), callback, "trainer.resume=auto", f"hydra.run.dir={run_dir}"]
+        # hydra.mode=RUN: a search kept in a config sets MULTIRUN, which its trials must not inherit
+        overrides = [*space.overrides(handle.params), callback, "trainer.resume=auto", f"hydra.run.dir={run_dir}",
+                     "hydra.mode=RUN"]
         if self.n_jobs > 1 and not any(o.startswith("trainer.cpu_threads=") for o in space.fixed):
             overrides.append(f"trainer.cpu_threads={max(1, usable_cores() // self.n_jobs)}")
         return Trial(handle, overrides, run_dir, sweep_dir / "logs" / f"{run_dir.name}.log")
