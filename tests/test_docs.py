@@ -99,6 +99,8 @@ RULES = [
     Rule("docs/recipes.md", r"^apt-get install", SKIP, "installs a system package (the runs use the suite's own tiny "
                                                        "Fashion-MNIST files)"),
     Rule("docs/search.md", r"^pip install -e", SKIP, "installs into the environment the suite runs in"),
+    Rule("docs/search.md", r"--config-name best", None, "composes the config the search before it writes "
+         "(sweeps/lr/best.yaml); the document's run composes it", composes=False),
     Rule("docs/search.md", r"postgresql://paddletrain@db-host", SKIP,
          "needs a PostgreSQL server and a second machine; tests/test_search_storage.py runs two searches against a "
          "server of its own", composes=False),
@@ -654,9 +656,22 @@ def _sweep_runs(overrides: list[str], multirun: bool) -> list[list[str]]:
         return [list(overrides)]
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    choices = [[f"{o.get_key_element()}={value}" for value in o.sweep_string_iterator()] if o.is_sweep_override()
-               else [o.input_line] for o in OverridesParser.create().parse_overrides(overrides)]
+    choices = [_swept_values(o) for o in OverridesParser.create().parse_overrides(overrides)]
     return [list(run) for run in itertools.product(*choices)]
+
+
+def _swept_values(override) -> list[str]:
+    """An override's runs: itself, each value of a choice or range, or the two ends of an Optuna search's
+    interval (``tag(log,interval(1e-4,3e-2))``; integers under ``tag(int, ...)``)."""
+    from hydra.core.override_parser.types import IntervalSweep
+
+    if not override.is_sweep_override():
+        return [override.input_line]
+    key, value = override.get_key_element(), override.value()
+    if isinstance(value, IntervalSweep):
+        ends = [int(v) if "int" in value.tags else v for v in (value.start, value.end)]
+        return [f"{key}={end}" for end in ends]
+    return [f"{key}={item}" for item in override.sweep_string_iterator()]
 
 
 def test_a_ship_report_is_shrunk_in_the_fast_run_and_left_as_written_otherwise():
