@@ -56,7 +56,8 @@ def open_storage(url: str, heartbeat: Heartbeat | None = None) -> Any:
     if url.startswith("journal:"):
         path = Path(url[len("journal:"):])
         path.parent.mkdir(parents=True, exist_ok=True)
-        backend_cls = getattr(optuna.storages, "JournalFileBackend", None)
+        journal = getattr(optuna.storages, "journal", None)
+        backend_cls = getattr(journal, "JournalFileBackend", None)
         if backend_cls is None:  # Optuna < 4 named it JournalFileStorage
             backend_cls = optuna.storages.JournalFileStorage
         return optuna.storages.JournalStorage(backend_cls(str(path)))

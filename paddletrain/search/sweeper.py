@@ -323,7 +323,9 @@ def requeue_abandoned(study: Any, running_are_abandoned: bool) -> None:
     """
     import optuna
 
-    optuna.storages.fail_stale_trials(study)
+    with warnings.catch_warnings():  # fail_stale_trials is "experimental" since Optuna 2.9, and what we need
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
     if not running_are_abandoned:
         return
     storage = study._storage
