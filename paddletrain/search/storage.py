@@ -18,6 +18,7 @@ import inspect
 import logging
 import random
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,7 +79,9 @@ def retry_callback() -> Any:
 
     retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None) or \
         optuna.storages.RetryFailedTrialCallback  # Optuna < 4.9
-    return retry(max_retry=MAX_CONTINUATIONS, inherit_intermediate_values=True)
+    with warnings.catch_warnings():  # "experimental" since Optuna 2.8, and the API the hand-on needs
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return retry(max_retry=MAX_CONTINUATIONS, inherit_intermediate_values=True)
 
 
 def _rdb_storage(url: str, heartbeat: Heartbeat | None) -> Any:
