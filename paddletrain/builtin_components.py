@@ -11,7 +11,6 @@ import paddletrain.data.augment  # noqa: F401  (augmentations)
 import paddletrain.losses  # noqa: F401  (losses)
 import paddletrain.models  # noqa: F401  (models)
 import paddletrain.optim  # noqa: F401  (optimizers, schedulers)
-import paddletrain.search.pruning  # noqa: F401  (the optuna_pruning callback)
 from paddletrain.data import register_builtin_datasets
 
 register_builtin_datasets()  # (datasets)

@@ -1,8 +1,9 @@
 """Pruning through the Trainer: every validation is reported to the run's Optuna trial, and a trial the pruner
 judges poor stops cleanly.
 
-The sweeper adds this callback to each trial's config (``callbacks.optuna_pruning``: the study's storage and name,
-the trial's id and the pruner). Rank 0 reports and asks; its verdict reaches every rank, which stop at the same
+The sweeper adds this callback to each trial's config by its class (``callbacks.optuna_pruning._target_``: no
+registry entry, so nothing below the search wing imports it), with the study's storage and name, the trial's id
+and the pruner. Rank 0 reports and asks; its verdict reaches every rank, which stop at the same
 epoch's end. A pruned run keeps its checkpoints (the epoch's checkpoint is written after the verdict, at the
 epoch's end), and says so in ``<run dir>/pruned.json`` (the epochs it trained, the global step it stopped at and the
 value it was judged on), which the sweeper reads to count the trial as pruned, not failed.
@@ -17,7 +18,6 @@ from typing import Any
 
 from paddletrain.engine.callback import Callback, TrainerView
 from paddletrain.job import distributed
-from paddletrain.registry import CALLBACKS
 
 log = logging.getLogger("paddletrain")
 
@@ -39,7 +39,6 @@ def make_pruner(spec: dict[str, Any] | None) -> Any:
     return pruners[name](**spec)
 
 
-@CALLBACKS.register("optuna_pruning")
 class OptunaPruning(Callback):
     """Report ``monitor`` after every validation to trial ``trial_id`` of study ``study_name`` in ``storage``;
     stop the run when the pruner says so."""

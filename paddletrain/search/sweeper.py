@@ -40,7 +40,7 @@ from paddletrain.devices import usable_cores
 from paddletrain.errors import ConfigError, ExitCode
 from paddletrain.job.processes import STOP_WITH_PARENT_ENV
 from paddletrain.job.rundir import wait_until_free
-from paddletrain.search.pruning import make_pruner, pruned_record
+from paddletrain.search.pruning import OptunaPruning, make_pruner, pruned_record
 from paddletrain.search.report import RUN_DIR_ATTR, RunConfig, write_reports
 from paddletrain.search.space import SearchSpace, check_against_schema, check_in_config, grid_of, parse_space
 from paddletrain.search.storage import Heartbeat, open_storage, retry_callback, storage_url
@@ -198,7 +198,8 @@ class OptunaSweep:
                             run_dir, CONTINUE_WAIT_SECONDS)
         else:
             handle.set_user_attr(RUN_DIR_ATTR, str(run_dir))
-        callback = (f"+callbacks.optuna_pruning={{storage:{_quoted(url)},study_name:{_quoted(self.name)},"
+        callback = (f"+callbacks.optuna_pruning={{_target_:{OptunaPruning.__module__}.{OptunaPruning.__name__},"
+                    f"storage:{_quoted(url)},study_name:{_quoted(self.name)},"
                     f"trial_id:{handle._trial_id},monitor:{_quoted(self.monitor)},"
                     f"pruner:{{{','.join(f'{k}:{_plain(v)}' for k, v in self.pruner_spec.items())}}}}}")
         # hydra.mode=RUN: a search kept in a config sets MULTIRUN, which its trials must not inherit
