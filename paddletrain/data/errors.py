@@ -13,6 +13,11 @@ class UnknownDatasetError(DatasetError, UnknownNameError):
     """No builder is registered under ``data.name`` (a :class:`~paddletrain.errors.ConfigError` too)."""
 
 
+class SourceUnavailableError(DatasetError):
+    """The data's source cannot be read at all (a server that stays away): not a bad sample, so no
+    ``data.bad_sample_policy`` skips it; the run stops, naming the source."""
+
+
 class BadSampleError(DatasetError):
     """One sample could not be read or decoded; ``describe`` names it (loaders may skip it by policy)."""
 

@@ -14,6 +14,7 @@ converted the same way in training and in inference.
 """
 from __future__ import annotations
 
+import io
 import os
 import stat
 import warnings
@@ -57,12 +58,31 @@ def open_image(path: str | Path, mode: str | None = None) -> Image.Image:
     """
     try:
         with open_regular(path) as file:
-            with warnings.catch_warnings():  # process-wide filters, changed only for this one open
-                # PIL only warns between MAX_IMAGE_PIXELS and twice that; here any excess is an error.
-                warnings.simplefilter("error", Image.DecompressionBombWarning)
-                image = Image.open(file)
-                image.load()
-            return to_mode(image, mode) if mode else image
+            return _decode(file, mode)
+    except ImageReadError:
+        raise
+    except OSError as exc:
+        raise ImageReadError(f"{type(exc).__name__}: {exc}") from exc
+
+
+def decode_image(data: bytes, mode: str | None = None) -> Image.Image:
+    """Decode an image held in memory (a member of a tar shard), with the checks of :func:`open_image`.
+
+    Raises:
+        ImageReadError: the bytes are not an image Pillow reads, decode to more than ``PIL.Image.MAX_IMAGE_PIXELS``
+            or have a pixel format without a known range.
+    """
+    return _decode(io.BytesIO(data), mode)
+
+
+def _decode(file: BinaryIO, mode: str | None) -> Image.Image:
+    try:
+        with warnings.catch_warnings():  # process-wide filters, changed only for this one open
+            # PIL only warns between MAX_IMAGE_PIXELS and twice that; here any excess is an error.
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(file)
+            image.load()
+        return to_mode(image, mode) if mode else image
     except ImageReadError:
         raise
     except UnidentifiedImageError as exc:  # PIL's own text names the file object, not the path

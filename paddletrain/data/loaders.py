@@ -37,6 +37,7 @@ import paddle
 
 from paddletrain.data.balance import class_balanced_weights, dataset_targets
 from paddletrain.data.datasets import BadSampleError, DatasetError
+from paddletrain.data.errors import SourceUnavailableError
 from paddletrain.data.sampler import ResumableBatchSampler, SampleKey, WeightedBatchSampler
 from paddletrain.data.unlabeled import UNLABELED
 from paddletrain.errors import ConfigError
@@ -55,7 +56,8 @@ class BadSample:
     batch: int
     description: str
     error: str
-    # "read": unreadable/transform failed (policy decides); "label": label out of range (always fatal).
+    # "read": unreadable/transform failed (policy decides); "label": label out of range, "source": the data's
+    # source cannot be read (both always fatal).
     kind: str = "read"
 
 
@@ -142,8 +144,11 @@ class SeededDataset(paddle.io.Dataset):
                 label = int(label)
         except Exception as exc:  # any failure becomes a marker: raising here would hang paddle's loader
             # A dataset's own BadSampleError already says what went wrong; other errors need their type.
-            error = str(exc) if isinstance(exc, BadSampleError) else f"{type(exc).__name__}: {exc}"
-            return BadSample(key.index, key.batch, self.describe(key.index), error)
+            error = str(exc) if isinstance(exc, (BadSampleError, SourceUnavailableError)) \
+                else f"{type(exc).__name__}: {exc}"
+            # A source that cannot be read at all (a server away) stops the run whatever the policy.
+            kind = "source" if isinstance(exc, SourceUnavailableError) else "read"
+            return BadSample(key.index, key.batch, self.describe(key.index), error, kind)
         finally:
             if saved is not None:
                 random.setstate(saved[0])
@@ -269,6 +274,8 @@ class CheckedDataLoader(paddle.io.DataLoader):
             if kind == "label":
                 raise DatasetError(f"bad label in sample {index} ({description}): {error}. Check the dataset's "
                                    "labels or data.class_names.")
+            if kind == "source":
+                raise SourceUnavailableError(f"cannot load sample {index} ({description}): {error}")
             if kind == "collate":
                 raise DatasetError(f"the transform produced samples of different shapes in {description}: {error}."
                                    " Check data.image_size and the transform presets.")

@@ -39,7 +39,7 @@ import numpy as np
 
 from paddletrain.data.index import SampleIndex
 
-__all__ = ["CACHE_DIR_ENV", "load_scan", "save_scan", "scan_cache_dir"]
+__all__ = ["CACHE_DIR_ENV", "cache_root", "load_scan", "save_scan", "scan_cache_dir"]
 
 log = logging.getLogger("paddletrain")
 
@@ -57,14 +57,19 @@ class _Unusable(ValueError):
     """Why a cache file cannot be used (logged, then the folder is scanned)."""
 
 
-def scan_cache_dir() -> Path:
-    """``$PADDLETRAIN_CACHE_DIR/scans``, else ``$XDG_CACHE_HOME/paddletrain/scans``, else
-    ``~/.cache/paddletrain/scans``."""
+def cache_root() -> Path:
+    """paddletrain's cache folder: ``$PADDLETRAIN_CACHE_DIR``, else ``$XDG_CACHE_HOME/paddletrain``, else
+    ``~/.cache/paddletrain`` (scans here, shards in :mod:`paddletrain.data.shards.cache`)."""
     base = os.environ.get(CACHE_DIR_ENV)
     if base:
-        return Path(base).expanduser() / "scans"
+        return Path(base).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "paddletrain" / "scans"
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "paddletrain"
+
+
+def scan_cache_dir() -> Path:
+    """``scans`` in :func:`cache_root`."""
+    return cache_root() / "scans"
 
 
 def stamp(st: os.stat_result) -> tuple[int, int, int, int]:
