@@ -43,6 +43,14 @@ class ResumableBatchSampler(DistributedBatchSampler):
     ``position`` counts the batches of the current epoch already delivered to the consumer (the loader
     advances it); ``state_dict()`` saves it and ``load_state_dict()`` makes the next iteration start there.
 
+    A dataset may order its own epochs: one with an ``epoch_order(seed, epoch)`` method (tar shards, whose order
+    keeps reads local: :mod:`paddletrain.data.shards.order`) gives the global order instead of the permutation.
+
+    Continued on another number of ranks mid-epoch (without repeats), the saved state says how many entries of
+    the epoch's global order were consumed (``consumed``: every rank takes the same number of batches, so they
+    are the order's first ``position * batch_size * num_replicas``); the rest of the order is dealt to the new
+    ranks in the same way, so every remaining sample of the epoch is seen exactly once.
+
     Repeated augmentation (``num_repeats`` k > 1; Hoffer et al. 2020, "Augment Your Batch", as DeiT's and timm's
     ``RepeatAugSampler`` define it for training): every index of the epoch's permutation is repeated k times in a
     row, the stream is padded by wrapping to a multiple of ``num_replicas``, and rank ``r`` takes every
@@ -71,6 +79,8 @@ class ResumableBatchSampler(DistributedBatchSampler):
         self.num_repeats = int(num_repeats)
         self.position = 0
         self._skip = 0
+        # Entries of the epoch's global order consumed before this dealing (a resume on another number of ranks).
+        self._offset = 0
 
     @property
     def num_real_samples(self) -> int:
@@ -80,13 +90,20 @@ class ResumableBatchSampler(DistributedBatchSampler):
         """
         if self.num_repeats > 1:
             return self.num_samples
-        return len(range(self.local_rank, len(self.dataset), self.nranks))
+        return len(range(self.local_rank, len(self.dataset) - self._offset, self.nranks))
+
+    def _rank_samples(self) -> int:
+        """This rank's entries of the epoch, padding included (fewer after a resume on another number of ranks)."""
+        if not self._offset:
+            return self.num_samples
+        return -(-(len(self.dataset) - self._offset) // self.nranks)
 
     def __len__(self) -> int:
         """Batches per full epoch (a pending skip does not shorten it)."""
+        samples = self._rank_samples()
         if self.drop_last:
-            return self.num_samples // self.batch_size
-        return -(-self.num_samples // self.batch_size)
+            return samples // self.batch_size
+        return -(-samples // self.batch_size)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose order the next iteration yields.
@@ -97,6 +114,7 @@ class ResumableBatchSampler(DistributedBatchSampler):
         if epoch != self.epoch:
             self.position = 0
             self._skip = 0
+            self._offset = 0
         self.epoch = int(epoch)
 
     def skip_batches(self, n: int) -> None:
@@ -109,6 +127,9 @@ class ResumableBatchSampler(DistributedBatchSampler):
     def epoch_order(self) -> np.ndarray:
         """The epoch's global order of sample indices, before repeats, padding and sharding."""
         n = len(self.dataset)
+        own_order = getattr(self.dataset, "epoch_order", None)
+        if self.shuffle and callable(own_order):
+            return np.asarray(own_order(self.seed, self.epoch), np.int64)
         if self.shuffle:
             return np.random.default_rng([self.seed, self.epoch]).permutation(n)
         return np.arange(n)
@@ -125,7 +146,9 @@ class ResumableBatchSampler(DistributedBatchSampler):
         if self.num_repeats > 1:
             share = self.repeated_stream()[self.local_rank::self.nranks]
             return share[:self.num_samples].tolist()
-        order = np.resize(self.epoch_order(), self.total_size)  # wraps around: pads with the head of the order
+        order = self.epoch_order()[self._offset:]
+        # Wraps around: pads with the head of the (remaining) order to a multiple of the ranks.
+        order = np.resize(order, self._rank_samples() * self.nranks)
         return order[self.local_rank::self.nranks].tolist()
 
     def __iter__(self) -> Iterator[list[SampleKey]]:
@@ -138,7 +161,9 @@ class ResumableBatchSampler(DistributedBatchSampler):
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue this epoch's order where the consumer stopped."""
-        return {"seed": self.seed, "epoch": self.epoch, "position": self.position,
+        consumed = min(self._offset + self.position * self.batch_size * self.nranks, len(self.dataset))
+        return {"seed": self.seed, "epoch": self.epoch, "position": self.position, "consumed": consumed,
+                "offset": self._offset,
                 "batch_size": self.batch_size, "num_replicas": self.nranks, "dataset_size": len(self.dataset),
                 "num_repeats": self.num_repeats, "sampling": self.sampling}
 
@@ -156,10 +181,18 @@ class ResumableBatchSampler(DistributedBatchSampler):
         current = {"batch_size": self.batch_size, "num_replicas": self.nranks, "dataset_size": len(self.dataset),
                    "num_repeats": self.num_repeats, "sampling": self.sampling}
         changed = {k: (state[k], v) for k, v in current.items() if k in state and state[k] != v}
+        if position and set(changed) == {"num_replicas"} and self.num_repeats == 1 and "consumed" in state:
+            # Another number of ranks: deal the rest of the epoch's order to them (see the class docstring).
+            consumed = checked_int(state["consumed"], "consumed", maximum=len(self.dataset))
+            self.seed, self.epoch = seed, epoch
+            self.skip_batches(0)
+            self._offset = consumed
+            return
         if position and changed:
             detail = ", ".join(f"{k} was {show(old)}, now {new}" for k, (old, new) in changed.items())
             raise UserError(f"cannot resume mid-epoch (batch {position}) because the sampling changed: {detail}. "
                              "Resume from an end-of-epoch checkpoint or restore the original settings.")
+        self._offset = checked_int(state.get("offset", 0), "offset", maximum=len(self.dataset))
         if position > len(self):
             raise StateValueError("position", f"is {position}, but an epoch has only {len(self)} batches")
         self.seed = seed
@@ -195,4 +228,7 @@ class WeightedBatchSampler(ResumableBatchSampler):
     def epoch_order(self) -> np.ndarray:
         """The epoch's draw of ``len(dataset)`` indices with replacement, a pure function of (seed, epoch)."""
         n = len(self.dataset)
+        own_order = getattr(self.dataset, "epoch_order", None)
+        if callable(own_order):  # a dataset that orders its own epochs draws within its windows (shards)
+            return np.asarray(own_order(self.seed, self.epoch, weights=self.probabilities), np.int64)
         return np.random.default_rng([self.seed, self.epoch]).choice(n, size=n, replace=True, p=self.probabilities)
