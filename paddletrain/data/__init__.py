@@ -10,7 +10,7 @@ import importlib
 from typing import Any
 
 # Modules that register the built-in datasets.
-BUILTIN_DATASET_MODULES = ("cifar", "imagefolder", "labellist", "mnist", "shapes")
+BUILTIN_DATASET_MODULES = ("cifar", "imagefolder", "labellist", "mnist", "shapes", "shards.dataset")
 
 # public name -> module that defines it
 _PUBLIC = {

@@ -1,6 +1,7 @@
-"""``python -m paddletrain.data check|split``: the dataset doctor's command line (thin: parse, call, print).
+"""``python -m paddletrain.data check|split|pack``: the dataset tools' command line (thin: parse, call, print).
 
-The work is done by :func:`paddletrain.data.check.check_dataset` and :func:`paddletrain.data.split.split_folder`;
+The work is done by :func:`paddletrain.data.check.check_dataset`, :func:`paddletrain.data.split.split_folder` and
+:func:`paddletrain.data.shards.pack.pack`;
 this module only turns arguments into their calls, their results into text (or JSON) and the outcome into an
 :class:`~paddletrain.errors.ExitCode`: 0 clean (warnings allowed), 3 a check found errors, 2 a usage mistake (a
 missing path, a bad option) in one line without a traceback.
@@ -31,6 +32,10 @@ examples:
   python -m paddletrain.data split photos/ --val 0.1 --seed 0    # photos/{train,val}_list.txt, class_names.txt
   python -m paddletrain.fit data=labellist data.root=photos data.train_list=train_list.txt \\
       data.val_list=val_list.txt data.class_names=class_names.txt
+  python -m paddletrain.data pack data/hymenoptera_data --out shards/ --shard-size 64   # train-*.tar, val-*.tar
+  python -m paddletrain.data pack train_list.txt --root data/ --out shards/ --class-names labels.txt
+  python -m paddletrain.fit data=shards "data.urls='shards/train-{000000..000003}.tar'" \\
+      data.val_urls=shards/val-000000.tar
 
 exit status: 0 clean (warnings allowed), 3 errors found, 2 a usage mistake (missing path, bad option)
 """
@@ -43,15 +48,15 @@ class _Parser(argparse.ArgumentParser):
 
     def _sub(self) -> str:
         name = self.prog.rsplit(" ", 1)[-1]
-        return f"{name} " if name in ("check", "split") else ""
+        return f"{name} " if name in ("check", "split", "pack") else ""
 
 
 def _parser() -> argparse.ArgumentParser:
     from paddletrain.data.check import DEFAULT_MIN_SIZE, DEFAULT_TIMEOUT
 
-    parser = _Parser(prog="python -m paddletrain.data", description="Check or split an image dataset.",
+    parser = _Parser(prog="python -m paddletrain.data", description="Check, split or pack an image dataset.",
                      epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{check,split}",
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{check,split,pack}",
                                      parser_class=_Parser)
     check = commands.add_parser(
         "check", help="read everything the loader would and report every problem",
@@ -82,6 +87,26 @@ def _parser() -> argparse.ArgumentParser:
     split.add_argument("--seed", type=int, default=0, help="the seed of the split (default 0)")
     split.add_argument("--out", help="where the lists go (default: the folder)")
     split.add_argument("--force", action="store_true", help="overwrite existing lists")
+    pack = commands.add_parser(
+        "pack", help="write the images into WebDataset-layout tar shards with an index",
+        description="Write tar shards (<key>.<ext> as the file was, <key>.cls or <key>.json its label) and "
+                    "<prefix>.index.json (class names, each shard's sha256 and its samples' offsets), seeded and "
+                    "stratified so that every shard holds every class; for data=shards.",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    pack.add_argument("input", metavar="folder or list",
+                      help="a folder of <class>/<image> folders, a root with train/ and val/ (both packed), or a "
+                           "label list")
+    pack.add_argument("--out", required=True, help="the folder the shards and the index go to")
+    pack.add_argument("--shard-size", type=float, default=256.0, metavar="MB",
+                      help="a shard closes before it passes this many megabytes (default 256)")
+    pack.add_argument("--seed", type=int, default=0, help="the seed of the stratified order (default 0)")
+    pack.add_argument("--prefix", help="shard names <prefix>-NNNNNN.tar (default: the folder's or list's name; "
+                                       "train and val for a root with both)")
+    pack.add_argument("--root", help="the folder list paths are relative to (default: the list's folder)")
+    pack.add_argument("--class-names", help="a file naming the list's classes, one a line")
+    pack.add_argument("--multilabel", action="store_true", help="a list of <path><TAB><0/1,...> lines")
+    pack.add_argument("--delimiter", default=" ", help="between path and label in a list")
+    pack.add_argument("--force", action="store_true", help="overwrite existing shards of the same prefix")
     return parser
 
 
@@ -144,15 +169,27 @@ def _split(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def _pack(args: argparse.Namespace) -> int:
+    from paddletrain.data.shards.pack import pack
+
+    result = pack(args.input, args.out, shard_size_mb=args.shard_size, seed=args.seed, prefix=args.prefix,
+                  root=args.root, class_names=args.class_names, multilabel=args.multilabel,
+                  delimiter=args.delimiter, force=args.force)
+    for split in result.splits:
+        print(f"wrote {len(split.shards)} shards of {split.samples} images ({split.images_per_second:.0f} images/s) "
+              f"and {split.index_path}")
+    return ExitCode.OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``check`` or ``split`` with ``argv`` (default: the command line); returns the exit status."""
+    """Run ``check``, ``split`` or ``pack`` with ``argv`` (default: the command line); returns the exit status."""
     install_warning_filters()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s", stream=sys.stderr)
     args = _parser().parse_args(argv)
     if getattr(args, "min_size", 0) < 0 or (getattr(args, "workers", None) or 0) < 0:
         raise UserError("--min-size and --workers must not be negative")
     # A UserError (DatasetError is one) ends the command as every command's does (paddletrain.cli.run_script).
-    return _check(args) if args.command == "check" else _split(args)
+    return {"check": _check, "split": _split, "pack": _pack}[args.command](args)
 
 
 if __name__ == "__main__":

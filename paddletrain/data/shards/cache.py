@@ -1,0 +1,180 @@
+"""A bounded local cache of remote shards: whole files, verified, evicted least recently used first.
+
+A shard read over HTTP is copied whole into ``data.cache_dir`` before any sample of it is read, so that an epoch
+reads each remote shard once and the next epoch reads it from disk. The cache is shared by every rank and loader
+worker of a machine:
+
+- one process fetches a shard while the others wait for it (an ``fcntl`` lock, one of ``LOCK_STRIPES``);
+- a copy becomes visible only once complete and checked (size and, where the index has it, sha256): it is written
+  to a temporary name and renamed into place, so a killed fetch leaves no half shard behind, only a temporary file
+  that the next eviction removes;
+- a copy that does not match the index is deleted and the shard refused (:class:`ShardChecksumError`), naming
+  the URL and both checksums;
+- the cache holds at most ``max_bytes``: before a shard is added, the least recently opened entries go until it
+  fits. A reader that still has an evicted file open keeps reading it (POSIX unlink), so eviction never breaks a
+  read in progress; a shard larger than the whole cache is refused, naming ``data.cache_max_gb``.
+
+Entries are named by the SHA-256 of their URL, never by anything in the shard, so nothing a shard says can place
+a file outside the cache.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import logging
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from paddletrain.data.errors import DatasetError
+from paddletrain.data.shards.source import FetchPolicy, TooLargeError, fetch
+
+log = logging.getLogger("paddletrain")
+
+_SUFFIX = ".tar"
+_PART = ".part"
+# Fetches take one of this many lock files, by their entry's name: the cache never holds more lock files than
+# that, and two shards rarely wait for each other.
+LOCK_STRIPES = 64
+
+
+class ShardChecksumError(DatasetError):
+    """A shard's bytes do not match its index (size or sha256)."""
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file, read in 1 MiB pieces."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class ShardCache:
+    """Whole-shard copies of remote URLs in ``directory``, at most ``max_bytes`` of them."""
+
+    def __init__(self, directory: str | Path, max_bytes: int, policy: FetchPolicy | None = None) -> None:
+        if max_bytes <= 0:
+            raise DatasetError(f"data.cache_max_gb must be positive (the cache's size cap), got {max_bytes} bytes")
+        self.directory = Path(directory).expanduser()
+        self.max_bytes = int(max_bytes)
+        self.policy = policy or FetchPolicy()
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DatasetError(f"cannot make the shard cache data.cache_dir={str(self.directory)!r}: {exc}") from None
+
+    def entry(self, url: str) -> Path:
+        """Where the copy of ``url`` lives (whether or not it is there yet)."""
+        return self.directory / (hashlib.sha256(url.encode("utf-8")).hexdigest()[:40] + _SUFFIX)
+
+    def path(self, url: str, sha256: str | None = None, size: int | None = None) -> Path:
+        """The local copy of ``url``, fetched (and checked) first if it is not in the cache.
+
+        Raises:
+            ShardFetchError: the server could not be read (see :func:`~paddletrain.data.shards.source.fetch`).
+            ShardChecksumError: the copy does not have ``size`` bytes or the SHA-256 ``sha256``.
+            DatasetError: the shard is larger than the whole cache.
+        """
+        target = self.entry(url)
+        if target.exists():
+            _touch(target)
+            return target
+        with self._locked(target):
+            if target.exists():  # another process fetched it while this one waited
+                _touch(target)
+                return target
+            limit = self.max_bytes
+            if size is not None and size > limit:
+                raise DatasetError(f"shard {url} is {size} bytes, more than the whole cache "
+                                   f"(data.cache_max_gb={self.max_bytes / 1024**3:g}); raise it")
+            self._make_room(size or 0)
+            part = target.with_name(f"{target.name}{_PART}.{os.getpid()}")
+            try:
+                started = time.monotonic()
+                try:
+                    with open(part, "wb") as out:
+                        got = fetch(url, out, max_bytes=min(limit, size) if size is not None else limit,
+                                    policy=self.policy)
+                except TooLargeError:
+                    if size is None:
+                        raise DatasetError(f"shard {url} is larger than the whole cache (data.cache_max_gb="
+                                           f"{self.max_bytes / 1024**3:g}); raise it") from None
+                    raise ShardChecksumError(f"shard {url} has more than the {size} bytes its index says: refused "
+                                             "(was it rewritten after the index?)") from None
+                self._check(url, part, got, sha256, size)
+                os.replace(part, target)
+                log.debug("cached %s (%d bytes, %.2f s)", url, got, time.monotonic() - started)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    part.unlink()
+            self._make_room(0)
+        return target
+
+    @staticmethod
+    def _check(url: str, part: Path, got: int, sha256: str | None, size: int | None) -> None:
+        if size is not None and got != size:
+            raise ShardChecksumError(f"shard {url} has {got} bytes, its index says {size}: refused (was it "
+                                     "rewritten after the index?)")
+        if sha256 is not None:
+            actual = file_sha256(part)
+            if actual != sha256:
+                raise ShardChecksumError(f"shard {url} has sha256 {actual}, its index says {sha256}: refused")
+
+    @contextlib.contextmanager
+    def _locked(self, target: Path) -> Iterator[None]:
+        stripe = int(target.name[:8], 16) % LOCK_STRIPES
+        lock = self.directory / f".lock-{stripe:02d}"
+        with open(lock, "a+b") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def entries(self) -> list[tuple[float, int, Path]]:
+        """``(last use, bytes, path)`` of every complete copy, least recently used first."""
+        found = []
+        for path in self.directory.glob(f"*{_SUFFIX}"):
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue
+            found.append((st.st_mtime, st.st_size, path))
+        return sorted(found)
+
+    def _make_room(self, incoming: int) -> None:
+        """Evict the least recently used copies until ``incoming`` more bytes fit; remove stale temporary files."""
+        for part in self.directory.glob(f"*{_SUFFIX}{_PART}.*"):
+            pid = part.name.rsplit(".", 1)[-1]
+            if pid.isdigit() and not _alive(int(pid)):
+                with contextlib.suppress(FileNotFoundError):
+                    part.unlink()
+        held = self.entries()
+        total = sum(size for _, size, _ in held)
+        for _, size, path in held:
+            if total + incoming <= self.max_bytes:
+                break
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                log.debug("evicted %s from the shard cache (%d bytes)", path.name, size)
+            total -= size
+
+
+def _touch(path: Path) -> None:
+    """Mark a copy as just used (its mtime orders eviction); a copy evicted meanwhile is fetched again later."""
+    with contextlib.suppress(FileNotFoundError):
+        os.utime(path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,167 @@
+"""``data=shards``: the same samples as the image folder they were packed from, trained on from local files or a
+real HTTP server, cached, resumed bitwise mid-epoch, and refusing what is wrong (paddletrain.data.shards.dataset)."""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from paddletrain.checkpoint import find_latest, load_checkpoint
+from paddletrain.data import build_datasets, build_loader
+from paddletrain.data.errors import DatasetError, SourceUnavailableError
+from paddletrain.data.shards.index import ShardIndex
+from paddletrain.data.shards.pack import pack
+from tests.conftest import compose_fit, run_module, write_image_folder, write_multilabel_squares
+from tests.http_shards import FaultyServer
+
+# 16 training images in 4 shards of 4, 8 validation images in 2.
+RUN = ["data.image_size=12", "data.batch_size=4", "data.num_workers=0", "data.shuffle_buffer=6", "trainer.max_epochs=3",
+       "callbacks.progress_bar.enabled=false", "trainer.cpu_threads=1", "sched.warmup_epochs=0"]
+STEPS_PER_EPOCH = 4
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("photos")
+    write_image_folder(root)
+    out = root / "shards"
+    pack(root, out, shard_size_mb=10 / 1024, seed=0)  # one tar record of 10 KiB: four 12x12 PNGs and labels
+    assert len(list(out.glob("train-*.tar"))) == 4 and len(list(out.glob("val-*.tar"))) == 2
+    return out
+
+
+def urls(base: str) -> list[str]:
+    return [f"data.urls='{base}/train-{{000000..000003}}.tar'", f"data.val_urls='{base}/val-{{000000..000001}}.tar'"]
+
+
+def fit(run_dir: Path, *extra: str, ok: bool = True) -> subprocess.CompletedProcess:
+    result = run_module("paddletrain.fit", ["data=shards", *RUN, f"hydra.run.dir={run_dir}", *extra],
+                        cwd=run_dir.parent)
+    if ok:
+        assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    return result
+
+
+def model_state(run_dir: Path) -> dict[str, np.ndarray]:
+    state = load_checkpoint(find_latest(run_dir / "checkpoints")).state
+    return {k: np.asarray(v.numpy() if hasattr(v, "numpy") else v) for k, v in state["model"].items()}
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def test_shards_hold_the_samples_of_the_folder_they_were_packed_from(shards, tmp_path):
+    root = shards.parent
+    cfg = compose_fit(["data=shards", *urls(str(shards)), f"data.cache_dir={tmp_path}"])
+    packed = build_datasets(cfg.data)
+    folder = build_datasets(compose_fit(["data=imagefolder", f"data.root={root}"]).data)
+    assert packed.classes == folder.classes == ["a", "b"]
+    by_file = {Path(folder.train.describe(i)).relative_to(root / "train").with_suffix("").as_posix(): i
+               for i in range(len(folder.train))}
+    assert len(packed.train) == len(by_file) == 16
+    for i in range(len(packed.train)):
+        image, label = packed.train[i]
+        key = packed.train.describe(i).split("#", 1)[1]
+        expected_image, expected_label = folder.train[by_file[key]]
+        assert label == expected_label
+        np.testing.assert_array_equal(np.asarray(image), np.asarray(expected_image))
+
+
+def test_multilabel_shards_give_multi_hot_rows(tmp_path):
+    root = write_multilabel_squares(tmp_path / "squares")
+    pack(root / "train_list.txt", tmp_path / "s", multilabel=True, prefix="train")
+    pack(root / "val_list.txt", tmp_path / "s", multilabel=True, prefix="val")
+    cfg = compose_fit(["data=shards", f"data.urls={tmp_path}/s/train-000000.tar",
+                       f"data.val_urls={tmp_path}/s/val-000000.tar", f"data.cache_dir={tmp_path}/c"])
+    splits = build_datasets(cfg.data)
+    _, label = splits.train[0]
+    assert splits.train.multilabel and label.dtype == np.float32 and label.shape == (4,) and label.sum() == 2
+
+
+def test_training_on_local_shards_resumes_mid_epoch_bitwise(shards, tmp_path):
+    straight, broken = tmp_path / "straight", tmp_path / "broken"
+    fit(straight, *urls(str(shards)), f"data.cache_dir={tmp_path}/c", "data.num_workers=2")
+    fit(broken, *urls(str(shards)), f"data.cache_dir={tmp_path}/c", "data.num_workers=2",
+        f"trainer.max_steps={STEPS_PER_EPOCH + 2}")
+    state = load_checkpoint(find_latest(broken / "checkpoints")).state
+    assert state["progress"]["batch_in_epoch"] == 2
+    fit(broken, *urls(str(shards)), f"data.cache_dir={tmp_path}/c", "data.num_workers=2", "trainer.resume=auto")
+    assert_same_weights(model_state(straight), model_state(broken))
+
+
+def test_training_over_http_is_cached_resumes_bitwise_and_equals_local_files(shards, tmp_path):
+    local = tmp_path / "local"
+    fit(local, *urls(str(shards)), f"data.cache_dir={tmp_path}/unused")
+    with FaultyServer(shards) as server:
+        server.drop_after["train-000002.tar"] = 3000  # a connection dropped mid-shard, once
+        server.drops_left["train-000002.tar"] = 1
+        run = tmp_path / "http"
+        fit(run, *urls(server.url), f"data.cache_dir={tmp_path}/cache", f"trainer.max_steps={STEPS_PER_EPOCH + 1}")
+        fit(run, *urls(server.url), f"data.cache_dir={tmp_path}/cache", "trainer.resume=auto")
+        # Each shard went over the wire once (the dropped one twice, the second read continuing the first):
+        # the later epochs and the resumed run read the cache.
+        fetched = {name: n for name, n in server.requests.items() if name.endswith(".tar")}
+        assert fetched == {"train-000000.tar": 1, "train-000001.tar": 1, "train-000002.tar": 2,
+                           "train-000003.tar": 1, "val-000000.tar": 1, "val-000001.tar": 1}
+        assert server.starts["train-000002.tar"] == [0, 3000]
+    assert_same_weights(model_state(local), model_state(run))
+
+
+def test_a_shard_that_does_not_match_its_index_is_refused_or_skipped_by_the_policy(shards, tmp_path):
+    index = ShardIndex.read(shards / "train.index.json")
+    with FaultyServer(shards) as server:
+        server.corrupt["train-000001.tar"] = 700
+        failed = fit(tmp_path / "fail", *urls(server.url), f"data.cache_dir={tmp_path}/c1", ok=False)
+        assert failed.returncode == 2, failed.stderr[-2000:]
+        output = failed.stdout + failed.stderr
+        assert f"{server.url}/train-000001.tar has sha256" in output
+        assert f"its index says {index.shards[1].sha256}" in output and "Traceback" not in output
+        skipped = fit(tmp_path / "skip", *urls(server.url), f"data.cache_dir={tmp_path}/c2",
+                      "data.bad_sample_policy=skip", "data.max_bad_fraction=0.5", "trainer.max_epochs=1")
+        assert "skipping unreadable sample" in skipped.stdout + skipped.stderr
+    assert not list((tmp_path / "c1").glob("*.tar")) or all(
+        p.read_bytes() != b"" for p in (tmp_path / "c1").glob("*.tar"))
+
+
+def test_a_server_that_stays_away_stops_the_run_in_one_line_naming_the_url(shards, tmp_path):
+    with FaultyServer(shards) as server:
+        server.fail_status, server.failing = 503, {"train-000000.tar", "train-000001.tar", "train-000002.tar",
+                                                  "train-000003.tar"}
+        result = fit(tmp_path / "run", *urls(server.url), f"data.cache_dir={tmp_path}/c", "data.retries=1",
+                     "data.deadline=5", "data.bad_sample_policy=skip", ok=False)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output[-2000:]
+    lines = [line for line in output.splitlines() if "cannot read" in line]
+    assert lines and f"{server.url}/train-00000" in lines[0] and "stopped at byte 0 after 2 attempts" in lines[0]
+    assert "Traceback" not in output
+
+
+def test_the_loader_raises_a_source_failure_whatever_the_policy(shards, tmp_path):
+    with FaultyServer(shards) as server:
+        cfg = compose_fit(["data=shards", *urls(server.url), f"data.cache_dir={tmp_path}", "data.retries=0",
+                           "data.bad_sample_policy=skip", "data.max_bad_fraction=1.0", "data.batch_size=4"])
+        splits = build_datasets(cfg.data)
+        server.fail_status = 500
+        loader = build_loader(splits.train, cfg.data, train=True, seed=0)
+        loader.batch_sampler.set_epoch(0)
+        with pytest.raises(SourceUnavailableError, match="HTTP 500"):
+            next(iter(loader))
+
+
+@pytest.mark.parametrize(("overrides", "needle"), [
+    ([], "data=shards reads data.urls"),
+    (["data.urls='/nowhere/train-{000000..000001}.tar'", "data.val_urls=/nowhere/val.tar"], "nowhere"),
+    (["data.urls=a.tar", "data.val_urls=b.tar", "data.shuffle_buffer=0"], "data.shuffle_buffer=0 must be"),
+    (["data.urls=a.tar", "data.val_urls=b.tar", "data.cache_max_gb=-1"], "data.cache_max_gb"),
+])
+def test_mistakes_are_named(overrides, needle, tmp_path):
+    from paddletrain.errors import UserError
+
+    cfg = compose_fit(["data=shards", f"data.cache_dir={tmp_path}", *overrides])
+    with pytest.raises((UserError, DatasetError), match=needle):
+        build_datasets(cfg.data)
