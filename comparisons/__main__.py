@@ -1,6 +1,6 @@
 """``python -m comparisons <benchmark> [key=value ...] [out=results.json]`` from a checkout.
 
-Benchmarks: overhead, decode, recipes, full_scale, step_profile, mkl_dispatch, search.
+Benchmarks: overhead, decode, recipes, full_scale, step_profile, mkl_dispatch, search, shards.
 
 Examples::
 
@@ -11,6 +11,7 @@ Examples::
     python -m comparisons step_profile model=resnet20 width=2 batch_size=64 image_size=28 in_chans=1
     python -m comparisons mkl_dispatch rounds=3
     python -m comparisons search out_dir=sweeps/compare_pruning
+    python -m comparisons shards num_images=2048 image_size=224
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ def benchmarks() -> dict[str, tuple[type, Callable[[Any], dict[str, Any]]]]:
     from comparisons.overhead import OverheadBenchConfig, run_overhead
     from comparisons.recipes import RecipesBenchConfig, run_recipes
     from comparisons.search import SearchCompareConfig, run_search
+    from comparisons.shards import ShardsCompareConfig, run_shards
     from comparisons.step_profile import StepProfileConfig, run_step_profile
 
     return {
@@ -38,6 +40,7 @@ def benchmarks() -> dict[str, tuple[type, Callable[[Any], dict[str, Any]]]]:
         "step_profile": (StepProfileConfig, run_step_profile),
         "mkl_dispatch": (MklDispatchConfig, run_mkl_dispatch),
         "search": (SearchCompareConfig, run_search),
+        "shards": (ShardsCompareConfig, run_shards),
     }
 
 
@@ -58,6 +61,9 @@ ABOUT = {
                      "python -m comparisons mkl_dispatch rounds=3"),
     "search": ("a study with its pruner against the same study without, and the config's own values: training "
                "steps and best values", "python -m comparisons search out_dir=sweeps/compare_pruning"),
+    "shards": ("tar shards (local, over loopback HTTP cold and cached) against the image folder they were packed "
+               "from: loader images/s, pack images/s, worker memory over an epoch",
+               "python -m comparisons shards num_images=2048 image_size=224"),
 }
 
 SUITE = Suite("python -m comparisons", benchmarks, ABOUT)

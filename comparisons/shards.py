@@ -1,0 +1,195 @@
+"""Tar shards against the image folder they were packed from: the training input's images/s, and what it costs.
+
+One image folder (``root``, or ``num_images`` synthetic JPEGs of ``source_size`` px) is packed once (pack's own
+images/s is the first figure), then read by ``paddletrain.data.build_loader`` with the training transform
+(``transform`` at ``image_size`` px, ``num_workers`` workers) in rounds of interleaved passes:
+
+- ``folder``: ``data=imagefolder`` (one small file opened per image);
+- ``shards``: ``data=shards`` on the local shard files;
+- ``http_cold``: ``data=shards`` from an HTTP server on loopback (a thread of this process, the standard library's
+  server) with an empty cache: every shard crosses the connection in the pass (a first epoch);
+- ``http_cached``: the same URLs with a cache that the first round filled (a second epoch).
+
+Each arm's rate is its median over the rounds; the ratios are medians of the per-round ratios (to ``folder`` for
+``shards``, to ``shards`` for the HTTP arms). Then one longer epoch (``memory_passes`` times the shards, by repeating
+their list) samples every loader worker's resident memory at each tenth of the epoch: it stays flat when nothing
+grows with the number of samples read.
+"""
+from __future__ import annotations
+
+import http.server
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from paddletrain.bench.common import check_options, environment, finished, write_jpeg_folder
+from paddletrain.config import TRANSFORMS, allowed
+
+ARMS = ("folder", "shards", "http_cold", "http_cached")
+# Issue 32's goals: sequential shards at least as fast as small files, and a loopback server within 10% of local
+# shards once cached.
+GOALS = {"shards_vs_folder": 1.0, "http_cached_vs_shards": 0.9, "http_cold_vs_shards": 0.9}
+
+
+@dataclass
+class ShardsCompareConfig:
+    # An image folder (root/train/<class>/<image>); None: synthesise num_images JPEGs of source_size px.
+    root: str | None = None
+    num_images: int = allowed(2048, ge=1)
+    source_size: int = allowed(320, ge=1)
+    image_size: int = allowed(224, ge=1)
+    transform: str = allowed("imagenet", choices=TRANSFORMS)
+    batch_size: int = allowed(64, ge=1)
+    num_workers: int = allowed(2, ge=0)
+    shard_size_mb: float = allowed(64.0, gt=0)
+    rounds: int = allowed(3, ge=1)
+    # The memory epoch reads the shards this many times over (0: no memory epoch).
+    memory_passes: int = allowed(4, ge=0)
+    arms: list[str] = field(default_factory=lambda: list(ARMS))
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+
+def _serve(folder: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(_QuietHandler, directory=str(folder)))
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def _data_config(cfg: ShardsCompareConfig, **keys: Any) -> Any:
+    from omegaconf import OmegaConf
+
+    from paddletrain.config import DataConfig
+
+    node = OmegaConf.structured(DataConfig(image_size=cfg.image_size, train_transform=cfg.transform,
+                                           batch_size=cfg.batch_size, num_workers=cfg.num_workers, drop_last=False))
+    OmegaConf.set_struct(node, False)
+    for key, value in keys.items():
+        node[key] = value
+    return node
+
+
+def _train_dataset(data_cfg: Any) -> Any:
+    """The training split with the training transform (an image folder's train/ alone: it needs no val/)."""
+    from paddletrain.data import build_datasets, build_transform
+    from paddletrain.data.imagefolder import ImageFolderDataset
+
+    transform = build_transform(data_cfg, train=True)
+    if data_cfg.name == "imagefolder":
+        return ImageFolderDataset(data_cfg.root, "train", transform=transform)
+    return build_datasets(data_cfg, transform, None).train
+
+
+def _epoch(dataset: Any, data_cfg: Any, epoch: int, on_batch: Any = None) -> float:
+    """Images/s of one epoch of the library's loader over ``dataset`` (worker start-up included, as in training)."""
+    from paddletrain.data import build_loader
+
+    loader = build_loader(dataset, data_cfg, train=True, seed=0)
+    loader.batch_sampler.set_epoch(epoch)
+    start, images = time.perf_counter(), 0
+    for number, (batch, _) in enumerate(loader):
+        images += int(batch.shape[0])
+        if on_batch is not None:
+            on_batch(number, len(loader))
+    return images / (time.perf_counter() - start)
+
+
+def _worker_rss_mb() -> list[float]:
+    return [child.memory_info().rss / 2**20 for child in psutil.Process().children(recursive=True)]
+
+
+def run_shards(cfg: ShardsCompareConfig) -> dict[str, Any]:
+    from paddletrain.data.shards.pack import pack
+    from paddletrain.errors import ConfigError
+    from paddletrain.job.runtime import setup_runtime
+
+    check_options(cfg, "shards")
+    unknown = sorted(set(cfg.arms) - set(ARMS))
+    if unknown or not cfg.arms:
+        raise ConfigError(f"shards: arms={cfg.arms} must name some of {', '.join(ARMS)}")
+    runtime = setup_runtime("cpu", None)
+    env = environment(runtime.cpu_threads)
+    work = Path(tempfile.mkdtemp(prefix="shards-compare-"))
+    try:
+        root = Path(cfg.root) if cfg.root else write_jpeg_folder(work / "images", cfg.num_images, cfg.source_size)
+        started = time.perf_counter()
+        packed = pack(root / "train", work / "shards", shard_size_mb=cfg.shard_size_mb, prefix="train")
+        pack_seconds = time.perf_counter() - started
+        split = packed.splits[0]
+        names = [p.name for p in split.shards]
+        pattern = f"train-{{000000..{len(names) - 1:06d}}}.tar"
+        server, url = _serve(work / "shards")
+        try:
+            configs = {
+                "folder": _data_config(cfg, name="imagefolder", root=str(root)),
+                "shards": _data_config(cfg, name="shards", urls=str(work / "shards" / pattern),
+                                       val_urls=str(split.shards[0]), cache_dir=str(work / "unused")),
+                "http_cached": _data_config(cfg, name="shards", urls=f"{url}/{pattern}",
+                                            val_urls=f"{url}/{names[0]}", cache_dir=str(work / "cache")),
+            }
+            datasets = {arm: _train_dataset(configs[arm]) for arm in configs}
+            _epoch(datasets["http_cached"], configs["http_cached"], 0)  # fills the cache the cached arm reads
+            rates: dict[str, list[float]] = {arm: [] for arm in cfg.arms}
+            for number in range(cfg.rounds):
+                for arm in cfg.arms:
+                    if arm == "http_cold":
+                        cold = _data_config(cfg, name="shards", urls=f"{url}/{pattern}", val_urls=f"{url}/{names[0]}",
+                                            cache_dir=str(work / f"cold{number}"))
+                        rates[arm].append(_epoch(_train_dataset(cold), cold, number + 1))
+                        shutil.rmtree(work / f"cold{number}", ignore_errors=True)
+                    else:
+                        rates[arm].append(_epoch(datasets[arm], configs[arm], number + 1))
+            memory = _memory_epoch(cfg, work, names) if cfg.memory_passes and cfg.num_workers else []
+        finally:
+            server.shutdown()
+            server.server_close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    rows = [{"arm": arm, "images_per_s": statistics.median(values), "passes": len(values),
+             "spread": (max(values) - min(values)) / statistics.median(values)} for arm, values in rates.items()]
+    ratios = {}
+    for arm, base in (("shards", "folder"), ("http_cold", "shards"), ("http_cached", "shards")):
+        if arm in rates and base in rates:
+            ratios[f"{arm}_vs_{base}"] = statistics.median(a / b for a, b in zip(rates[arm], rates[base], strict=True))
+    goals = [{"goal": f"{name} >= {bound}", "measured": ratios[name], "met": ratios[name] >= bound}
+             for name, bound in GOALS.items() if name in ratios]
+    return {"benchmark": "shards", "config": vars(cfg), "environment": finished(env), "rows": rows,
+            "summary": {**ratios, "pack_images_per_s": split.samples / pack_seconds, "images": split.samples,
+                        "shards": len(names)},
+            "memory": memory, "goals": goals,
+            "notes": [f"{split.samples} images in {len(names)} shards of at most {cfg.shard_size_mb:g} MB"]}
+
+
+def _memory_epoch(cfg: ShardsCompareConfig, work: Path, names: list[str]) -> list[dict[str, float]]:
+    """Every worker's resident memory at each tenth of one epoch over the shards read ``memory_passes`` times."""
+    folder = work / "shards"
+    urls = [str(folder / name) for name in names]
+    # The same shard files under more names (hard links): a longer epoch of the same bytes.
+    for copy in range(1, cfg.memory_passes):
+        for name in names:
+            (folder / f"copy{copy}-{name}").hardlink_to(folder / name)
+            urls.append(str(folder / f"copy{copy}-{name}"))
+    # The index names the originals; the copies, which it does not list, are scanned at start-up.
+    data_cfg = _data_config(cfg, name="shards", urls=urls, val_urls=urls[0], cache_dir=str(work / "unused"))
+    samples: list[dict[str, float]] = []
+
+    def sample(number: int, total: int) -> None:
+        if number % max(1, total // 10) == 0 or number == total - 1:
+            rss = _worker_rss_mb()
+            samples.append({"share_of_epoch": round((number + 1) / total, 3), "workers": len(rss),
+                            "worker_rss_mb_max": max(rss, default=0.0)})
+
+    _epoch(_train_dataset(data_cfg), data_cfg, 0, on_batch=sample)
+    return samples
