@@ -194,3 +194,27 @@ def test_the_ants_and_bees_photos_pack_and_stream_as_the_folder_reads_them(tmp_p
             assert label == expected_label and image.size == expected.size
             if i % 25 == 0:  # decoding every full-size photo twice would take the suite half a minute
                 np.testing.assert_array_equal(np.asarray(image), np.asarray(expected))
+
+
+@pytest.mark.slow  # about a minute: two nodes and a reference run; CI's slow pass runs it
+@pytest.mark.timeout(400)
+def test_two_nodes_read_one_http_server_and_train_like_two_devices_on_local_shards(shards, tmp_path):
+    from tests.reliability.procs import Run, free_port
+
+    reference = tmp_path / "reference"
+    fit(reference, *urls(str(shards)), f"data.cache_dir={tmp_path}/unused", "trainer.devices=2")
+    with FaultyServer(shards) as server:
+        master = f"trainer.master=127.0.0.1:{free_port()}"
+        # Each node its own cache, as two machines would have.
+        nodes = [Run(tmp_path, "data=shards", *RUN, *urls(server.url), f"data.cache_dir={tmp_path}/cache{node}",
+                     "trainer.num_nodes=2", f"trainer.node_rank={node}", master, name=f"node{node}",
+                     run_dir=tmp_path / "nodes", tiny=False) for node in (0, 1)]
+        try:
+            codes = [node.wait(300) for node in nodes]
+        finally:
+            for node in nodes:
+                node.kill()
+        assert codes == [0, 0], "\n".join(node.output[-2000:] for node in nodes)
+        fetched = {name: n for name, n in server.requests.items() if name.endswith(".tar")}
+    assert fetched == {name: 2 for name in fetched} and len(fetched) == 6  # every shard once per node
+    assert_same_weights(model_state(reference), model_state(tmp_path / "nodes"))
