@@ -218,3 +218,16 @@ def test_two_nodes_read_one_http_server_and_train_like_two_devices_on_local_shar
         fetched = {name: n for name, n in server.requests.items() if name.endswith(".tar")}
     assert fetched == {name: 2 for name in fetched} and len(fetched) == 6  # every shard once per node
     assert_same_weights(model_state(reference), model_state(tmp_path / "nodes"))
+
+
+def test_a_run_stopped_mid_epoch_on_two_ranks_continues_on_one(shards, tmp_path):
+    """The global batch kept (4 a rank on two, 8 on one): the epoch's rest (8 of its 16 samples) is one step."""
+    run = tmp_path / "run"
+    fit(run, *urls(str(shards)), f"data.cache_dir={tmp_path}/c", "trainer.devices=2", "trainer.max_steps=3")
+    state = load_checkpoint(find_latest(run / "checkpoints")).state
+    assert (state["progress"]["epoch"], state["progress"]["batch_in_epoch"]) == (1, 1)
+    assert state["sampler"]["consumed"] == 8
+    resumed = fit(run, *urls(str(shards)), f"data.cache_dir={tmp_path}/c", "data.batch_size=8", "trainer.resume=auto")
+    assert "at epoch 1, batch 1, global step 3" in resumed.stdout + resumed.stderr
+    final = load_checkpoint(find_latest(run / "checkpoints")).state
+    assert final["progress"]["global_step"] == 3 + 1 + 2  # the rest of epoch 2, then epoch 3's two steps

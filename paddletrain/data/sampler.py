@@ -46,10 +46,12 @@ class ResumableBatchSampler(DistributedBatchSampler):
     A dataset may order its own epochs: one with an ``epoch_order(seed, epoch)`` method (tar shards, whose order
     keeps reads local: :mod:`paddletrain.data.shards.order`) gives the global order instead of the permutation.
 
-    Continued on another number of ranks mid-epoch (without repeats), the saved state says how many entries of
-    the epoch's global order were consumed (``consumed``: every rank takes the same number of batches, so they
-    are the order's first ``position * batch_size * num_replicas``); the rest of the order is dealt to the new
-    ranks in the same way, so every remaining sample of the epoch is seen exactly once.
+    Continued on another number of ranks mid-epoch (without repeats; the batch per rank may change with them, to
+    keep the global batch), the saved state says how many entries of the epoch's global order were consumed
+    (``consumed``: every rank takes the same number of batches, so they are the order's first
+    ``position * batch_size * num_replicas``); the rest of the order is dealt to the new ranks in the same way, so
+    every remaining sample of the epoch is seen exactly once. The new dealing's batches are numbered on from the
+    ``position`` reached, so a trainer's count of the epoch's batches goes on where it stopped.
 
     Repeated augmentation (``num_repeats`` k > 1; Hoffer et al. 2020, "Augment Your Batch", as DeiT's and timm's
     ``RepeatAugSampler`` define it for training): every index of the epoch's permutation is repeated k times in a
@@ -79,8 +81,10 @@ class ResumableBatchSampler(DistributedBatchSampler):
         self.num_repeats = int(num_repeats)
         self.position = 0
         self._skip = 0
-        # Entries of the epoch's global order consumed before this dealing (a resume on another number of ranks).
+        # Entries of the epoch's global order consumed before this dealing (a resume on another number of ranks),
+        # and the batches this rank counts as done then: the new dealing's batches are numbered on from there.
         self._offset = 0
+        self._offset_batches = 0
 
     @property
     def num_real_samples(self) -> int:
@@ -99,11 +103,12 @@ class ResumableBatchSampler(DistributedBatchSampler):
         return -(-(len(self.dataset) - self._offset) // self.nranks)
 
     def __len__(self) -> int:
-        """Batches per full epoch (a pending skip does not shorten it)."""
+        """Batches per full epoch (a pending skip does not shorten it; after a new dealing, the batches done
+        before it and those of the dealing)."""
         samples = self._rank_samples()
         if self.drop_last:
-            return samples // self.batch_size
-        return -(-samples // self.batch_size)
+            return self._offset_batches + samples // self.batch_size
+        return self._offset_batches + -(-samples // self.batch_size)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose order the next iteration yields.
@@ -114,7 +119,7 @@ class ResumableBatchSampler(DistributedBatchSampler):
         if epoch != self.epoch:
             self.position = 0
             self._skip = 0
-            self._offset = 0
+            self._offset = self._offset_batches = 0
         self.epoch = int(epoch)
 
     def skip_batches(self, n: int) -> None:
@@ -156,14 +161,16 @@ class ResumableBatchSampler(DistributedBatchSampler):
         start, self._skip = self._skip, 0
         epoch, size, rank = self.epoch, self.batch_size, self.local_rank
         for batch in range(start, len(self)):
-            chunk = indices[batch * size:(batch + 1) * size]
+            first = (batch - self._offset_batches) * size
+            chunk = indices[first:first + size]
             yield [SampleKey(int(i), epoch, batch, rank, position) for position, i in enumerate(chunk)]
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue this epoch's order where the consumer stopped."""
-        consumed = min(self._offset + self.position * self.batch_size * self.nranks, len(self.dataset))
+        dealt = max(self.position - self._offset_batches, 0)
+        consumed = min(self._offset + dealt * self.batch_size * self.nranks, len(self.dataset))
         return {"seed": self.seed, "epoch": self.epoch, "position": self.position, "consumed": consumed,
-                "offset": self._offset,
+                "offset": self._offset, "offset_batches": self._offset_batches,
                 "batch_size": self.batch_size, "num_replicas": self.nranks, "dataset_size": len(self.dataset),
                 "num_repeats": self.num_repeats, "sampling": self.sampling}
 
@@ -181,18 +188,20 @@ class ResumableBatchSampler(DistributedBatchSampler):
         current = {"batch_size": self.batch_size, "num_replicas": self.nranks, "dataset_size": len(self.dataset),
                    "num_repeats": self.num_repeats, "sampling": self.sampling}
         changed = {k: (state[k], v) for k, v in current.items() if k in state and state[k] != v}
-        if position and set(changed) == {"num_replicas"} and self.num_repeats == 1 and "consumed" in state:
+        if position and "num_replicas" in changed and set(changed) <= {"num_replicas", "batch_size"} \
+                and self.num_repeats == 1 and "consumed" in state:
             # Another number of ranks: deal the rest of the epoch's order to them (see the class docstring).
             consumed = checked_int(state["consumed"], "consumed", maximum=len(self.dataset))
             self.seed, self.epoch = seed, epoch
-            self.skip_batches(0)
-            self._offset = consumed
+            self._offset, self._offset_batches = consumed, position
+            self.skip_batches(position)
             return
         if position and changed:
             detail = ", ".join(f"{k} was {show(old)}, now {new}" for k, (old, new) in changed.items())
             raise UserError(f"cannot resume mid-epoch (batch {position}) because the sampling changed: {detail}. "
                              "Resume from an end-of-epoch checkpoint or restore the original settings.")
         self._offset = checked_int(state.get("offset", 0), "offset", maximum=len(self.dataset))
+        self._offset_batches = checked_int(state.get("offset_batches", 0), "offset_batches", maximum=position)
         if position > len(self):
             raise StateValueError("position", f"is {position}, but an epoch has only {len(self)} batches")
         self.seed = seed
