@@ -12,8 +12,8 @@ images/s is the first figure), then read by ``paddletrain.data.build_loader`` wi
 
 Each arm's rate is its median over the rounds; the ratios are medians of the per-round ratios (to ``folder`` for
 ``shards``, to ``shards`` for the HTTP arms). Then one longer epoch (``memory_passes`` times the shards, by repeating
-their list) samples every loader worker's resident memory at each tenth of the epoch: it stays flat when nothing
-grows with the number of samples read.
+their list) samples every loader worker's unique memory (USS) at each tenth of the epoch: it stays flat when
+nothing grows with the number of samples read.
 """
 from __future__ import annotations
 
@@ -106,8 +106,15 @@ def _epoch(dataset: Any, data_cfg: Any, epoch: int, on_batch: Any = None) -> flo
     return images / (time.perf_counter() - start)
 
 
-def _worker_rss_mb() -> list[float]:
-    return [child.memory_info().rss / 2**20 for child in psutil.Process().children(recursive=True)]
+def _worker_uss_mb() -> list[float]:
+    """Each loader worker's unique memory (USS: pages no other process shares, so what it grew by itself)."""
+    sizes = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            sizes.append(child.memory_full_info().uss / 2**20)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return sizes
 
 
 def run_shards(cfg: ShardsCompareConfig) -> dict[str, Any]:
@@ -173,7 +180,7 @@ def run_shards(cfg: ShardsCompareConfig) -> dict[str, Any]:
 
 
 def _memory_epoch(cfg: ShardsCompareConfig, work: Path, names: list[str]) -> list[dict[str, float]]:
-    """Every worker's resident memory at each tenth of one epoch over the shards read ``memory_passes`` times."""
+    """The largest worker's unique memory at each tenth of one epoch over the shards read ``memory_passes`` times."""
     folder = work / "shards"
     urls = [str(folder / name) for name in names]
     # The same shard files under more names (hard links): a longer epoch of the same bytes.
@@ -187,9 +194,9 @@ def _memory_epoch(cfg: ShardsCompareConfig, work: Path, names: list[str]) -> lis
 
     def sample(number: int, total: int) -> None:
         if number % max(1, total // 10) == 0 or number == total - 1:
-            rss = _worker_rss_mb()
-            samples.append({"share_of_epoch": round((number + 1) / total, 3), "workers": len(rss),
-                            "worker_rss_mb_max": max(rss, default=0.0)})
+            uss = _worker_uss_mb()
+            samples.append({"share_of_epoch": round((number + 1) / total, 3), "workers": len(uss),
+                            "worker_uss_mb_max": max(uss, default=0.0)})
 
     _epoch(_train_dataset(data_cfg), data_cfg, 0, on_batch=sample)
     return samples

@@ -24,10 +24,10 @@ def test_every_arm_reads_the_whole_folder_and_the_ratios_come_from_its_passes():
     assert 0 < summary["shards_vs_folder"] < 100 and summary["http_cached_vs_shards"] > 0
     memory = result["memory"]
     assert memory[-1]["share_of_epoch"] == 1 and memory[0]["share_of_epoch"] < 0.2
-    assert all(m["workers"] >= 1 and m["worker_rss_mb_max"] > 0 for m in memory)
-    assert statistics.median(m["worker_rss_mb_max"] for m in memory) > 0
+    assert all(m["workers"] >= 1 and m["worker_uss_mb_max"] > 0 for m in memory)
+    assert statistics.median(m["worker_uss_mb_max"] for m in memory) > 0
     text = to_markdown(result)
-    assert "shards_vs_folder" in text and "worker_rss_mb_max" in text and "goal http_cached_vs_shards >= 0.9" in text
+    assert "shards_vs_folder" in text and "worker_uss_mb_max" in text and "goal http_cached_vs_shards >= 0.9" in text
 
 
 def test_an_unknown_arm_is_refused():
