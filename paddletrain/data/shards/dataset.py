@@ -145,16 +145,17 @@ class ShardDataset(ImageDataset):
     def _open_shard(self, shard: int, index: int) -> int:
         url = self.urls[shard]
         sha256, size = self.checksums[shard]
-        try:
-            path = self.cache.path(url, sha256, size) if is_remote(url) and self.cache else local_path(url)
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except ShardChecksumError as exc:  # every sample of the shard is refused, by data.bad_sample_policy
-            self._refused[shard] = str(exc)
-            raise BadSampleError(str(exc), index, self.describe(index)) from None
-        except FileNotFoundError as exc:  # a local shard gone, or a copy evicted between the check and the open
-            if is_remote(url):
-                return self._open_shard(shard, index)
-            raise BadSampleError(f"cannot open shard {url}: {exc}", index, self.describe(index)) from None
+        for attempt in range(3):
+            try:
+                path = self.cache.path(url, sha256, size) if is_remote(url) and self.cache else local_path(url)
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                break
+            except ShardChecksumError as exc:  # every sample of the shard is refused, by data.bad_sample_policy
+                self._refused[shard] = str(exc)
+                raise BadSampleError(str(exc), index, self.describe(index)) from None
+            except FileNotFoundError as exc:  # a local shard gone, or a copy evicted between the check and the open
+                if not is_remote(url) or attempt == 2:
+                    raise BadSampleError(f"cannot open shard {url}: {exc}", index, self.describe(index)) from None
         self._open[shard] = fd
         while len(self._open) > MAX_OPEN_SHARDS:
             _, old = self._open.popitem(last=False)
