@@ -41,11 +41,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         name = self.path.split("?", 1)[0].lstrip("/")
         return bool(self.server.fail_status) and (not self.server.failing or name in self.server.failing)
 
-    def do_HEAD(self) -> None:  # noqa: N802
+    def _served(self) -> tuple[str, bytes] | None:
+        """The file asked for, or None once an error was sent (a fault set on the server, or no such file)."""
         if self._failing():
             self.send_error(self.server.fail_status)
-            return
-        found = self._body()
+            return None
+        return self._body()
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        found = self._served()
         if found is None:
             return
         self.send_response(200)
@@ -53,10 +57,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
 
     def do_GET(self) -> None:  # noqa: N802
-        if self._failing():
-            self.send_error(self.server.fail_status)
-            return
-        found = self._body()
+        found = self._served()
         if found is None:
             return
         name, data = found

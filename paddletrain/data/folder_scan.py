@@ -346,6 +346,20 @@ def scan_split(root: Path, split: str, classes: list[str], split_dir: Path | Non
     return SplitContents(samples, scan.report, empty, [name for name in present if name not in label_of], scan)
 
 
+def scan_class_folder(folder: Path) -> tuple[list[str], SplitContents, list[str]]:
+    """A folder of ``<class>/<image>`` folders scanned as a split is (confined to it): its class names, what the
+    scan found, and the scan's warnings, each naming the folder (``data split`` and ``data pack`` read folders so).
+
+    Raises:
+        DatasetError: no class folder, or what :func:`scan_split` refuses.
+    """
+    classes = class_dirs(folder)
+    if not classes:
+        raise DatasetError(f"no class folders in {str(folder)!r}; expected {folder}/<class>/<image>")
+    contents = scan_split(folder, folder.name, classes, folder, other_splits=())
+    return classes, contents, [f"{folder}: {line}" for line in contents.report.warnings()]
+
+
 def split_dir_of(root: Path, split: str) -> Path:
     if not root.is_dir():
         raise DatasetError(f"imagefolder root {str(root)!r} (data.root) is not a directory")

@@ -29,7 +29,6 @@ from pathlib import Path
 import numpy as np
 
 from paddletrain.data import folder_scan
-from paddletrain.data.errors import DatasetError
 from paddletrain.errors import UserError
 
 __all__ = ["LIST_FILES", "SplitResult", "split_folder", "val_count"]
@@ -73,14 +72,7 @@ def _scan(folder: Path) -> tuple[list[str], list[list[str]], list[str]]:
     if (folder / "train").is_dir():
         raise UserError(f"{str(folder)!r} has a train folder, so it is split already; check it with "
                         f"python -m paddletrain.data check {folder}")
-    classes = folder_scan.class_dirs(folder)
-    if not classes:
-        raise UserError(f"no class folders in {str(folder)!r}; expected {folder}/<class>/<image>")
-    try:
-        contents = folder_scan.scan_split(folder, folder.name, classes, folder, other_splits=())
-    except DatasetError as exc:
-        raise UserError(str(exc)) from exc
-    warnings = [f"{folder}: {line}" for line in contents.report.warnings()]
+    classes, contents, warnings = folder_scan.scan_class_folder(folder)
     by_class: list[list[str]] = [[] for _ in classes]
     prefix = os.path.join(str(folder), "")
     for path, label in contents.samples:

@@ -116,14 +116,7 @@ def _keys(relpaths: Sequence[str]) -> list[str]:
 
 
 def _folder_items(folder: Path) -> tuple[list[str], list[_Item], list[str]]:
-    classes = folder_scan.class_dirs(folder)
-    if not classes:
-        raise UserError(f"no class folders in {str(folder)!r}; expected {folder}/<class>/<image>")
-    try:
-        contents = folder_scan.scan_split(folder, folder.name, classes, folder, other_splits=())
-    except DatasetError as exc:
-        raise UserError(str(exc)) from exc
-    warnings = [f"{folder}: {line}" for line in contents.report.warnings()]
+    classes, contents, warnings = folder_scan.scan_class_folder(folder)
     items = [_Item(path, os.path.relpath(path, folder), int(label)) for path, label in contents.samples]
     return classes, items, warnings
 
