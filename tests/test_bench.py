@@ -64,6 +64,18 @@ def test_train_reports_throughput_and_memory():
     json.dumps(result)  # JSON-ready as returned
 
 
+def test_train_compiles_the_model_to_a_static_graph_when_asked(monkeypatch):
+    import paddle
+
+    compiled = []
+    real = paddle.jit.to_static
+    monkeypatch.setattr(paddle.jit, "to_static", lambda model, **kw: compiled.append(kw) or real(model, **kw))
+    result = run_train(TrainBenchConfig(**{**TINY, "to_static": True}))
+    assert compiled == [{"full_graph": True}] and result["rows"][0]["to_static"] is True
+    _check_timing(result["rows"][0], 4, 2)
+    assert run_train(TrainBenchConfig(**TINY))["rows"][0]["to_static"] is False and len(compiled) == 1
+
+
 def test_train_on_cpu_notes_that_amp_is_inert():
     result = run_train(TrainBenchConfig(**{**TINY, "precision": "amp_o1"}))
     assert result["rows"][0]["amp_active"] is False
