@@ -34,6 +34,17 @@ def test_a_studys_row_counts_the_steps_of_every_trial_that_trained(tmp_path):
     assert row["minutes"] == 2.0
 
 
+def test_the_goals_hold_at_their_bounds_and_fail_past_them():
+    from comparisons.search import goals_of
+
+    at_bounds = goals_of({"steps pruned / unpruned": 0.5, "best unpruned - best pruned": round(0.7537 - 0.7487, 4),
+                          "best pruned - defaults": 0.0001})
+    assert [goal["met"] for goal in at_bounds] == [True, True, True]
+    past = goals_of({"steps pruned / unpruned": 0.501, "best unpruned - best pruned": 0.0051,
+                     "best pruned - defaults": 0.0})
+    assert [goal["met"] for goal in past] == [False, False, False]
+
+
 @pytest.mark.slow
 def test_the_comparison_runs_both_studies_and_the_baseline_once(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
