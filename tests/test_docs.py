@@ -99,6 +99,8 @@ RULES = [
     Rule("docs/recipes.md", r"^apt-get install", SKIP, "installs a system package (the runs use the suite's own tiny "
                                                        "Fashion-MNIST files)"),
     Rule("docs/search.md", r"^pip install -e", SKIP, "installs into the environment the suite runs in"),
+    Rule("docs/search.md", r"^python -m comparisons search", SLOW,
+         "both 24-trial studies and the baseline, as measured: about 50 minutes"),
     Rule("docs/search.md", r"--config-name best", None, "composes the config the search before it writes "
          "(sweeps/lr/best.yaml); the document's run composes it", composes=False),
     Rule("docs/search.md", r"postgresql://paddletrain@db-host", SKIP,
