@@ -231,3 +231,31 @@ def test_a_run_stopped_mid_epoch_on_two_ranks_continues_on_one(shards, tmp_path)
     assert "at epoch 1, batch 1, global step 3" in resumed.stdout + resumed.stderr
     final = load_checkpoint(find_latest(run / "checkpoints")).state
     assert final["progress"]["global_step"] == 3 + 1 + 2  # the rest of epoch 2, then epoch 3's two steps
+
+
+def test_a_run_over_http_killed_mid_epoch_continues_bitwise(shards, tmp_path):
+    import os
+    import signal
+    import sys
+    import time
+
+    straight = tmp_path / "straight"
+    fit(straight, *urls(str(shards)), f"data.cache_dir={tmp_path}/unused")
+    run = tmp_path / "killed"
+    with FaultyServer(shards) as server:
+        args = ["data=shards", *RUN, *urls(server.url), f"data.cache_dir={tmp_path}/cache", f"hydra.run.dir={run}",
+                "callbacks.checkpoint.every_n_steps=1", "callbacks.checkpoint.keep_last=20"]
+        env = dict(os.environ, PYTHONWARNINGS="ignore")
+        proc = subprocess.Popen([sys.executable, "-m", "paddletrain.fit", *args], cwd=tmp_path, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None and not (
+                (run / "checkpoints").is_dir() and find_latest(run / "checkpoints")):
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGKILL)  # the whole run, loader workers included, as a lost machine would
+        proc.wait(30)
+        assert proc.returncode == -signal.SIGKILL and not (run / "summary.json").exists()
+        killed_at = load_checkpoint(find_latest(run / "checkpoints")).state["progress"]["global_step"]
+        assert 0 < killed_at < 3 * STEPS_PER_EPOCH
+        fit(run, *urls(server.url), f"data.cache_dir={tmp_path}/cache", "trainer.resume=auto")
+    assert_same_weights(model_state(straight), model_state(run))
