@@ -24,6 +24,10 @@ class _Shards:
     def epoch_order(self, seed, epoch, weights=None):
         return epoch_order(self.counts, seed, epoch, self.buffer, weights=weights)
 
+    @property
+    def order_key(self):
+        return f"buffer={self.buffer}"
+
 
 def test_an_epoch_is_a_permutation_that_depends_only_on_seed_and_epoch():
     a = epoch_order(COUNTS, seed=3, epoch=1, shuffle_buffer=12)
@@ -141,3 +145,13 @@ def test_repeats_still_refuse_another_number_of_ranks_mid_epoch():
     old.position = 1
     with pytest.raises(UserError, match="num_replicas was 2, now 4"):
         ResumableBatchSampler(data, 3, shuffle=True, num_replicas=4, num_repeats=2).load_state_dict(old.state_dict())
+
+
+def test_an_epoch_is_not_continued_under_another_order():
+    from paddletrain.errors import UserError
+
+    old = ResumableBatchSampler(_Shards(buffer=12), 3, shuffle=True)
+    old.position = 2
+    assert old.state_dict()["sampling"] == "random:buffer=12"
+    with pytest.raises(UserError, match="sampling was 'random:buffer=12', now random:buffer=6"):
+        ResumableBatchSampler(_Shards(buffer=6), 3, shuffle=True).load_state_dict(old.state_dict())

@@ -85,6 +85,13 @@ class ResumableBatchSampler(DistributedBatchSampler):
         # and the batches this rank counts as done then: the new dealing's batches are numbered on from there.
         self._offset = 0
         self._offset_batches = 0
+        self.sampling = self._with_order_key(self.sampling)
+
+    def _with_order_key(self, sampling: str) -> str:
+        """``sampling`` with what fixes the dataset's own order (shards: their sample counts and the shuffle
+        buffer), so that a resume mid-epoch with another order is refused, not silently re-ordered."""
+        key = getattr(self.dataset, "order_key", None)
+        return f"{sampling}:{key}" if key and getattr(self.dataset, "epoch_order", None) else sampling
 
     @property
     def num_real_samples(self) -> int:
@@ -232,7 +239,7 @@ class WeightedBatchSampler(ResumableBatchSampler):
         self.probabilities = weights / weights.sum()
         # Other weights (another class count) would make a saved mid-epoch position point into another draw.
         digest = hashlib.sha256(self.probabilities.astype("<f8").tobytes()).hexdigest()[:16]
-        self.sampling = f"weighted:{digest}"
+        self.sampling = self._with_order_key(f"weighted:{digest}")
 
     def epoch_order(self) -> np.ndarray:
         """The epoch's draw of ``len(dataset)`` indices with replacement, a pure function of (seed, epoch)."""

@@ -14,6 +14,7 @@ and its key in one byte buffer (shared by forked workers without copying), and a
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections import OrderedDict
@@ -103,6 +104,13 @@ class ShardDataset(ImageDataset):
 
     def describe(self, index: int) -> str:
         return f"{self.urls[self.shard_of(index)]}#{self.keys.relpath(index)}"
+
+    @property
+    def order_key(self) -> str:
+        """What the epoch order depends on besides (seed, epoch): the samplers save it, and refuse to continue an
+        epoch mid-way under another one (a changed ``data.shuffle_buffer``, or other shards)."""
+        digest = hashlib.sha256(self.counts.astype("<i8").tobytes()).hexdigest()[:12]
+        return f"shards:{digest}:buffer={self.shuffle_buffer}"
 
     def epoch_order(self, seed: int, epoch: int, weights: np.ndarray | None = None) -> np.ndarray:
         """The epoch's global order (:func:`paddletrain.data.shards.order.epoch_order`); the samplers call it."""
