@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 
 import yaml
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import HydraException, MissingConfigException
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
@@ -124,6 +124,10 @@ def hydra_error_line(exc: BaseException) -> str:
     """One line for a command line Hydra rejected: the key or preset, what is wrong and, when a name is close,
     what was probably meant (Hydra's own report spans 6-7 lines)."""
     cause = exc.__cause__
+    if isinstance(exc, OverrideParseException) and "=" in exc.override and "{" in exc.override.split("=", 1)[1]:
+        key, value = exc.override.split("=", 1)
+        return (f"{exc.override}: Hydra reads '{{' as the start of a mapping; quote a value with braces (a brace "
+                f"pattern of shards, say) inside the override: \"{key}='{value}'\"")
     if isinstance(exc, MissingConfigException) and exc.options:
         wanted = (exc.missing_cfg_file or "").rsplit("/", 1)[-1]
         presets = [o for o in exc.options if not o.endswith("_schema")]  # schemas are not presets to pick

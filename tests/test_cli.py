@@ -31,6 +31,9 @@ MISTAKES = {
                                                   "converted to Integer"),
         "bad choice": (["data.sampler=weighted"], "data.sampler='weighted' is not allowed; choose one of: random, "
                                                   "class_balanced"),
+        "unquoted braces": (["data=shards", "data.urls=/d/train-{000000..000003}.tar"],
+                            "quote a value with braces (a brace pattern of shards, say) inside the override: "
+                            "\"data.urls='/d/train-{000000..000003}.tar'\""),
     },
     "evaluate": {
         "misspelt key": (["batch_sise=4"], "unknown config key batch_sise (not in the schema; did you mean "

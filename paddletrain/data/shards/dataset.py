@@ -249,7 +249,7 @@ def build_shards(cfg: Any, train_transform: Transform, eval_transform: Transform
     or a list of them, local paths or HTTP(S) URLs; see docs/data.md#tar-shards."""
     if not urls or not val_urls:
         raise ConfigError("data=shards reads data.urls (training shards) and data.val_urls (validation shards), "
-                          "e.g. data.urls='/data/train-{000000..000009}.tar' data.val_urls='/data/val-000000.tar'")
+                          "e.g. \"data.urls='/data/train-{000000..000009}.tar'\" data.val_urls=/data/val-000000.tar")
     shuffle_buffer = _option(shuffle_buffer, "shuffle_buffer", int, 1)
     in_chans = _option(in_chans, "in_chans", int, 1)
     policy = FetchPolicy(timeout=_option(timeout, "timeout", float, 0.001), retries=_option(retries, "retries", int, 0),

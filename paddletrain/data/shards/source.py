@@ -86,7 +86,7 @@ def expand_urls(spec: str | Iterable[str], key: str) -> list[str]:
     patterns = [spec] if isinstance(spec, str) else list(spec or [])
     urls = [url for pattern in patterns for url in expand_braces(str(pattern).strip())]
     if not urls or not all(urls):
-        raise DatasetError(f"{key} names no shard; e.g. {key}='/data/train-{{000000..000009}}.tar'")
+        raise DatasetError(f"{key} names no shard; e.g. \"{key}='/data/train-{{000000..000009}}.tar'\"")
     for url in urls:
         scheme = urllib.parse.urlsplit(url).scheme
         if scheme not in ("", "file", "http", "https") and not re.match(r"^[A-Za-z]:[\\/]", url):
