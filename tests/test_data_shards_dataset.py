@@ -13,6 +13,7 @@ from paddletrain.data import build_datasets, build_loader
 from paddletrain.data.errors import DatasetError, SourceUnavailableError
 from paddletrain.data.shards.index import ShardIndex
 from paddletrain.data.shards.pack import pack
+from paddletrain.errors import ConfigError
 from tests.conftest import compose_fit, run_module, write_image_folder, write_multilabel_squares
 from tests.http_shards import FaultyServer
 
@@ -76,11 +77,15 @@ def test_multilabel_shards_give_multi_hot_rows(tmp_path):
     root = write_multilabel_squares(tmp_path / "squares")
     pack(root / "train_list.txt", tmp_path / "s", multilabel=True, prefix="train")
     pack(root / "val_list.txt", tmp_path / "s", multilabel=True, prefix="val")
-    cfg = compose_fit(["data=shards", f"data.urls={tmp_path}/s/train-000000.tar",
-                       f"data.val_urls={tmp_path}/s/val-000000.tar", f"data.cache_dir={tmp_path}/c"])
-    splits = build_datasets(cfg.data)
+    shards = [f"data.urls={tmp_path}/s/train-000000.tar", f"data.val_urls={tmp_path}/s/val-000000.tar",
+              f"data.cache_dir={tmp_path}/c"]
+    splits = build_datasets(compose_fit(["data=shards", *shards, "data.multilabel=true"]).data)
     _, label = splits.train[0]
     assert splits.train.multilabel and label.dtype == np.float32 and label.shape == (4,) and label.sum() == 2
+    with pytest.raises(ConfigError, match="index is multi-label, but data.multilabel=false; set data.multilabel=true"):
+        build_datasets(compose_fit(["data=shards", *shards]).data)
+    result = fit(tmp_path / "run", *shards, "data.multilabel=true", "trainer.max_epochs=1", "data.image_size=16")
+    assert "val/mAP" in result.stdout + result.stderr
 
 
 def test_training_on_local_shards_resumes_mid_epoch_bitwise(shards, tmp_path):
@@ -259,3 +264,18 @@ def test_a_run_over_http_killed_mid_epoch_continues_bitwise(shards, tmp_path):
         assert 0 < killed_at < 3 * STEPS_PER_EPOCH
         fit(run, *urls(server.url), f"data.cache_dir={tmp_path}/cache", "trainer.resume=auto")
     assert_same_weights(model_state(straight), model_state(run))
+
+
+def test_class_balanced_sampling_draws_within_the_shards_windows(shards, tmp_path):
+    from paddletrain.data.balance import class_balanced_weights
+
+    cfg = compose_fit(["data=shards", *urls(str(shards)), f"data.cache_dir={tmp_path}", "data.sampler=class_balanced",
+                       "data.batch_size=4", "data.num_workers=0", "data.shuffle_buffer=6", "data.image_size=12"])
+    train = build_datasets(cfg.data).train
+    loader = build_loader(train, cfg.data, train=True, seed=3)
+    loader.batch_sampler.set_epoch(1)
+    weights = class_balanced_weights(train.targets)
+    expected = train.epoch_order(3, 1, weights=weights / weights.sum())
+    drawn = [key.index for keys in loader.batch_sampler for key in keys]
+    assert drawn == expected[:len(drawn)].tolist() and len(drawn) == 16
+    assert sum(1 for _ in loader) == 4

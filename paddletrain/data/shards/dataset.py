@@ -269,7 +269,10 @@ def build_shards(cfg: Any, train_transform: Transform, eval_transform: Transform
         found = _read_index(where, expanded, policy, index_key)
         if found is not None:
             names = names or found.classes
-            multilabel = multilabel or found.multilabel
+            if found.multilabel != multilabel:  # the loss, metrics and exports follow data.multilabel
+                raise ConfigError(f"{key}: the shards' index is {'multi' if found.multilabel else 'single'}-label, "
+                                  f"but data.multilabel={str(multilabel).lower()}; set data.multilabel="
+                                  f"{str(found.multilabel).lower()}")
         pairs, _ = _entries(expanded, found, cache, key=key, multilabel=multilabel,
                             num_classes=len(names) if names else None, policy=cfg.bad_sample_policy,
                             max_member_bytes=max_member)
