@@ -49,9 +49,14 @@ class UnknownNameError(ConfigError):
     """A registry was asked for a name nothing is registered under."""
 
 
-def close_matches(word: str, candidates: Iterable[str], n: int = 5) -> list[str]:
+def close_matches(word: str, candidates: Iterable[str], n: int = 5, cutoff: float = 0.6) -> list[str]:
     """Up to ``n`` of ``candidates`` that look like ``word`` (for "did you mean" hints)."""
-    return difflib.get_close_matches(word, list(candidates), n=n, cutoff=0.6)
+    return difflib.get_close_matches(word, list(candidates), n=n, cutoff=cutoff)
+
+
+# A registered name is short: at difflib's 0.6 an unrelated one passes (bars ~ shards), and the hint that a plugin's
+# name needs its package would be lost; 0.7 still catches a slip of one letter in a name of four or more.
+NAME_CUTOFF = 0.7
 
 
 class Registry(Generic[T]):
@@ -112,7 +117,7 @@ class Registry(Generic[T]):
     def _unknown(self, name: str) -> str:
         """One line: the key and value, close names (else how another package's name becomes known), the names."""
         names = self.names()
-        close = close_matches(name, names)
+        close = close_matches(name, names, cutoff=NAME_CUTOFF)
         if self.listing and len(names) > MAX_LISTED:
             known = f"{len(names)} registered, listed by {self.listing}"
         else:
