@@ -19,7 +19,7 @@ import pytest
 optuna = pytest.importorskip("optuna", reason="the search extra (pip install paddletrain[search]) is not installed")
 
 from paddletrain.errors import ConfigError  # noqa: E402
-from paddletrain.search.storage import Heartbeat, open_storage, storage_url  # noqa: E402
+from paddletrain.search.storage import Heartbeat, claiming, open_storage, storage_url  # noqa: E402
 from paddletrain.search.sweeper import SweepLock, requeue_abandoned, running, spent  # noqa: E402
 from tests.conftest import TINY  # noqa: E402
 
@@ -193,6 +193,28 @@ def test_processes_that_open_an_empty_database_at_the_same_moment_share_one_stud
     outputs = [process.communicate(timeout=120) for process in processes]
     assert all(process.returncode == 0 for process in processes), [err[-800:] for _, err in outputs]
     assert sorted(int(out) for out, _ in outputs) == list(range(6))  # one study, six different trials
+
+
+def test_sweeps_sharing_a_journal_count_and_ask_in_turn(tmp_path):
+    import threading
+
+    url = storage_url(None, tmp_path)
+    spans: list[tuple[float, float]] = []
+
+    def claim() -> None:
+        with claiming(url, "s"):
+            began = time.monotonic()
+            time.sleep(0.2)
+            spans.append((began, time.monotonic()))
+
+    threads = [threading.Thread(target=claim) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    spans.sort()
+    assert len(spans) == 3 and all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:]))
+    assert (tmp_path / "study.journal.claim.lock").exists()
 
 
 def _sweep_command(sweep_dir: Path, url: str, *extra: str) -> list[str]:

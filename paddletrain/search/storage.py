@@ -8,17 +8,25 @@
   can both try (PostgreSQL refuses the second ``CREATE TABLE`` with a unique violation in ``pg_type``):
   :func:`open_storage` retries with a short, jittered back-off until the tables exist.
 
+Sweeps that share a study take turns to count its trials and ask for the next (:func:`claiming`): a PostgreSQL
+advisory lock across machines, a file lock beside a journal or SQLite file on one. Without the turns, two sweeps
+whose trials end at the same moment both see one trial left and both start one.
+
 In a database, the sweep running a trial records its heartbeat, so a trial whose sweep died (a kill, a lost node)
 is found stale by the next sweep to look and handed on to a new trial that continues it from its newest checkpoint
 (:func:`paddletrain.search.sweeper.requeue_abandoned`) rather than counted as running forever.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import inspect
 import logging
 import random
 import time
 import warnings
+import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,3 +113,48 @@ def _rdb_storage(url: str, heartbeat: Heartbeat | None) -> Any:
             last = exc
             time.sleep(CREATE_BACKOFF_SECONDS * (attempt + 1) * (0.5 + random.random()))
     raise ConfigError(f"cannot open the study storage {url}: {type(last).__name__}: {str(last).splitlines()[0]}")
+
+
+@contextlib.contextmanager
+def claiming(url: str, study_name: str) -> Iterator[None]:
+    """One sweep at a time (of those sharing the study at ``url``) counts the study's trials and asks for new ones.
+
+    PostgreSQL: a session advisory lock keyed by the study's name, held on a connection of its own (the trials the
+    sweep asks for are committed by Optuna's own sessions before it is released). A journal or SQLite file: an
+    ``fcntl`` lock on ``<file>.claim.lock``. Other databases: no turns (two sweeps may then run one trial more than
+    ``n_trials`` between them).
+    """
+    if url.startswith("postgresql"):
+        import sqlalchemy
+
+        key = zlib.crc32(study_name.encode("utf-8"))
+        with _engine(url).connect() as connection:
+            connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), {"key": key})
+            try:
+                yield
+            finally:
+                connection.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), {"key": key})
+        return
+    path = url[len("journal:"):] if url.startswith("journal:") else \
+        url[len("sqlite:///"):] if url.startswith("sqlite:///") else None
+    if not path:
+        yield
+        return
+    with open(f"{path}.claim.lock", "a+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+_ENGINES: dict[str, Any] = {}
+
+
+def _engine(url: str) -> Any:
+    """One SQLAlchemy engine per database for the claims (a connection pool, not one connection per trial)."""
+    import sqlalchemy
+
+    if url not in _ENGINES:
+        _ENGINES[url] = sqlalchemy.create_engine(url, pool_pre_ping=True, pool_size=1)
+    return _ENGINES[url]

@@ -43,7 +43,7 @@ from paddletrain.job.rundir import wait_until_free
 from paddletrain.search.pruning import OptunaPruning, make_pruner, pruned_record
 from paddletrain.search.report import RUN_DIR_ATTR, RunConfig, write_reports
 from paddletrain.search.space import SearchSpace, check_against_schema, check_in_config, grid_of, parse_space
-from paddletrain.search.storage import Heartbeat, open_storage, retry_callback, storage_url
+from paddletrain.search.storage import Heartbeat, claiming, open_storage, retry_callback, storage_url
 
 log = logging.getLogger("paddletrain")
 
@@ -171,12 +171,16 @@ class OptunaSweep:
             study = self._open_study(space, url)
             # On one machine, a trial still RUNNING when no other sweep holds the directory was left by a killed one.
             requeue_abandoned(study, running_are_abandoned=journal and lock.held)
-            while (left := self.n_trials - spent(study) - running(study)) > 0 or running(study):
-                if left > 0:
-                    self._run(study, [self._next_trial(study, space, sweep_dir, url)
-                                      for _ in range(min(self.n_jobs, left))])
-                else:  # the last trials run in another sweep: wait for them to end, or to be abandoned
+            while True:
+                with claiming(url, self.name):  # sweeps sharing the study count and ask in turn
+                    left = self.n_trials - spent(study) - running(study)
+                    batch = [self._next_trial(study, space, sweep_dir, url) for _ in range(min(self.n_jobs, left))]
+                if batch:
+                    self._run(study, batch)
+                elif running(study):  # the last trials run in another sweep: wait for them to end, or be abandoned
                     time.sleep(min(self.heartbeat.interval, WAIT_SECONDS))
+                else:
+                    break
                 # a database: trials of sweeps that died meanwhile; a journal: the other sweep here has gone
                 requeue_abandoned(study, running_are_abandoned=journal and not lock.held and lock.take())
             write_reports(study, sweep_dir, space, self._run_config())
