@@ -279,3 +279,27 @@ def test_class_balanced_sampling_draws_within_the_shards_windows(shards, tmp_pat
     drawn = [key.index for keys in loader.batch_sampler for key in keys]
     assert drawn == expected[:len(drawn)].tolist() and len(drawn) == 16
     assert sum(1 for _ in loader) == 4
+
+
+@pytest.mark.slow  # about a minute: 244 full-size photos decoded each epoch of three runs; CI's slow pass runs it
+@pytest.mark.skipif(not HYMENOPTERA.is_dir(), reason=f"the ants/bees photos are not at {HYMENOPTERA}")
+def test_training_on_the_photos_over_http_resumes_mid_epoch_bitwise(tmp_path):
+    result = pack(HYMENOPTERA, tmp_path / "s", shard_size_mb=8)
+    train, val = (len(split.shards) for split in result.splits)
+    photos = ["data.image_size=32", "data.batch_size=16", "data.num_workers=2", "data.shuffle_buffer=100",
+              "trainer.max_epochs=2", "callbacks.progress_bar.enabled=false", "trainer.cpu_threads=1",
+              "sched.warmup_epochs=0"]
+    with FaultyServer(tmp_path / "s") as server:
+        shards = [f"data.urls='{server.url}/train-{{000000..{train - 1:06d}}}.tar'",
+                  f"data.val_urls='{server.url}/val-{{000000..{val - 1:06d}}}.tar'", f"data.cache_dir={tmp_path}/c"]
+        runs = {}
+        for name, extra in (("straight", []), ("stopped", ["trainer.max_steps=20"])):
+            runs[name] = tmp_path / name
+            done = run_module("paddletrain.fit", ["data=shards", *photos, *shards, f"hydra.run.dir={runs[name]}",
+                                                  *extra], cwd=tmp_path, timeout=600)
+            assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+        assert load_checkpoint(find_latest(runs["stopped"] / "checkpoints")).state["progress"]["batch_in_epoch"] == 5
+        done = run_module("paddletrain.fit", ["data=shards", *photos, *shards, f"hydra.run.dir={runs['stopped']}",
+                                              "trainer.resume=auto"], cwd=tmp_path, timeout=600)
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert_same_weights(model_state(runs["straight"]), model_state(runs["stopped"]))

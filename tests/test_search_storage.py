@@ -196,6 +196,7 @@ def test_processes_that_open_an_empty_database_at_the_same_moment_share_one_stud
 
 
 def test_sweeps_sharing_a_journal_count_and_ask_in_turn(tmp_path):
+    import itertools
     import threading
 
     url = storage_url(None, tmp_path)
@@ -213,7 +214,7 @@ def test_sweeps_sharing_a_journal_count_and_ask_in_turn(tmp_path):
     for thread in threads:
         thread.join(10)
     spans.sort()
-    assert len(spans) == 3 and all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:]))
+    assert len(spans) == 3 and all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(spans))
     assert (tmp_path / "study.journal.claim.lock").exists()
 
 
