@@ -292,3 +292,32 @@ def test_a_stop_request_that_lands_in_logging_ends_the_interruptible_block_not_t
             reached_the_end_of_the_block = True
     assert reached_the_end_of_the_block and caught.value.signum == signal.SIGTERM
     assert "Logging error" not in capsys.readouterr().err
+
+
+def test_a_signal_that_lands_in_logging_writes_no_record_of_its_own():
+    """Announcing the signal from inside a record being written would re-enter the stream (CI saw predict print a
+    'reentrant call' logging error with its traceback after SIGTERM): the handler stays silent there."""
+    import logging as std_logging
+    import sys as std_sys
+
+    from paddletrain.job.processes import StopRequest
+
+    request = StopRequest()
+    request.announce = True
+    records = []
+
+    class SignalWhileWriting(std_logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+            if len(records) == 1:
+                request._handle(signal.SIGTERM, std_sys._getframe())
+
+    logger = std_logging.getLogger("paddletrain")  # where the handler would announce the signal
+    handler = SignalWhileWriting()
+    logger.addHandler(handler)
+    try:
+        with request.deferred("stopping at the next step"):
+            std_logging.getLogger("paddletrain.test.signal_in_logging_2").warning("a record")
+    finally:
+        logger.removeHandler(handler)
+    assert request.signum == signal.SIGTERM and records == ["a record"]

@@ -197,7 +197,8 @@ class StopRequest:
             log.error("Second %s: exiting immediately", name)
             exit_now(128 + signum)
         self.signum, self.received_at = signum, now
-        if self._mode == "interrupt" and not _inside_logging(frame):
+        in_logging = _inside_logging(frame)
+        if self._mode == "interrupt" and not in_logging:
             # Whoever catches it says how the run ended, in one line. Inside logging it would be swallowed (and
             # printed as a logging error): the end of the interruptible block, or the next check, raises it.
             self.raise_if_requested()
@@ -207,6 +208,10 @@ class StopRequest:
             if self.announce:
                 log.warning("%s received during start-up: exiting; nothing to save", name)
             exit_now(128 + signum)
+        if in_logging:
+            # A record is being written: writing another from here would re-enter the stream (a "reentrant call"
+            # printed with its traceback as a logging error). The line that says how the run ended still comes.
+            return
         (log.warning if self.announce else log.debug)("%s received: %s (send it again to stop at once)", name,
                                                       self._plan)
 
