@@ -256,6 +256,9 @@ def build_shards(cfg: Any, train_transform: Transform, eval_transform: Transform
                          deadline=_option(deadline, "deadline", float, 0.0))
     max_bytes = int(_option(cache_max_gb, "cache_max_gb", float, 1e-9) * 1024**3)
     max_member = int(_option(max_member_mb, "max_member_mb", float, 1e-6) * 1024**2)
+    for key, value in (("index", index), ("val_index", val_index), ("cache_dir", cache_dir)):
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(f"data.{key}={value!r} must be a path (or null)")
     cache = ShardCache(Path(cache_dir) if cache_dir else cache_root() / "shards", max_bytes, policy)
     splits = []
     names = None

@@ -83,6 +83,9 @@ def expand_urls(spec: str | Iterable[str], key: str) -> list[str]:
         DatasetError: nothing given, an unknown URL scheme, or a name listed twice (it would be read twice an
             epoch).
     """
+    if not isinstance(spec, (str, Iterable)) or any(not isinstance(p, str) for p in ([] if isinstance(spec, str)
+                                                                                  else spec or [])):
+        raise DatasetError(f"{key}={spec!r} must be a path or URL pattern, or a list of them")
     patterns = [spec] if isinstance(spec, str) else list(spec or [])
     urls = [url for pattern in patterns for url in expand_braces(str(pattern).strip())]
     if not urls or not all(urls):
