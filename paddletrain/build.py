@@ -30,13 +30,23 @@ from omegaconf import DictConfig, OmegaConf
 
 from paddletrain.callbacks.heartbeat import Heartbeat
 from paddletrain.callbacks.instantiate import instantiate_callbacks
-from paddletrain.checkpoint import load_checkpoint
+from paddletrain.checkpoint import Checkpoint, load_checkpoint
 from paddletrain.checkpoint.locate import locate_checkpoint
-from paddletrain.config import COMPONENT_GROUPS, SCHEMAS, DataConfig, FitConfig, ModelConfig, component_options
+from paddletrain.config import (
+    COMPONENT_GROUPS,
+    SCHEMAS,
+    DataConfig,
+    EvaluateConfig,
+    FitConfig,
+    ModelConfig,
+    check_values,
+    component_options,
+)
 from paddletrain.data import DatasetError, build_datasets, build_loader, build_transform, preprocessing_info
 from paddletrain.data.balance import class_balanced_weights, class_counts, dataset_targets
 from paddletrain.data.holdout import hold_out_by_config
 from paddletrain.data.mixup import Mixup
+from paddletrain.data.transforms import eval_image_size
 from paddletrain.data.unlabeled import with_unlabeled
 from paddletrain.distill import Distiller
 from paddletrain.engine.callback import Callback
@@ -51,8 +61,9 @@ from paddletrain.job import distributed
 from paddletrain.job.rundir import holding_run_dir
 from paddletrain.job.runtime import seed_everything, setup_runtime
 from paddletrain.losses import LossFn, build_loss
-from paddletrain.metrics.multilabel import LossMeter, MultiLabelMeter
+from paddletrain.metrics.multilabel import LossMeter, MultiLabelMeter, MultiLabelReport
 from paddletrain.models import create_model
+from paddletrain.models.tta import TestTimeAugmentation
 from paddletrain.models.weights import describe
 from paddletrain.optim import build_optimizer, run_lr
 from paddletrain.plugins import prepare
@@ -523,3 +534,70 @@ def rebuild_checkpoint(checkpoint_spec: str | Path, data_root: str | None = None
     threshold = float(cfg.data.multilabel_threshold) if cfg.data.get("multilabel") else None
     return RebuiltCheckpoint(model, exportable, splits, eval_tf, preprocessing_info(cfg.data, in_chans=splits.in_chans),
                     threshold)
+
+
+def evaluated_checkpoint(cfg: DictConfig, overrides: Sequence[str]) -> tuple[DictConfig, Checkpoint]:
+    """The checkpoint an ``evaluate`` config names, and the config to evaluate it with: the checkpoint's own,
+    with the command line's ``overrides`` on top.
+
+    The command line's values are checked first, so a typo is refused before a checkpoint is read.
+    """
+    check_values(cfg, EvaluateConfig)
+    if OmegaConf.is_missing(cfg, "checkpoint"):
+        raise UserError("missing required value for checkpoint (e.g. checkpoint=outputs/<name>/<time>:best)")
+    checkpoint = load_checkpoint(locate_checkpoint(cfg.checkpoint))
+    prepare(cfg, checkpoint)  # the checkpoint's `imports` and the command line's
+    source = f"checkpoint={checkpoint.path}"
+    return checkpoint_config(checkpoint.state.get("config"), overrides, base=cfg, source=source), checkpoint
+
+
+@dataclass
+class Evaluation:
+    """A checkpoint rebuilt to be evaluated on one split: a Trainer with the run's loss and meters (no
+    optimizer) and that split's loader."""
+
+    trainer: Trainer
+    loader: Any
+    split: str
+    classes: list[str]
+
+    def run(self) -> dict[str, float]:
+        """The split's metrics, named after it (``test/top1``, ...; the Trainer names what it validates val/...)."""
+        metrics = self.trainer.validate(self.loader)
+        return {f"{self.split}/{key.removeprefix('val/')}": value for key, value in metrics.items()}
+
+    def per_class(self) -> dict[str, Any]:
+        """Log the last validation's per-class table; its entries for the JSON line (``<split>/per_class``, and
+        for a single-label run ``<split>/classes`` and ``<split>/confusion_matrix``, as ``val/...`` in
+        ``summary.json``)."""
+        multilabel = getattr(self.trainer.val_meter, "report", None)
+        if isinstance(multilabel, MultiLabelReport):
+            log.info("Per class (threshold %g):\n%s", multilabel.threshold, "\n".join(multilabel.table(self.classes)))
+            return {f"{self.split}/per_class": multilabel.rows(self.classes)}
+        report = self.trainer.val_report
+        if report is None:
+            return {}
+        for row in report.table():
+            log.info("%s", row)
+        return {f"{self.split}/{key}": value for key, value in report.to_dict().items()}
+
+
+def build_evaluation(cfg: DictConfig, checkpoint: Checkpoint) -> Evaluation:
+    """The model of ``cfg`` (a checkpoint's config, :func:`evaluated_checkpoint`) with the checkpoint's weights,
+    behind test-time augmentation if ``tta`` asks for it, and the split ``cfg.split`` names."""
+    validate_config(cfg, use="evaluate")
+    cfg = resolve_preprocessing(cfg)
+    setup_runtime(cfg.trainer.device, cfg.trainer.cpu_threads)
+    seed_everything(cfg.trainer.seed)
+    tta = cfg.get("tta") or {}
+    split = cfg.get("split", "val")
+    data = build_data(cfg, seed=cfg.trainer.seed, eval_crop=tta.get("crops", 1) == 1, training=False,
+                      eval_split=split)
+    model = checkpoint_model(cfg, checkpoint.state, len(data.classes), data.in_chans,
+                             source=f"checkpoint={checkpoint.path}")
+    if tta.get("flip") or tta.get("crops", 1) > 1:  # test-time augmentation (paddletrain.models.tta)
+        model = TestTimeAugmentation(model, flip=tta.flip, crops=tta.crops, crop_size=eval_image_size(cfg.data))
+    trainer = Trainer(model, num_classes=len(data.classes), limits=build_limits(cfg),
+                      loss_fn=build_criterion(cfg, data), meters=build_meters(cfg, len(data.classes)),
+                      class_names=data.classes)
+    return Evaluation(trainer, data.val_loader, split, data.classes)
