@@ -16,7 +16,7 @@ Either is combined with the hard-label loss as ``alpha * distill + (1 - alpha) *
 needs no labels.
 
 Trainer integration: ``Trainer(..., distiller=Distiller(...))`` (built from ``trainer.distill`` by
-:func:`paddletrain.build.build_distiller`). The teacher is not a sublayer of the student, so
+:func:`build_distiller`). The teacher is not a sublayer of the student, so
 ``Trainer.state_dict()`` and every checkpoint hold the student only, and the optimizer never sees the
 teacher's parameters. The training step computes the student's logits as usual and asks the distiller for the
 loss (:meth:`Distiller.training_step` is the same step for a Trainer subclass of your own)::
@@ -30,19 +30,24 @@ numbers, and runs on every rank on that rank's batch, so exact resume and data p
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import paddle
 import paddle.nn.functional as F
+from omegaconf import OmegaConf
 
 from paddletrain.config import DISTILL_KINDS, DistillConfig
 from paddletrain.errors import ConfigError
 from paddletrain.losses import cross_entropy
+from paddletrain.models import create_model
 from paddletrain.registry import MODELS
 
 if TYPE_CHECKING:  # pragma: no cover
     from paddletrain.engine.precision import Precision
+
+log = logging.getLogger("paddletrain")
 
 KINDS = DISTILL_KINDS
 
@@ -80,10 +85,11 @@ def resolve_alpha(kind: str, alpha: float | None) -> float:
     return float(alpha)
 
 
-def check_distill_config(d: Any) -> None:
+def check_distill_config(d: Any, sampler: str | None = None, mixing: bool = False) -> None:
     """The ``trainer.distill.*`` rules: a teacher named in the model registry with trained weights, an ``alpha``
-    and ``temperature`` that suit the kind, and unlabeled images only with a loss that needs no labels (against
-    the other groups: :mod:`paddletrain.validation`)."""
+    and ``temperature`` that suit the kind, and unlabeled images only with a loss that needs no labels, neither a
+    class-balanced ``sampler`` (``data.sampler``) nor Mixup/CutMix (``mixing``: ``data.mixup`` is on) beside them:
+    those need every image's class."""
     if not d.teacher:
         if d.unlabeled_root or d.pretrained:
             set_key = "unlabeled_root" if d.unlabeled_root else "pretrained"
@@ -108,6 +114,31 @@ def check_distill_config(d: Any) -> None:
     if d.unlabeled_root and alpha != 1.0:
         raise ConfigError(f"trainer.distill.unlabeled_root needs a loss without labels: trainer.distill.alpha=1 "
                           f"(got {alpha}); the unlabeled images have no hard-label term")
+    if d.unlabeled_root and sampler == "class_balanced":
+        raise ConfigError("data.sampler=class_balanced weighs each image by its class, but the images of "
+                          "trainer.distill.unlabeled_root have none: set data.sampler=random")
+    if d.unlabeled_root and mixing:
+        raise ConfigError("trainer.distill.unlabeled_root cannot be combined with data.mixup: mixed targets need "
+                          "every image's label; set data.mixup.mixup_alpha=0 and data.mixup.cutmix_alpha=0")
+
+
+def build_distiller(d: Any, num_classes: int, in_chans: int, precision: Precision,
+                    hard_loss: Callable[[paddle.Tensor, paddle.Tensor], paddle.Tensor]) -> Distiller | None:
+    """The frozen teacher of ``trainer.distill`` (the node ``d``) and its loss; None when ``teacher`` is null.
+
+    The teacher is built like the student (registry name + weight source) with the student's ``num_classes`` and
+    ``in_chans``; its hard-label term is ``hard_loss`` (the run's loss).
+    """
+    if d is None or not d.teacher:
+        return None
+    options = OmegaConf.to_container(d.teacher_options, resolve=True) if d.teacher_options else {}
+    teacher = create_model(d.teacher, num_classes=num_classes, in_chans=in_chans, pretrained=d.pretrained,
+                           strict=True, trust_pickle=d.trust_pickle, **options)
+    if precision.amp_active and precision.level == "O2":  # O2 autocast expects low-precision weights
+        teacher = paddle.amp.decorate(models=teacher, level="O2", dtype=precision.dtype)
+    log.info("Distilling from the teacher %s (%s), kind=%s", d.teacher, d.pretrained, d.kind)
+    return Distiller(teacher, kind=d.kind, alpha=d.alpha, temperature=d.temperature, hard_loss=hard_loss,
+                     precision=precision)
 
 
 def distillation_loss(

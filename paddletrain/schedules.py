@@ -60,13 +60,18 @@ def schedule_steps(steps_per_epoch: int, max_epochs: int, warmup_epochs: float =
     return ScheduleSteps(per_epoch=steps_per_epoch, total=total, warmup=warmup)
 
 
-def check_sched_config(sched: SchedConfig) -> None:
-    """The ``sched.*`` rules beyond each key's declared range (``sched.min_lr`` against the run's learning rate
-    compares groups: :func:`paddletrain.validation.check_key_rules`)."""
-    if str(sched.name).lower() == "multistep":
+def check_sched_config(sched: SchedConfig, run_lr: float | None = None, lr: float | None = None) -> None:
+    """The ``sched.*`` rules beyond each key's declared range; with ``run_lr`` (the rate the run starts from,
+    :func:`paddletrain.optim.run_lr`, from ``optim.lr`` = ``lr``) a cosine schedule's ``sched.min_lr`` must not
+    exceed it."""
+    name = str(sched.name).lower()
+    if name == "multistep":
         milestones = list(sched.milestones)
         if not milestones or any(b <= a for a, b in itertools.pairwise(milestones)):
             raise ConfigError(f"sched.milestones must be strictly increasing epochs, got {milestones}")
+    if name == "cosine" and run_lr is not None and sched.min_lr > run_lr:
+        scaled = f" (optim.lr={lr:g} scaled to the global batch)" if lr is not None and lr != run_lr else ""
+        raise ConfigError(f"sched.min_lr={sched.min_lr} must be <= optim.lr={run_lr:g}{scaled}")
 
 
 def build_scheduler(cfg: SchedConfig, base_lr: float, steps: ScheduleSteps) -> LRScheduler:

@@ -29,12 +29,12 @@ import paddletrain.builtin_components  # noqa: F401  (registers the built-in nam
 from paddletrain.callbacks.instantiate import check_callback_entries
 from paddletrain.config import COMPONENT_GROUPS, SCHEMAS, EvaluateConfig, FitConfig, check_values, component_options
 from paddletrain.data.mixup import Mixup
-from paddletrain.data.transforms import DEFAULT_CROP_PCT, build_augmentations, eval_image_size
+from paddletrain.data.transforms import build_augmentations, check_transform_config
 from paddletrain.distill import check_distill_config
 from paddletrain.errors import ConfigError, StartRefused, UserError
 from paddletrain.job import distributed, slurm
 from paddletrain.job.rundir import hold_new_run_dir
-from paddletrain.job.runtime import select_device
+from paddletrain.job.runtime import check_machine
 from paddletrain.losses import check_loss_config, loss_name
 from paddletrain.optim import check_optim_config, run_lr
 from paddletrain.plugins import prepare
@@ -84,17 +84,22 @@ def unknown_keys(node: Any, schema: type, prefix: str = "") -> list[str]:
 def validate_config(cfg: Any, use: str = "fit") -> None:
     """Raise :class:`ConfigError` naming the first key that is missing or whose value is not allowed.
 
-    Hydra already rejects wrong types; this adds unknown ``+keys``, required values, every key's declared
-    range or choices (:func:`check_values`), the rules that compare keys (:func:`check_key_rules`), then what
-    needs the registries or a constructor. ``use`` says what the config is used for on this machine: ``fit``
-    (every rule), ``evaluate`` (a saved training config run here: the device must exist, training-only rules
-    are skipped) or ``export`` (no machine rules). Every call runs every check; :func:`validate_once` is the
-    one entry points call.
+    Hydra already rejects wrong types; this adds, cheapest first: unknown ``+keys`` and required values, every
+    key's declared range or choices (:func:`check_values`), the config's ``imports``, the rules that compare keys
+    and the names and options looked up in registries (:func:`check_key_rules`), each component's own rules from
+    the module that builds it, and what this machine can run. ``use`` says what the config is used for on this
+    machine: ``fit`` (every rule), ``evaluate`` (a saved training config run here: the device must exist,
+    training-only rules are skipped) or ``export`` (no machine rules). Every call runs every check;
+    :func:`validate_once` is the one entry points call.
+
+    The config is handed to each module once, in this order; the rules between groups that need a component's
+    view (the run's learning rate, whether Mixup is on) get it as a value from that component.
     """
     global _last
     if use not in VALIDATION_USES:
         raise ValueError(f"use={use!r} is not one of {VALIDATION_USES}")
     schema = EvaluateConfig if "checkpoint" in cfg else FitConfig
+    fingerprint = config_fingerprint(cfg)
     unknown = unknown_keys(cfg, schema)
     if unknown:
         raise ConfigError(f"unknown config key {unknown[0]} (not in the schema; check the spelling)")
@@ -103,18 +108,37 @@ def validate_config(cfg: Any, use: str = "fit") -> None:
         raise ConfigError(f"missing required value for {', '.join(missing)} (set it on the command line, "
                           f"e.g. {missing[0]}=...)")
     check_values(cfg, schema)
-    check_key_rules(cfg)
     prepare(cfg)  # the config's `imports` register their names before the names are looked up
-    check_names(cfg)
-    check_component_options(cfg)
-    check_components(cfg)
+    check_key_rules(cfg)
+    # Each component's own rules, from the module that builds it; nothing is built to be checked.
+    t = cfg.trainer
+    multilabel = bool(cfg.data.get("multilabel"))
+    check_optim_config(cfg.optim)
+    lr = run_lr(cfg.optim, cfg.data.batch_size * t.devices * t.get("num_nodes", 1) * t.accumulate_grad_batches)
+    check_sched_config(cfg.sched, run_lr=lr, lr=cfg.optim.lr)
+    check_loss_config(cfg.loss, multilabel)
+    check_transform_config(cfg.data)
+    # The augmentations' factories are their checks (each also declares its stage): a few tiny objects, rebuilt
+    # with the data pipeline.
+    build_augmentations(cfg.data.get("augment") or [])
+    Mixup.check_config(cfg.data.get("mixup"), cfg.loss.label_smoothing)
+    mixing = Mixup.enabled(cfg.data.get("mixup"))
+    if t.get("distill") is not None:
+        check_distill_config(t.distill, sampler=cfg.data.get("sampler"), mixing=mixing)
+    check_callback_entries(cfg.get("callbacks") or {})
     if use != "export":
-        _check_machine(cfg, training=use == "fit")
-    _last = Validated(config_fingerprint(cfg), use)
+        check_machine(t, sync_bn=cfg.model.sync_bn, training=use == "fit")
+    _last = Validated(fingerprint, use)
 
 
 def check_key_rules(cfg: Any) -> None:
-    """The rules that compare keys with each other: no registry, file or constructor needed."""
+    """The rules that compare keys with each other (no file or constructor needed), then every name the config
+    looks up in a registry (installed plugins included; the config's ``imports`` must have been imported,
+    :func:`paddletrain.plugins.prepare`) and the options of the factories they select.
+
+    A key a component group's schema does not declare is an option of the factory its ``name`` selects
+    (:meth:`paddletrain.registry.Registry.options_of`); a misspelt one is refused with the close names.
+    """
     if cfg.data.name in DATASETS_NEEDING_ROOT and not cfg.data.root:
         raise ConfigError(f"missing required value for data.root: data.name={cfg.data.name} reads its images from "
                           f"there (e.g. data.root=/data/my_images)")
@@ -123,8 +147,28 @@ def check_key_rules(cfg: Any) -> None:
     if cfg.data.multilabel:
         _check_multilabel(cfg)
     _check_nodes(cfg.trainer)
-    _check_data(cfg.data)
-    _check_min_lr(cfg)
+    # The registries last, in this function: every rule of this module has run before the config leaves it.
+    selected = {"model": (MODELS, cfg.model.name), "data": (DATASETS, cfg.data.name),
+                "optim": (OPTIMIZERS, cfg.optim.name), "sched": (SCHEDULERS, cfg.sched.name),
+                "loss": (LOSSES, loss_name(cfg.loss.get("name"), bool(cfg.data.get("multilabel"))))}
+    for group in ("data", "model", "optim", "sched", "loss"):  # the order a user reads the names in
+        registry, name = selected[group]
+        registry.get(name)
+    for group in COMPONENT_GROUPS:
+        registry, name = selected[group]
+        extra = component_options(cfg[group], SCHEMAS[group])
+        accepted = registry.options_of(name) if extra else None
+        if accepted is None:
+            continue
+        declared = [f.name for f in dataclasses.fields(SCHEMAS[group])]
+        own = [option for option in accepted if option not in declared]
+        for key in extra:
+            if key not in accepted:
+                close = close_matches(key, dict.fromkeys([*own, *declared]), n=3)
+                hint = f"; did you mean {', '.join(f'{group}.{c}' for c in close)}?" if close else ""
+                takes = f"whose options are: {', '.join(own)}" if own else "which takes none"
+                raise ConfigError(f"unknown config key {group}.{key} (neither a {group} key nor an option of "
+                                  f"{registry.config_key}={name}, {takes}{hint})")
 
 
 # ---------------------------------------------------------------------------------------------- once per process
@@ -166,10 +210,10 @@ def validate_once(cfg: Any, use: str = "fit") -> None:
 
     The config's ``imports`` are imported either way: a rank whose launcher validated still needs them.
     """
-    if is_validated(cfg, use):
+    if not is_validated(cfg, use):
+        validate_config(cfg, use)
+    else:
         prepare(cfg)
-        return
-    validate_config(cfg, use)
 
 
 VALIDATION_USES = ("fit", "evaluate", "export")
@@ -214,109 +258,6 @@ def _monitors(cfg: Any) -> list[tuple[str, Any]]:
         if OmegaConf.is_config(entry) and "monitor" in entry and not OmegaConf.is_interpolation(entry, "monitor"):
             found.append((f"callbacks.{name}.monitor", entry.monitor))
     return found
-
-
-def _check_data(data: Any) -> None:
-    if data.mean is not None and data.std is not None and len(data.mean) != len(data.std):
-        raise ConfigError(f"data.mean has {len(data.mean)} values but data.std has {len(data.std)}")
-    eval_size = eval_image_size(data)  # None while data.image_size is still to come from the weights
-    if data.eval_transform == "imagenet" and data.eval_resize and eval_size and data.eval_resize < eval_size:
-        size_key = "data.eval_image_size" if data.get("eval_image_size") else "data.image_size"
-        raise ConfigError(f"data.eval_resize={data.eval_resize} is smaller than the evaluation crop {size_key}="
-                          f"{eval_size}: the centre crop is cut from the resized image, so raise data.eval_resize "
-                          f"(e.g. {round(eval_size / DEFAULT_CROP_PCT)}) or leave it null")
-
-
-def check_names(cfg: Any) -> None:
-    """Every name the config looks up in a registry is registered (installed plugins included; the config's
-    ``imports`` must have been imported, :func:`paddletrain.plugins.prepare`)."""
-    loss = loss_name(cfg.loss.get("name"), bool(cfg.data.get("multilabel")))
-    for registry, name in ((DATASETS, cfg.data.name), (MODELS, cfg.model.name), (OPTIMIZERS, cfg.optim.name),
-                           (SCHEDULERS, cfg.sched.name), (LOSSES, loss)):
-        registry.get(name)
-
-
-def check_component_options(cfg: Any) -> None:
-    """A key a component group's schema does not declare is an option of the factory its ``name`` selects
-    (:meth:`paddletrain.registry.Registry.options_of`); a misspelt one is refused with the close names."""
-    selected = {"model": (MODELS, cfg.model.name), "data": (DATASETS, cfg.data.name),
-                "optim": (OPTIMIZERS, cfg.optim.name), "sched": (SCHEDULERS, cfg.sched.name),
-                "loss": (LOSSES, loss_name(cfg.loss.get("name"), bool(cfg.data.get("multilabel"))))}
-    for group in COMPONENT_GROUPS:
-        registry, name = selected[group]
-        extra = component_options(cfg[group], SCHEMAS[group])
-        accepted = registry.options_of(name) if extra else None
-        if accepted is None:
-            continue
-        declared = [f.name for f in dataclasses.fields(SCHEMAS[group])]
-        own = [option for option in accepted if option not in declared]
-        for key in extra:
-            if key not in accepted:
-                close = close_matches(key, dict.fromkeys([*own, *declared]), n=3)
-                hint = f"; did you mean {', '.join(f'{group}.{c}' for c in close)}?" if close else ""
-                takes = f"whose options are: {', '.join(own)}" if own else "which takes none"
-                raise ConfigError(f"unknown config key {group}.{key} (neither a {group} key nor an option of "
-                                  f"{registry.config_key}={name}, {takes}{hint})")
-
-
-def _check_min_lr(cfg: Any) -> None:
-    """``sched.min_lr`` against the run's learning rate (``optim.lr`` scaled to the global batch)."""
-    s, t = cfg.sched, cfg.trainer
-    if str(s.name).lower() != "cosine":
-        return
-    world = t.devices * t.get("num_nodes", 1)
-    lr = run_lr(cfg.optim, cfg.data.batch_size * world * t.accumulate_grad_batches)
-    if s.min_lr > lr:
-        scaled = f" (optim.lr={cfg.optim.lr:g} scaled to the global batch)" if lr != cfg.optim.lr else ""
-        raise ConfigError(f"sched.min_lr={s.min_lr} must be <= optim.lr={lr:g}{scaled}")
-
-
-def check_components(cfg: Any) -> None:
-    """Each component's own rules, from the module that builds it, then the rules between them."""
-    multilabel = bool(cfg.data.get("multilabel"))
-    check_optim_config(cfg.optim)
-    check_sched_config(cfg.sched)
-    check_loss_config(cfg.loss, multilabel)
-    Mixup.check_config(cfg.data.get("mixup"), cfg.loss.label_smoothing)
-    # The augmentations' factories are their checks (each also declares its stage): a few tiny objects, rebuilt
-    # with the data pipeline.
-    build_augmentations(cfg.data.get("augment") or [])
-    distill = cfg.trainer.get("distill")
-    if distill is not None:
-        check_distill_config(distill)
-    check_callback_entries(cfg.get("callbacks") or {})
-    _check_between_components(cfg)
-
-
-def _check_between_components(cfg: Any) -> None:
-    """Unlabeled images (distillation) have no class: no class-balanced sampler, no Mixup/CutMix."""
-    unlabeled = (cfg.trainer.get("distill") or {}).get("unlabeled_root")
-    if not unlabeled:
-        return
-    if cfg.data.get("sampler") == "class_balanced":
-        raise ConfigError("data.sampler=class_balanced weighs each image by its class, but the images of "
-                          "trainer.distill.unlabeled_root have none: set data.sampler=random")
-    if Mixup.enabled(cfg.data.get("mixup")):
-        raise ConfigError("trainer.distill.unlabeled_root cannot be combined with data.mixup: mixed targets need "
-                          "every image's label; set data.mixup.mixup_alpha=0 and data.mixup.cutmix_alpha=0")
-
-
-def _check_machine(cfg: Any, training: bool) -> None:
-    """Rules that depend on this machine: the device exists, and SyncBatchNorm has GPUs to synchronise."""
-
-    t = cfg.trainer
-    try:
-        device = select_device(t.device)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    if not training or not cfg.model.sync_bn:
-        return
-    if t.devices < 2:
-        raise ConfigError(f"model.sync_bn=true needs trainer.devices >= 2 (it averages BatchNorm statistics across "
-                          f"processes); this run has trainer.devices={t.devices}: set model.sync_bn=false")
-    if not device.startswith("gpu"):
-        raise ConfigError(f"model.sync_bn=true needs GPUs (Paddle runs SyncBatchNorm only there); this run trains on "
-                          f"the CPU (trainer.device={t.device}): set model.sync_bn=false")
 
 
 class RunDirGuard(Callback):

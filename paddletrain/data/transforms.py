@@ -106,6 +106,19 @@ def eval_image_size(cfg: Any) -> int:
     return getattr(cfg, "eval_image_size", None) or cfg.image_size
 
 
+def check_transform_config(data: Any) -> None:
+    """The ``data.*`` transform rules beyond each key's declared range: one std per mean, and an evaluation resize
+    no smaller than the crop cut from it."""
+    if data.mean is not None and data.std is not None and len(data.mean) != len(data.std):
+        raise ConfigError(f"data.mean has {len(data.mean)} values but data.std has {len(data.std)}")
+    eval_size = eval_image_size(data)  # None while data.image_size is still to come from the weights
+    if data.eval_transform == "imagenet" and data.eval_resize and eval_size and data.eval_resize < eval_size:
+        size_key = "data.eval_image_size" if data.get("eval_image_size") else "data.image_size"
+        raise ConfigError(f"data.eval_resize={data.eval_resize} is smaller than the evaluation crop {size_key}="
+                          f"{eval_size}: the centre crop is cut from the resized image, so raise data.eval_resize "
+                          f"(e.g. {round(eval_size / DEFAULT_CROP_PCT)}) or leave it null")
+
+
 def _eval_resize(cfg: Any) -> int:
     return cfg.eval_resize or int(eval_image_size(cfg) / DEFAULT_CROP_PCT)
 

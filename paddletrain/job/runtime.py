@@ -5,11 +5,13 @@ import logging
 import os
 import random
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import paddle
 
 from paddletrain.devices import DEVICES, usable_cores
+from paddletrain.errors import ConfigError
 
 log = logging.getLogger("paddletrain")
 
@@ -71,6 +73,24 @@ def select_device(device: str = "auto") -> str:
         local_rank = int(os.environ.get("PADDLE_LOCAL_RANK", os.environ.get("FLAGS_selected_gpus", "0").split(",")[0]))
         return f"gpu:{local_rank}"
     return "cpu"
+
+
+def check_machine(trainer: Any, sync_bn: bool = False, training: bool = True) -> str:
+    """The config's rules that depend on this machine: ``trainer.device`` exists here, and ``model.sync_bn`` (in
+    training) has several GPU processes to synchronise. Returns the device; a failure is a ``ConfigError``."""
+    try:
+        device = select_device(trainer.device)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if not training or not sync_bn:
+        return device
+    if trainer.devices < 2:
+        raise ConfigError(f"model.sync_bn=true needs trainer.devices >= 2 (it averages BatchNorm statistics across "
+                          f"processes); this run has trainer.devices={trainer.devices}: set model.sync_bn=false")
+    if not device.startswith("gpu"):
+        raise ConfigError(f"model.sync_bn=true needs GPUs (Paddle runs SyncBatchNorm only there); this run trains on "
+                          f"the CPU (trainer.device={trainer.device}): set model.sync_bn=false")
+    return device
 
 
 def set_cpu_threads(threads: int | None, data_workers: int = 0, ranks: int | None = None) -> int:
