@@ -15,20 +15,18 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import paddle
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from paddletrain.callbacks.heartbeat import Heartbeat
+from paddletrain.callbacks.heartbeat import heartbeat_callbacks
 from paddletrain.callbacks.instantiate import instantiate_callbacks
 from paddletrain.checkpoint import Checkpoint, load_checkpoint
 from paddletrain.checkpoint.locate import locate_checkpoint
@@ -38,17 +36,14 @@ from paddletrain.config import (
     DataConfig,
     EvaluateConfig,
     FitConfig,
-    ModelConfig,
     check_values,
     component_options,
 )
-from paddletrain.data import DatasetError, build_datasets, build_loader, build_transform, preprocessing_info
-from paddletrain.data.balance import class_balanced_weights, class_counts, dataset_targets
-from paddletrain.data.holdout import hold_out_by_config
+from paddletrain.data import DatasetError, build_datasets, build_transform, preprocessing_info
+from paddletrain.data.bundle import DataBundle, build_data
 from paddletrain.data.mixup import Mixup
 from paddletrain.data.transforms import eval_image_size
-from paddletrain.data.unlabeled import with_unlabeled
-from paddletrain.distill import Distiller
+from paddletrain.distill import build_distiller
 from paddletrain.engine.callback import Callback
 from paddletrain.engine.limits import Limits
 from paddletrain.engine.precision import Precision
@@ -56,117 +51,25 @@ from paddletrain.engine.resume import is_legacy_checkpoint, load_resume_checkpoi
 from paddletrain.engine.state_checks import check_state_matches
 from paddletrain.engine.summary import write_summary
 from paddletrain.engine.trainer import Trainer, count_batches
-from paddletrain.errors import ConfigError, TrainingInterrupted, UserError
+from paddletrain.errors import TrainingInterrupted, UserError
 from paddletrain.job import distributed
 from paddletrain.job.rundir import holding_run_dir
 from paddletrain.job.runtime import seed_everything, setup_runtime
-from paddletrain.losses import LossFn, build_loss
-from paddletrain.metrics.multilabel import LossMeter, MultiLabelMeter, MultiLabelReport
-from paddletrain.models import create_model
+from paddletrain.losses import build_loss
+from paddletrain.metrics.multilabel import MultiLabelReport, task_meters
+from paddletrain.models.factory import build_model
 from paddletrain.models.tta import TestTimeAugmentation
 from paddletrain.models.weights import describe
-from paddletrain.optim import build_optimizer, run_lr
+from paddletrain.optim import build_optimization
 from paddletrain.plugins import prepare
-from paddletrain.schedules import build_scheduler, optimizer_steps_per_epoch, schedule_steps
 from paddletrain.validation import DEFAULT_MONITOR, validate_config, validate_once
 
+__all__ = ["DataBundle", "Evaluation", "RebuiltCheckpoint", "Run", "build_callbacks", "build_data",
+           "build_evaluation", "build_model", "build_run", "checkpoint_config", "checkpoint_model",
+           "evaluated_checkpoint", "rebuild_checkpoint", "resolve_preprocessing", "resolve_task", "run_hparams",
+           "train"]
+
 log = logging.getLogger("paddletrain")
-
-
-@dataclass
-class DataBundle:
-    """What the data config builds: loaders plus what the model must know about the data.
-
-    ``class_counts``: training samples per class of the model (None when the dataset has no ``targets``), counted
-    once here for ``data.sampler=class_balanced`` and ``loss.class_weights=balanced``.
-    """
-
-    train_loader: Any
-    val_loader: Any
-    classes: list[str]
-    in_chans: int
-    class_counts: np.ndarray | None = None
-
-
-def build_data(cfg: DictConfig, seed: int, rank: int = 0, world_size: int = 1, eval_crop: bool = True,
-               training: bool = True, eval_split: str = "val") -> DataBundle:
-    """Datasets, transforms and loaders from the ``data`` config.
-
-    ``eval_crop=False``: evaluation images keep the ``eval_resize`` square (multi-crop test-time augmentation).
-    ``training=False``: only evaluation is coming, so ``trainer.distill.unlabeled_root`` is not read.
-    ``eval_split="test"``: the evaluation loader reads the test split, which exists when ``data.holdout`` held
-    the validation split out of the training split.
-    """
-    # Transforms need the channel count the dataset reports, so the loaders apply them (per seeded sample).
-    splits = hold_out_by_config(build_datasets(cfg.data), cfg.data)
-    if eval_split == "test":
-        if splits.test is None:
-            raise UserError(f"split=test: data.name={cfg.data.name} has no test split apart from its validation "
-                            "split, because data.holdout is 0 (the run validated on the dataset's own validation "
-                            "split); evaluate split=val")
-        splits.val = splits.test
-    elif splits.test is not None and training:
-        log.info("data.holdout=%g: %d training images, %d validation images held out of them (data.holdout_seed=%d), "
-                 "%d test images (evaluate split=test)", cfg.data.holdout, len(splits.train), len(splits.val),
-                 cfg.data.holdout_seed, len(splits.test))
-    unlabeled = (cfg.trainer.get("distill") or {}).get("unlabeled_root")
-    if unlabeled and training:  # label-free distillation (SSLD) learns from these too
-        splits.train = with_unlabeled(splits.train, unlabeled, splits.in_chans)
-    train_tf = build_transform(cfg.data, train=True, in_chans=splits.in_chans)
-    eval_tf = build_transform(cfg.data, train=False, in_chans=splits.in_chans, crop=eval_crop)
-    if len(splits.train) == 0:
-        raise UserError(f"data.name={cfg.data.name}: the training split is empty")
-    num_classes = cfg.model.num_classes
-    if num_classes is not None and num_classes < len(splits.classes):
-        raise UserError(f"model.num_classes={num_classes} is smaller than the {len(splits.classes)} classes "
-                        f"of data.name={cfg.data.name}")
-    if num_classes is not None and cfg.data.multilabel and num_classes != len(splits.classes):
-        raise UserError(f"model.num_classes={num_classes} differs from the {len(splits.classes)} classes of the "
-                        "multi-label lists (data.multilabel=true: one logit per multi-hot column); leave it null")
-    per_rank = -(-len(splits.train) // world_size)
-    if cfg.data.drop_last and per_rank < cfg.data.batch_size:
-        raise UserError(f"data.batch_size={cfg.data.batch_size} is larger than the {per_rank} training samples each "
-                        f"of the {world_size} process(es) gets from data.name={cfg.data.name}: with "
-                        "data.drop_last=true no training step would run. Lower data.batch_size.")
-    targets = dataset_targets(splits.train)
-    counts = class_counts(targets, num_classes or len(splits.classes)) if targets is not None else None
-    weights = None
-    if cfg.data.get("sampler") == "class_balanced" and targets is not None:
-        weights = class_balanced_weights(targets, counts)
-        if training:
-            log.info("data.sampler=class_balanced: %d classes with %d to %d training samples, each drawn about "
-                     "%.1f times per epoch", len(counts), counts.min(), counts.max(), len(targets) / len(counts))
-    train_loader = build_loader(splits.train, cfg.data, train=True, seed=seed, num_replicas=world_size, rank=rank,
-                                transform=train_tf, sample_weights=weights)
-    val_loader = build_loader(splits.val, cfg.data, train=False, seed=seed, num_replicas=world_size, rank=rank,
-                              transform=eval_tf)
-    return DataBundle(train_loader, val_loader, list(splits.classes), splits.in_chans, counts)
-
-
-# Model options passed to the builder only when the config changes them, so a user's builder need not take them.
-_MODEL_OPTIONS = {"width": 1.0, "drop_rate": 0.0, "drop_path_rate": 0.0, "zero_init_residual": False,
-                  "data_format": "NCHW"}
-
-
-def build_model(cfg: DictConfig, num_classes: int, in_chans: int) -> paddle.nn.Layer:
-    """The model from the ``model`` config; ``num_classes``/``in_chans`` are the data's, unless the config sets them.
-
-    ``model.arch`` is passed only when set (``model=vision``); options the weights need (e.g. PaddleClas'
-    first-block projection shortcut) come from the weight source, inside :func:`create_model`.
-    """
-    m = cfg.model
-    options: dict[str, Any] = {"arch": m.arch} if m.arch else {}
-    options.update({key: m[key] for key, default in _MODEL_OPTIONS.items() if m[key] != default})
-    options.update(component_options(m, ModelConfig))  # the builder's own (model.<option>=...)
-    return create_model(
-        m.name,
-        num_classes=m.num_classes if m.num_classes is not None else num_classes,
-        in_chans=m.in_chans if m.in_chans is not None else in_chans,
-        pretrained=m.pretrained,
-        strict=m.strict,
-        trust_pickle=m.trust_pickle,
-        **options,
-    )
 
 
 # data keys that null hands to the pretrained weights; without weights (or without that value) the schema
@@ -200,60 +103,6 @@ def resolve_preprocessing(cfg: DictConfig) -> DictConfig:
     return resolved
 
 
-def build_limits(cfg: DictConfig) -> Limits:
-    """The loop's :class:`~paddletrain.engine.limits.Limits` from the ``trainer`` keys of the same names."""
-    return Limits(**{field.name: cfg.trainer[field.name] for field in fields(Limits)})
-
-
-def build_optimization(cfg: DictConfig, model: paddle.nn.Layer, train_loader: Any, limits: Limits,
-                       world_size: int = 1) -> tuple[paddle.optimizer.Optimizer, paddle.optimizer.lr.LRScheduler]:
-    """The optimizer and its schedule, whose length is the run's optimizer steps (the loop's own count under
-    ``limits``)."""
-    accumulate = limits.accumulate_grad_batches
-    per_epoch = optimizer_steps_per_epoch(count_batches(train_loader, limits.limit_train_batches), accumulate)
-    steps = schedule_steps(per_epoch, limits.max_epochs, cfg.sched.warmup_epochs)
-    global_batch = cfg.data.batch_size * world_size * accumulate
-    lr = run_lr(cfg.optim, global_batch)
-    log.info("Global batch %d (%d per process x %d process(es) x %d accumulation), learning rate %g%s, "
-             "%d optimizer steps", global_batch, cfg.data.batch_size, world_size, accumulate, lr,
-             f" (optim.lr={cfg.optim.lr:g} scaled by {global_batch}/{cfg.optim.base_batch_size})"
-             if cfg.optim.scale_lr else "", steps.total)
-    scheduler = build_scheduler(cfg.sched, lr, steps)
-    return build_optimizer(model, cfg.optim, scheduler), scheduler
-
-
-def build_mixup(cfg: DictConfig, num_classes: int, seed: int, rank: int = 0) -> Mixup | None:
-    """Mixup/CutMix from ``data.mixup`` (None when off); its targets are smoothed by ``loss.label_smoothing``,
-    except multi-hot ones, which the multi-label loss smooths (:mod:`paddletrain.losses`)."""
-    smoothing = 0.0 if cfg.data.multilabel else cfg.loss.label_smoothing
-    return Mixup.from_config(cfg.data.mixup, num_classes, label_smoothing=smoothing, seed=seed, rank=rank)
-
-
-def build_criterion(cfg: DictConfig, data: DataBundle | None = None) -> LossFn:
-    """The loss of ``loss`` for this run's task (multi-hot targets with ``data.multilabel``), with
-    ``loss.class_weights`` resolved against ``data``'s classes and training counts."""
-    if cfg.loss.get("class_weights") == "balanced" and (data is None or data.class_counts is None):
-        raise ConfigError(f"loss.class_weights=balanced needs the label of every training sample, but "
-                          f"data.name={cfg.data.name} exposes no `targets`: give loss.class_weights as a list")
-    classes = data.classes if data is not None else None
-    return build_loss(cfg.loss, num_classes=cfg.model.num_classes or (len(classes) if classes else None),
-                      class_counts=data.class_counts if data is not None else None, classes=classes,
-                      multilabel=bool(cfg.data.multilabel))
-
-
-def build_meters(cfg: DictConfig, num_classes: int, world_size: int = 1) -> Callable[[str], Any] | None:
-    """The Trainer's meters for the task: None (its top-k default) for single-label data; for multi-label data the
-    loss alone in training and mAP / F1 at ``data.multilabel_threshold`` in validation, gathered from every rank."""
-    if not cfg.data.multilabel:
-        return None
-    threshold = float(cfg.data.multilabel_threshold)
-
-    def meters(stage: str) -> LossMeter | MultiLabelMeter:
-        return LossMeter(num_classes) if stage == "train" else MultiLabelMeter(num_classes, threshold, world_size)
-
-    return meters
-
-
 # The headline metric of a multi-label run, monitored when the config keeps the single-label default.
 MULTILABEL_MONITOR = "val/mAP"
 
@@ -275,53 +124,14 @@ def resolve_task(cfg: DictConfig) -> DictConfig:
     return resolved
 
 
-def build_distiller(cfg: DictConfig, num_classes: int, in_chans: int, precision: Precision,
-                    hard_loss: Any = None) -> Distiller | None:
-    """The frozen teacher of ``trainer.distill`` and its loss (None when ``teacher`` is null).
-
-    The teacher is built like the student (registry name + weight source) with the student's classes; its
-    hard-label term is ``hard_loss`` (default: the configured ``loss``).
-    """
-    d = cfg.trainer.get("distill")
-    if d is None or not d.teacher:
-        return None
-    options = OmegaConf.to_container(d.teacher_options, resolve=True) if d.teacher_options else {}
-    teacher = create_model(d.teacher, num_classes=num_classes, in_chans=in_chans, pretrained=d.pretrained,
-                           strict=True, trust_pickle=d.trust_pickle, **options)
-    if precision.amp_active and precision.level == "O2":  # O2 autocast expects low-precision weights
-        teacher = paddle.amp.decorate(models=teacher, level="O2", dtype=precision.dtype)
-    log.info("Distilling from the teacher %s (%s), kind=%s", d.teacher, d.pretrained, d.kind)
-    return Distiller(teacher, kind=d.kind, alpha=d.alpha, temperature=d.temperature,
-                     hard_loss=hard_loss or build_criterion(cfg), precision=precision)
-
-
-def build_precision(cfg: DictConfig, device: str) -> Precision:
-    """fp32 or AMP from ``trainer.amp``, for ``device``."""
-    return Precision.from_config(cfg.trainer.amp, device=device)
-
-
 def build_callbacks(cfg: DictConfig) -> list[Callback]:
     """The ``callbacks`` config node, each entry built once (see :mod:`paddletrain.callbacks.instantiate`)."""
     return instantiate_callbacks(cfg.get("callbacks") or {})
 
 
-def heartbeat(rank: int) -> list[Callback]:
-    """The watchdog's heartbeat (:mod:`paddletrain.job.watchdog`) for a rank that paddletrain's launcher supervises."""
-    log_dir = os.environ.get("PADDLE_LOG_DIR")
-    if not (distributed.is_launched() and distributed.under_paddletrain_launcher() and log_dir):
-        return []
-    return [Heartbeat(log_dir, rank)]
-
-
 def saves_checkpoints(cfg: DictConfig) -> bool:
     """Whether the run's callbacks write checkpoints (a stop request then saves one)."""
     return (cfg.get("callbacks") or {}).get("checkpoint") is not None
-
-
-def run_facts(cfg: DictConfig, num_classes: int, world_size: int) -> dict[str, Any]:
-    """What a resumed run must share with its checkpoint (model, classes) or is warned about (batch, world)."""
-    return {"model": cfg.model.name, "num_classes": num_classes, "batch_size": cfg.data.batch_size,
-            "world_size": world_size}
 
 
 # Keys every run is compared by (VisualDL's hyper-parameter views), after those set on the command line.
@@ -385,36 +195,49 @@ def build_run(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = ()
     """Build everything a training run needs from a validated ``cfg``, in the order that fails cheapest first.
 
     ``callbacks`` are added after the configured ones; ``trainer_cls`` replaces the Trainer (e.g. a subclass
-    with its own ``training_step``).
+    with its own ``training_step``). Each component is built once, by the builder beside it; what they need of
+    each other (the data's classes, the model, the device) is handed on as built objects and values.
     """
     cfg = resolve_task(resolve_preprocessing(cfg))
+    hparams = run_hparams(cfg)
+    configured = build_callbacks(cfg)  # their options are checked before any data or model work
     t = cfg.trainer
     rank, world_size = distributed.rank(), distributed.world_size()
-    configured = build_callbacks(cfg)  # their options are checked before any data or model work
     runtime = setup_runtime(t.device, t.cpu_threads, deterministic=t.deterministic, data_workers=cfg.data.num_workers)
     seed_everything(t.seed + rank)  # dropout differs per rank; the data order comes from t.seed alone
     data = build_data(cfg, seed=t.seed, rank=rank, world_size=world_size)
     model = build_model(cfg, len(data.classes), data.in_chans)
-    limits = build_limits(cfg)
-    optimizer, scheduler = build_optimization(cfg, model, data.train_loader, limits, world_size)
-    facts = run_facts(cfg, len(data.classes), world_size)
+    limits = Limits.from_config(t)
+    optimizer, scheduler = build_optimization(
+        cfg.optim, cfg.sched, model, count_batches(data.train_loader, limits.limit_train_batches),
+        max_epochs=limits.max_epochs, accumulate=limits.accumulate_grad_batches, batch_size=cfg.data.batch_size,
+        world_size=world_size)
+    # What a resumed run must share with its checkpoint (model, classes) or is warned about (batch, world).
+    facts = {"model": cfg.model.name, "num_classes": len(data.classes), "batch_size": cfg.data.batch_size,
+             "world_size": world_size}
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resume_from = None
     if t.resume and is_legacy_checkpoint(Path(t.resume)):
         warm_start_from_legacy(Path(t.resume), model, optimizer, t.trust_pickle)
     else:
         resume_from = load_resume_checkpoint(t.resume, run_dir, facts, config=resolved)
-    precision = build_precision(cfg, runtime.device)
+    precision = Precision.from_config(t.amp, device=runtime.device)
     num_classes = cfg.model.num_classes or len(data.classes)
-    loss_fn = build_criterion(cfg, data)
+    multilabel = bool(cfg.data.multilabel)
+    loss_fn = build_loss(cfg.loss, num_classes=num_classes, class_counts=data.class_counts, classes=data.classes,
+                         multilabel=multilabel, dataset=f"data.name={cfg.data.name}")
     trainer = (trainer_cls or Trainer)(
         model, optimizer, scheduler=scheduler, rank=rank, world_size=world_size,
-        loss_fn=loss_fn, precision=precision, meters=build_meters(cfg, num_classes, world_size),
-        batch_transform=build_mixup(cfg, num_classes, seed=t.seed, rank=rank),
-        distiller=build_distiller(cfg, num_classes, data.in_chans, precision, hard_loss=loss_fn),
-        callbacks=[*configured, *callbacks, *heartbeat(rank)], limits=limits, num_classes=len(data.classes),
-        class_names=data.classes,
-        run_dir=str(run_dir), hparams=run_hparams(cfg), sync_bn=cfg.model.sync_bn,
+        loss_fn=loss_fn, precision=precision,
+        meters=task_meters(multilabel, num_classes, float(cfg.data.multilabel_threshold), world_size),
+        # Mixed targets are smoothed by loss.label_smoothing, except multi-hot ones: the multi-label loss smooths
+        # those itself (paddletrain.losses).
+        batch_transform=Mixup.from_config(cfg.data.mixup, num_classes, seed=t.seed, rank=rank,
+                                          label_smoothing=0.0 if multilabel else cfg.loss.label_smoothing),
+        distiller=build_distiller(t.get("distill"), num_classes, data.in_chans, precision, hard_loss=loss_fn),
+        callbacks=[*configured, *callbacks, *heartbeat_callbacks(rank)], limits=limits,
+        num_classes=len(data.classes), class_names=data.classes,
+        run_dir=str(run_dir), hparams=hparams, sync_bn=cfg.model.sync_bn,
         find_unused_parameters=t.find_unused_parameters,
         checkpoint_extras={"config": resolved, "run": facts},
     )
@@ -597,7 +420,12 @@ def build_evaluation(cfg: DictConfig, checkpoint: Checkpoint) -> Evaluation:
                              source=f"checkpoint={checkpoint.path}")
     if tta.get("flip") or tta.get("crops", 1) > 1:  # test-time augmentation (paddletrain.models.tta)
         model = TestTimeAugmentation(model, flip=tta.flip, crops=tta.crops, crop_size=eval_image_size(cfg.data))
-    trainer = Trainer(model, num_classes=len(data.classes), limits=build_limits(cfg),
-                      loss_fn=build_criterion(cfg, data), meters=build_meters(cfg, len(data.classes)),
+    # The training run's loss (val/loss as fit reports it) and the task's meters; no optimizer: it only validates.
+    multilabel = bool(cfg.data.multilabel)
+    num_classes = cfg.model.num_classes or len(data.classes)
+    loss_fn = build_loss(cfg.loss, num_classes=num_classes, class_counts=data.class_counts, classes=data.classes,
+                         multilabel=multilabel, dataset=f"data.name={cfg.data.name}")
+    trainer = Trainer(model, num_classes=len(data.classes), limits=Limits.from_config(cfg.trainer), loss_fn=loss_fn,
+                      meters=task_meters(multilabel, len(data.classes), float(cfg.data.multilabel_threshold)),
                       class_names=data.classes)
     return Evaluation(trainer, data.val_loader, split, data.classes)

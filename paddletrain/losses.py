@@ -341,14 +341,19 @@ def check_loss_config(loss: Any, multilabel: bool = False) -> None:
 
 def build_loss(cfg: LossConfig, num_classes: int | None = None,
                class_counts: Sequence[int] | np.ndarray | None = None,
-               classes: Sequence[str] | None = None, multilabel: bool = False) -> LossFn:
+               classes: Sequence[str] | None = None, multilabel: bool = False,
+               dataset: str | None = None) -> LossFn:
     """The loss :func:`loss_name` selects (registered names are case-insensitive), built from ``cfg``.
 
     With ``loss.class_weights`` set, the factory also gets ``class_weights`` (:func:`resolve_class_weights`:
     ``balanced`` needs ``class_counts``, the training split's samples per class, named by ``classes``).
     ``multilabel``: the targets are multi-hot rows; the built-in BCE then smooths them per class, a plugin's loss
-    gets them as they are.
+    gets them as they are. ``dataset`` (e.g. ``data.name=mine``) is named when ``balanced`` weights have no
+    counts to come from.
     """
+    if dataset is not None and getattr(cfg, "class_weights", None) == "balanced" and class_counts is None:
+        raise ConfigError(f"{CLASS_WEIGHTS_KEY}=balanced needs the label of every training sample, but {dataset} "
+                          "exposes no `targets`: give loss.class_weights as a list")
     name = loss_name(cfg.name, multilabel)
     factory = LOSSES.get(name)
     options = {"multilabel": True} if multilabel and name == "binary_cross_entropy" else {}

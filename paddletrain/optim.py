@@ -14,6 +14,7 @@ unscaled gradients itself.
 """
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -26,6 +27,9 @@ from paddle.optimizer.lr import LRScheduler
 from paddletrain.config import OptimConfig, check_field, component_options
 from paddletrain.errors import ConfigError
 from paddletrain.registry import OPTIMIZERS
+from paddletrain.schedules import build_scheduler, optimizer_steps_per_epoch, schedule_steps
+
+log = logging.getLogger("paddletrain")
 
 NORM_LAYERS: tuple[type, ...] = (
     nn.BatchNorm,
@@ -402,3 +406,22 @@ def scaled_lr(lr: float, global_batch: int, base_batch_size: int) -> float:
         raise ConfigError(f"the global batch size must be > 0, got {global_batch!r}")
     _check("base_batch_size", base_batch_size)
     return lr * global_batch / base_batch_size
+
+
+def build_optimization(optim: OptimConfig, sched: Any, model: paddle.nn.Layer, batches_per_epoch: int, *,
+                       max_epochs: int, accumulate: int = 1, batch_size: int,
+                       world_size: int = 1) -> tuple[paddle.optimizer.Optimizer, paddle.optimizer.lr.LRScheduler]:
+    """The optimizer of ``optim`` and the schedule of ``sched``, whose length is the run's optimizer steps:
+    ``batches_per_epoch`` (the loop's own count, :func:`paddletrain.engine.trainer.count_batches`) in steps of
+    ``accumulate`` batches, for ``max_epochs``. ``batch_size`` is a process's; the global batch scales the rate
+    when ``optim.scale_lr``."""
+    per_epoch = optimizer_steps_per_epoch(batches_per_epoch, accumulate)
+    steps = schedule_steps(per_epoch, max_epochs, sched.warmup_epochs)
+    global_batch = batch_size * world_size * accumulate
+    lr = run_lr(optim, global_batch)
+    log.info("Global batch %d (%d per process x %d process(es) x %d accumulation), learning rate %g%s, "
+             "%d optimizer steps", global_batch, batch_size, world_size, accumulate, lr,
+             f" (optim.lr={optim.lr:g} scaled by {global_batch}/{optim.base_batch_size})"
+             if optim.scale_lr else "", steps.total)
+    scheduler = build_scheduler(sched, lr, steps)
+    return build_optimizer(model, optim, scheduler), scheduler

@@ -5,7 +5,6 @@ import dataclasses
 
 import pytest
 
-from paddletrain.build import build_limits
 from paddletrain.config import TrainerConfig
 from paddletrain.engine.limits import Limits
 from tests.conftest import compose_fit
@@ -44,15 +43,15 @@ def test_steps_exhausted_only_with_max_steps():
 
 
 def test_every_field_is_a_trainer_config_key():
-    """build_limits fills Limits by field name: each one must be a key of the trainer schema."""
+    """Limits.from_config fills Limits by field name: each one must be a key of the trainer schema."""
     keys = {field.name for field in dataclasses.fields(TrainerConfig)}
     assert {field.name for field in dataclasses.fields(Limits)} <= keys
 
 
-def test_build_limits_takes_the_configured_values():
+def test_from_config_takes_the_configured_values():
     cfg = compose_fit(["trainer.max_epochs=7", "trainer.max_steps=30", "trainer.accumulate_grad_batches=3",
                        "trainer.grad_clip_norm=2.5", "trainer.limit_train_batches=4", "trainer.limit_val_batches=2",
                        "trainer.val_every_n_epochs=0", "trainer.max_consecutive_nonfinite=5"])
-    assert build_limits(cfg) == Limits(max_epochs=7, max_steps=30, accumulate_grad_batches=3, grad_clip_norm=2.5,
-                                       limit_train_batches=4, limit_val_batches=2, val_every_n_epochs=0,
-                                       max_consecutive_nonfinite=5)
+    assert Limits.from_config(cfg.trainer) == Limits(
+        max_epochs=7, max_steps=30, accumulate_grad_batches=3, grad_clip_norm=2.5, limit_train_batches=4,
+        limit_val_batches=2, val_every_n_epochs=0, max_consecutive_nonfinite=5)

@@ -26,7 +26,6 @@ from paddletrain.bench.common import (
     synthetic_batches,
     timed,
 )
-from paddletrain.build import build_precision
 from paddletrain.config import AmpConfig, allowed
 from paddletrain.engine.precision import Precision
 from paddletrain.errors import ConfigError
@@ -64,9 +63,9 @@ class ThreadsBenchConfig(TrainBenchConfig):
 
 def bench_precision(name: str, dtype: str, device: str) -> Precision:
     """fp32, or AMP at the level ``name`` ends with (``amp_o1``/``amp_o2``), built as ``fit`` builds it
-    (:func:`paddletrain.build.build_precision` on a ``trainer.amp`` config)."""
+    (:meth:`~paddletrain.engine.precision.Precision.from_config` on a ``trainer.amp`` config)."""
     amp = AmpConfig(enabled=True, level=name[-2:].upper(), dtype=dtype) if name != "fp32" else AmpConfig()
-    return build_precision(OmegaConf.create({"trainer": {"amp": OmegaConf.structured(amp)}}), device)
+    return Precision.from_config(OmegaConf.structured(amp), device=device)
 
 
 def make_step_window(cfg: TrainBenchConfig, seed: int = 0) -> Callable[[int], float]:

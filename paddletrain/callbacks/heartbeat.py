@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from paddletrain.engine.callback import Callback
+from paddletrain.job import distributed
 from paddletrain.job.watchdog import (
     AFTER_VALIDATION,
     EPOCH_END,
@@ -86,3 +87,11 @@ class Heartbeat(Callback):
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def heartbeat_callbacks(rank: int) -> list[Callback]:
+    """The watchdog's heartbeat for a rank that paddletrain's launcher supervises; none otherwise."""
+    log_dir = os.environ.get("PADDLE_LOG_DIR")
+    if not (distributed.is_launched() and distributed.under_paddletrain_launcher() and log_dir):
+        return []
+    return [Heartbeat(log_dir, rank)]

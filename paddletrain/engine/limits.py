@@ -6,13 +6,14 @@ plan around the loop (progress bar, VisualDL's log interval) read the same value
     Trainer(model, optimizer, limits=Limits(max_epochs=10, accumulate_grad_batches=2))
 
 Field names are the ``trainer.*`` config keys of the same meaning (``paddletrain.config.TrainerConfig``), so
-``build.build_limits`` fills them by name. The command lines' schema checks those keys with their ranges before
+``Limits.from_config`` fills them by name. The command lines' schema checks those keys with their ranges before
 anything is built; ``__post_init__`` guards the Python API with plain ``ValueError``s.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,12 @@ class Limits:
     limit_val_batches: int | None = None
     val_every_n_epochs: int = 1
     max_consecutive_nonfinite: int = 20
+
+    @classmethod
+    def from_config(cls, trainer: Any) -> Limits:
+        """The limits of a ``trainer`` config node (``paddletrain.config.TrainerConfig``): each field from the key
+        of the same name."""
+        return cls(**{field.name: trainer[field.name] for field in fields(cls)})
 
     def __post_init__(self) -> None:
         _check_int("max_epochs", self.max_epochs, minimum=0)

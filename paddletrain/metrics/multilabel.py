@@ -19,7 +19,7 @@ gathers them from every rank, and computes on the host in float64.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -236,3 +236,17 @@ class LossMeter(ClassificationMeter):
     def update(self, loss: paddle.Tensor, logits: paddle.Tensor | None, labels: paddle.Tensor | None,
                batch_size: int) -> None:
         super().update(loss, None, None, batch_size)
+
+
+def task_meters(multilabel: bool, num_classes: int, threshold: float = 0.5,
+                world_size: int = 1) -> Callable[[str], ClassificationMeter] | None:
+    """The Trainer's meters for the task: None (its top-k default) for single-label data; for multi-label data the
+    loss alone in training and mAP / F1 at ``threshold`` (``data.multilabel_threshold``) in validation, gathered
+    from every rank."""
+    if not multilabel:
+        return None
+
+    def meters(stage: str) -> LossMeter | MultiLabelMeter:
+        return LossMeter(num_classes) if stage == "train" else MultiLabelMeter(num_classes, threshold, world_size)
+
+    return meters

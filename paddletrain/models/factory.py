@@ -8,12 +8,14 @@ from __future__ import annotations
 from typing import Any
 
 import paddle
+from omegaconf import DictConfig
 
+from paddletrain.config import ModelConfig, component_options
 from paddletrain.models.pretrained import load_pretrained
 from paddletrain.models.registry import model_builder
 from paddletrain.models.weights import describe
 
-__all__ = ["create_model"]
+__all__ = ["build_model", "create_model"]
 
 
 def create_model(
@@ -56,3 +58,29 @@ def create_model(
     if pretrained:
         load_pretrained(model, pretrained, strict=strict, trust_pickle=trust_pickle)
     return model
+
+
+# Model options passed to the builder only when the config changes them, so a user's builder need not take them.
+_MODEL_OPTIONS = {"width": 1.0, "drop_rate": 0.0, "drop_path_rate": 0.0, "zero_init_residual": False,
+                  "data_format": "NCHW"}
+
+
+def build_model(cfg: DictConfig, num_classes: int, in_chans: int) -> paddle.nn.Layer:
+    """The model from the ``model`` config; ``num_classes``/``in_chans`` are the data's, unless the config sets them.
+
+    ``model.arch`` is passed only when set (``model=vision``); options the weights need (e.g. PaddleClas'
+    first-block projection shortcut) come from the weight source, inside :func:`create_model`.
+    """
+    m = cfg.model
+    options: dict[str, Any] = {"arch": m.arch} if m.arch else {}
+    options.update({key: m[key] for key, default in _MODEL_OPTIONS.items() if m[key] != default})
+    options.update(component_options(m, ModelConfig))  # the builder's own (model.<option>=...)
+    return create_model(
+        m.name,
+        num_classes=m.num_classes if m.num_classes is not None else num_classes,
+        in_chans=m.in_chans if m.in_chans is not None else in_chans,
+        pretrained=m.pretrained,
+        strict=m.strict,
+        trust_pickle=m.trust_pickle,
+        **options,
+    )
