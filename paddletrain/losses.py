@@ -320,10 +320,11 @@ def loss_name(name: str | None, multilabel: bool = False) -> str:
     return name
 
 
-def check_loss_config(loss: Any, multilabel: bool = False) -> None:
+def check_loss_config(loss: Any, multilabel: bool = False) -> str:
     """The ``loss.*`` rules beyond each key's declared range: the binary cross-entropy keys are not set with a
     built-in softmax loss (a plugin's loss may take them), and ``loss.class_weights`` suits the loss (a list's
-    length is checked against the classes once the data is open)."""
+    length is checked against the classes once the data is open). Returns the registered name the loss selects
+    (:func:`loss_name`)."""
     name = loss_name(loss.get("name"), multilabel)
     if name in SINGLE_LABEL_LOSSES:
         for key in BCE_ONLY_KEYS:
@@ -331,12 +332,13 @@ def check_loss_config(loss: Any, multilabel: bool = False) -> None:
                 raise ConfigError(f"loss.{key} applies to loss.name={MULTILABEL_LOSS} only, not {name!r}")
     weights = loss.get("class_weights")
     if weights is None:
-        return
+        return name
     if not takes_class_weights(LOSSES.get(name)):
         raise ConfigError(f"{CLASS_WEIGHTS_KEY} is not supported by loss.name={name} (its factory takes no "
                           "class_weights)")
     if not isinstance(weights, str):
         resolve_class_weights(weights)  # numbers > 0
+    return name
 
 
 def build_loss(cfg: LossConfig, num_classes: int | None = None,
@@ -356,15 +358,15 @@ def build_loss(cfg: LossConfig, num_classes: int | None = None,
                           "exposes no `targets`: give loss.class_weights as a list")
     name = loss_name(cfg.name, multilabel)
     factory = LOSSES.get(name)
+    setting = getattr(cfg, "class_weights", None)
+    weights = None
+    if setting is not None:
+        if not takes_class_weights(factory):
+            raise ConfigError(f"{CLASS_WEIGHTS_KEY} is not supported by loss.name={name} (its factory takes no "
+                              "class_weights)")
+        weights = resolve_class_weights(setting, num_classes, class_counts, classes)
+        shown = ", ".join(f"{w:.4g}" for w in weights[:10]) + (", ..." if len(weights) > 10 else "")
+        log.info("%s=%s: %s", CLASS_WEIGHTS_KEY, setting if isinstance(setting, str) else "list", shown)
     options = {"multilabel": True} if multilabel and name == "binary_cross_entropy" else {}
     options.update(component_options(cfg, LossConfig))  # the factory's own (loss.<option>=...)
-    setting = getattr(cfg, "class_weights", None)
-    if setting is None:
-        return factory(cfg, **options)
-    if not takes_class_weights(factory):
-        raise ConfigError(f"{CLASS_WEIGHTS_KEY} is not supported by loss.name={name} (its factory takes no "
-                          "class_weights)")
-    weights = resolve_class_weights(setting, num_classes, class_counts, classes)
-    shown = ", ".join(f"{w:.4g}" for w in weights[:10]) + (", ..." if len(weights) > 10 else "")
-    log.info("%s=%s: %s", CLASS_WEIGHTS_KEY, setting if isinstance(setting, str) else "list", shown)
-    return factory(cfg, class_weights=weights, **options)
+    return factory(cfg, **options) if weights is None else factory(cfg, class_weights=weights, **options)

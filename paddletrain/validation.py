@@ -35,7 +35,7 @@ from paddletrain.errors import ConfigError, StartRefused, UserError
 from paddletrain.job import distributed, slurm
 from paddletrain.job.rundir import hold_new_run_dir
 from paddletrain.job.runtime import check_machine
-from paddletrain.losses import check_loss_config, loss_name
+from paddletrain.losses import check_loss_config
 from paddletrain.optim import check_optim_config, run_lr
 from paddletrain.plugins import prepare
 from paddletrain.registry import DATASETS, LOSSES, MODELS, OPTIMIZERS, SCHEDULERS, close_matches
@@ -109,14 +109,14 @@ def validate_config(cfg: Any, use: str = "fit") -> None:
                           f"e.g. {missing[0]}=...)")
     check_values(cfg, schema)
     prepare(cfg)  # the config's `imports` register their names before the names are looked up
-    check_key_rules(cfg)
-    # Each component's own rules, from the module that builds it; nothing is built to be checked.
-    t = cfg.trainer
     multilabel = bool(cfg.data.get("multilabel"))
+    loss = check_loss_config(cfg.loss, multilabel)  # the loss's own rules; it says which loss the task uses
+    check_key_rules(cfg, loss)
+    # Each other component's own rules, from the module that builds it; nothing is built to be checked.
+    t = cfg.trainer
     check_optim_config(cfg.optim)
     lr = run_lr(cfg.optim, cfg.data.batch_size * t.devices * t.get("num_nodes", 1) * t.accumulate_grad_batches)
     check_sched_config(cfg.sched, run_lr=lr, lr=cfg.optim.lr)
-    check_loss_config(cfg.loss, multilabel)
     check_transform_config(cfg.data)
     # The augmentations' factories are their checks (each also declares its stage): a few tiny objects, rebuilt
     # with the data pipeline.
@@ -131,10 +131,11 @@ def validate_config(cfg: Any, use: str = "fit") -> None:
     _last = Validated(fingerprint, use)
 
 
-def check_key_rules(cfg: Any) -> None:
+def check_key_rules(cfg: Any, loss: str) -> None:
     """The rules that compare keys with each other (no file or constructor needed), then every name the config
     looks up in a registry (installed plugins included; the config's ``imports`` must have been imported,
-    :func:`paddletrain.plugins.prepare`) and the options of the factories they select.
+    :func:`paddletrain.plugins.prepare`) and the options of the factories they select; ``loss`` is the loss's
+    registered name (:func:`paddletrain.losses.check_loss_config`).
 
     A key a component group's schema does not declare is an option of the factory its ``name`` selects
     (:meth:`paddletrain.registry.Registry.options_of`); a misspelt one is refused with the close names.
@@ -150,7 +151,7 @@ def check_key_rules(cfg: Any) -> None:
     # The registries last, in this function: every rule of this module has run before the config leaves it.
     selected = {"model": (MODELS, cfg.model.name), "data": (DATASETS, cfg.data.name),
                 "optim": (OPTIMIZERS, cfg.optim.name), "sched": (SCHEDULERS, cfg.sched.name),
-                "loss": (LOSSES, loss_name(cfg.loss.get("name"), bool(cfg.data.get("multilabel"))))}
+                "loss": (LOSSES, loss)}
     for group in ("data", "model", "optim", "sched", "loss"):  # the order a user reads the names in
         registry, name = selected[group]
         registry.get(name)
