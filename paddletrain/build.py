@@ -4,7 +4,9 @@ callbacks and a :class:`~paddletrain.engine.trainer.Trainer`.
 Every command line (``fit``, ``evaluate``, ``export``, ``predict``, ``ship``) builds through here, ``fit`` from
 its config, the others from the config saved in a checkpoint (:func:`checkpoint_model`,
 :func:`rebuild_checkpoint`); the examples and the tests too. The Trainer receives built objects and never reads
-a config.
+a config. Each component's builder lives beside the component (``data.bundle.build_data``,
+``models.factory.build_model``, ``optim.build_optimization``, ``losses.build_loss``, ...); :func:`build_run` calls
+them in order and hands each what the earlier ones built.
 
     run = build_run(cfg, run_dir)            # everything, nothing started
     run.trainer.fit(run.train_loader, run.val_loader, ckpt_path=run.resume_from)
@@ -66,8 +68,8 @@ from paddletrain.validation import DEFAULT_MONITOR, validate_config, validate_on
 
 __all__ = ["DataBundle", "Evaluation", "RebuiltCheckpoint", "Run", "build_callbacks", "build_data",
            "build_evaluation", "build_model", "build_run", "checkpoint_config", "checkpoint_model",
-           "evaluated_checkpoint", "rebuild_checkpoint", "resolve_preprocessing", "resolve_task", "run_hparams",
-           "train"]
+           "command_line_overrides", "evaluated_checkpoint", "monitored_metric", "rebuild_checkpoint",
+           "resolve_preprocessing", "resolve_task", "run_hparams", "saves_checkpoints", "train"]
 
 log = logging.getLogger("paddletrain")
 

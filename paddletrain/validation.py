@@ -1,9 +1,11 @@
 """Validate a composed config before any work, cheapest first: unknown keys, missing values, every key's declared
 range (:func:`paddletrain.config.check_values`), the rules that compare keys, the names looked up in registries,
-what needs building to check (callback entries, augmentations, mixup, distillation), and what this machine can run.
-Each component's own rules live beside its builder (``check_loss_config``, ``check_optim_config``,
-``check_sched_config``, ``check_distill_config``, ``Mixup.check_config``, ``check_callback_entries``); this module
-runs them, cheapest first, and holds the rules that compare keys of different groups. Nothing is built to be checked.
+each component's own rules, and what this machine can run. Each component's rules live beside its builder
+(``check_loss_config``, ``check_optim_config``, ``check_sched_config``, ``check_transform_config``,
+``Mixup.check_config``, ``check_distill_config``, ``check_callback_entries``, ``job.runtime.check_machine``); this
+module runs them and holds the rules that compare keys of different groups. A rule that needs a component's view
+of the config (the run's learning rate, the loss the task uses, whether Mixup is on) gets it as a value from that
+component, so the config goes to each module once. Nothing is built to be checked.
 
 Once per process: the entry point validates (``fit``: :class:`RunDirGuard` before Hydra
 writes the run directory, else :func:`validate_once` in ``build.train``); later calls with the same config
