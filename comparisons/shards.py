@@ -8,6 +8,8 @@ images/s is the first figure), then read by ``paddletrain.data.build_loader`` wi
 - ``shards``: ``data=shards`` on the local shard files;
 - ``http_cold``: ``data=shards`` from an HTTP server on loopback (a thread of this process, the standard library's
   server) with an empty cache: every shard crosses the connection in the pass (a first epoch);
+- ``http_cold_no_ahead``: the same first epoch with ``data.fetch_ahead=0``: each shard is copied only when a
+  reader first needs it (what fetch-ahead saves is ``http_cold`` over this arm, measured in the same rounds);
 - ``http_cached``: the same URLs with a cache that the first round filled (a second epoch).
 
 Each arm's rate is its median over the rounds; the ratios are medians of the per-round ratios (to ``folder`` for
@@ -33,7 +35,7 @@ import psutil
 from paddletrain.bench.common import check_options, environment, finished, write_jpeg_folder
 from paddletrain.config import TRANSFORMS, allowed
 
-ARMS = ("folder", "shards", "http_cold", "http_cached")
+ARMS = ("folder", "shards", "http_cold", "http_cold_no_ahead", "http_cached")
 # Issue 32's goals: sequential shards at least as fast as small files, and a loopback server within 10% of local
 # shards once cached.
 GOALS = {"shards_vs_folder": 1.0, "http_cached_vs_shards": 0.9, "http_cold_vs_shards": 0.9}
@@ -54,15 +56,36 @@ class ShardsCompareConfig:
     # The memory epoch reads the shards this many times over (0: no memory epoch).
     memory_passes: int = allowed(4, ge=0)
     arms: list[str] = field(default_factory=lambda: list(ARMS))
+    # The loopback server's rate for each response, in MB/s, as a link to another machine would set it (0: as fast
+    # as loopback goes).
+    http_mb_per_s: float = allowed(0.0, ge=0)
+    # data.shuffle_buffer of the shard arms: the samples shuffled together (a window of shards read at a time).
+    shuffle_buffer: int = allowed(10_000, ge=1)
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    # Bytes a second each response is held to (0: no limit); set per server by _serve.
+    rate = 0.0
+
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002
         pass
 
+    def copyfile(self, source: Any, outputfile: Any) -> None:
+        if not self.rate:
+            super().copyfile(source, outputfile)
+            return
+        chunk, started, sent = 256 * 1024, time.perf_counter(), 0
+        while block := source.read(chunk):
+            outputfile.write(block)
+            sent += len(block)
+            ahead = sent / self.rate - (time.perf_counter() - started)
+            if ahead > 0:
+                time.sleep(ahead)
 
-def _serve(folder: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(_QuietHandler, directory=str(folder)))
+
+def _serve(folder: Path, mb_per_s: float = 0.0) -> tuple[http.server.ThreadingHTTPServer, str]:
+    handler = type("_RatedHandler", (_QuietHandler,), {"rate": mb_per_s * 1024**2})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(handler, directory=str(folder)))
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}"
@@ -76,6 +99,8 @@ def _data_config(cfg: ShardsCompareConfig, **keys: Any) -> Any:
     node = OmegaConf.structured(DataConfig(image_size=cfg.image_size, train_transform=cfg.transform,
                                            batch_size=cfg.batch_size, num_workers=cfg.num_workers, drop_last=False))
     OmegaConf.set_struct(node, False)
+    if keys.get("name") == "shards":
+        keys.setdefault("shuffle_buffer", cfg.shuffle_buffer)
     for key, value in keys.items():
         node[key] = value
     return node
@@ -137,7 +162,7 @@ def run_shards(cfg: ShardsCompareConfig) -> dict[str, Any]:
         split = packed.splits[0]
         names = [p.name for p in split.shards]
         pattern = f"train-{{000000..{len(names) - 1:06d}}}.tar"
-        server, url = _serve(work / "shards")
+        server, url = _serve(work / "shards", cfg.http_mb_per_s)
         try:
             configs = {
                 "folder": _data_config(cfg, name="imagefolder", root=str(root)),
@@ -151,11 +176,12 @@ def run_shards(cfg: ShardsCompareConfig) -> dict[str, Any]:
             rates: dict[str, list[float]] = {arm: [] for arm in cfg.arms}
             for number in range(cfg.rounds):
                 for arm in cfg.arms:
-                    if arm == "http_cold":
+                    if arm.startswith("http_cold"):
+                        ahead = {"fetch_ahead": 0} if arm == "http_cold_no_ahead" else {}
                         cold = _data_config(cfg, name="shards", urls=f"{url}/{pattern}", val_urls=f"{url}/{names[0]}",
-                                            cache_dir=str(work / f"cold{number}"))
+                                            cache_dir=str(work / f"{arm}{number}"), **ahead)
                         rates[arm].append(_epoch(_train_dataset(cold), cold, number + 1))
-                        shutil.rmtree(work / f"cold{number}", ignore_errors=True)
+                        shutil.rmtree(work / f"{arm}{number}", ignore_errors=True)
                     else:
                         rates[arm].append(_epoch(datasets[arm], configs[arm], number + 1))
             memory = _memory_epoch(cfg, work, names) if cfg.memory_passes and cfg.num_workers else []
@@ -167,7 +193,8 @@ def run_shards(cfg: ShardsCompareConfig) -> dict[str, Any]:
     rows = [{"arm": arm, "images_per_s": statistics.median(values), "passes": len(values),
              "spread": (max(values) - min(values)) / statistics.median(values)} for arm, values in rates.items()]
     ratios = {}
-    for arm, base in (("shards", "folder"), ("http_cold", "shards"), ("http_cached", "shards")):
+    for arm, base in (("shards", "folder"), ("http_cold", "shards"), ("http_cold_no_ahead", "shards"),
+                      ("http_cold", "http_cold_no_ahead"), ("http_cached", "shards")):
         if arm in rates and base in rates:
             ratios[f"{arm}_vs_{base}"] = statistics.median(a / b for a, b in zip(rates[arm], rates[base], strict=True))
     goals = [{"goal": f"{name} >= {bound}", "measured": ratios[name], "met": ratios[name] >= bound}
@@ -176,7 +203,9 @@ def run_shards(cfg: ShardsCompareConfig) -> dict[str, Any]:
             "summary": {**ratios, "pack_images_per_s": split.samples / pack_seconds, "images": split.samples,
                         "shards": len(names)},
             "memory": memory, "goals": goals,
-            "notes": [f"{split.samples} images in {len(names)} shards of at most {cfg.shard_size_mb:g} MB"]}
+            "notes": [f"{split.samples} images in {len(names)} shards of at most {cfg.shard_size_mb:g} MB",
+                      f"HTTP responses at {cfg.http_mb_per_s:g} MB/s" if cfg.http_mb_per_s else
+                      "HTTP responses as fast as loopback goes"]}
 
 
 def _memory_epoch(cfg: ShardsCompareConfig, work: Path, names: list[str]) -> list[dict[str, float]]:

@@ -167,10 +167,20 @@ class ResumableBatchSampler(DistributedBatchSampler):
         indices = self.epoch_indices()
         start, self._skip = self._skip, 0
         epoch, size, rank = self.epoch, self.batch_size, self.local_rank
-        for batch in range(start, len(self)):
-            first = (batch - self._offset_batches) * size
-            chunk = indices[first:first + size]
-            yield [SampleKey(int(i), epoch, batch, rank, position) for position, i in enumerate(chunk)]
+        begin = (start - self._offset_batches) * size
+        # A dataset that reads remote files (tar shards) copies them ahead of the readers, in the order dealt here.
+        fetch_ahead = getattr(self.dataset, "fetch_ahead", None)
+        ahead = fetch_ahead(indices[begin:]) if callable(fetch_ahead) else None
+        try:
+            for batch in range(start, len(self)):
+                first = (batch - self._offset_batches) * size
+                chunk = indices[first:first + size]
+                if ahead is not None:
+                    ahead.advance(first - begin + len(chunk))
+                yield [SampleKey(int(i), epoch, batch, rank, position) for position, i in enumerate(chunk)]
+        finally:
+            if ahead is not None:
+                ahead.close(timeout=0)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue this epoch's order where the consumer stopped."""

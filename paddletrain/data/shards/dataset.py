@@ -42,6 +42,7 @@ from paddletrain.data.shards.cache import ShardCache, ShardChecksumError
 from paddletrain.data.shards.index import MAX_INDEX_BYTES, ShardEntry, ShardIndex, ShardIndexError
 from paddletrain.data.shards.layout import DEFAULT_MAX_MEMBER_BYTES, scan_shard
 from paddletrain.data.shards.pack import index_name
+from paddletrain.data.shards.prefetch import FetchAhead
 from paddletrain.data.shards.source import (
     FetchPolicy,
     ShardFetchError,
@@ -60,6 +61,8 @@ log = logging.getLogger("paddletrain")
 # Open shard files a process keeps (least recently used closed first).
 MAX_OPEN_SHARDS = 16
 DEFAULT_SHUFFLE_BUFFER = 10_000
+# Remote shards copied ahead of the one being read (0: each is fetched when a reader first needs it).
+DEFAULT_FETCH_AHEAD = 2
 
 
 class ShardDataset(ImageDataset):
@@ -67,7 +70,7 @@ class ShardDataset(ImageDataset):
 
     def __init__(self, shards: Sequence[tuple[str, ShardEntry]], classes: Sequence[str], *, multilabel: bool = False,
                  in_chans: int = 3, transform: Transform = None, cache: ShardCache | None = None,
-                 shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER) -> None:
+                 shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER, fetch_ahead: int = DEFAULT_FETCH_AHEAD) -> None:
         super().__init__(transform)
         if in_chans not in (1, 3):
             raise DatasetError(f"shards in_chans must be 1 or 3, got {in_chans}")
@@ -79,6 +82,7 @@ class ShardDataset(ImageDataset):
         self.in_chans = in_chans
         self.cache = cache
         self.shuffle_buffer = int(shuffle_buffer)
+        self.ahead = int(fetch_ahead)
         samples = [sample for _, entry in shards for sample in entry.samples]
         self.counts = np.array([len(entry.samples) for _, entry in shards], np.int64)
         self.starts = shard_order.shard_starts(self.counts)
@@ -115,6 +119,22 @@ class ShardDataset(ImageDataset):
     def epoch_order(self, seed: int, epoch: int, weights: np.ndarray | None = None) -> np.ndarray:
         """The epoch's global order (:func:`paddletrain.data.shards.order.epoch_order`); the samplers call it."""
         return shard_order.epoch_order(self.counts, seed, epoch, self.shuffle_buffer, weights=weights)
+
+    def fetch_ahead(self, indices: Sequence[int]) -> FetchAhead | None:
+        """Start copying the remote shards that ``indices`` (the samples about to be dealt, in order) read, at
+        most ``data.fetch_ahead`` shards beyond the one being dealt (:mod:`paddletrain.data.shards.prefetch`);
+        None when no shard is remote or fetch-ahead is off. The batch sampler calls it once per epoch."""
+        if not self.ahead or self.cache is None or not len(indices) or not any(is_remote(u) for u in self.urls):
+            return None
+        shards = np.searchsorted(self.starts, np.asarray(indices, np.int64), side="right") - 1
+        unique, first = np.unique(shards, return_index=True)
+        touched = [(int(first[i]), int(unique[i])) for i in np.argsort(first, kind="stable")
+                   if is_remote(self.urls[int(unique[i])])]
+        return FetchAhead(self._copy, [shard for _, shard in touched], [at for at, _ in touched], self.ahead)
+
+    def _copy(self, shard: int) -> None:
+        sha256, size = self.checksums[shard]
+        self.cache.path(self.urls[shard], sha256, size)
 
     def load_image(self, index: int) -> Image.Image:
         shard = self.shard_of(index)
@@ -244,13 +264,15 @@ def build_shards(cfg: Any, train_transform: Transform, eval_transform: Transform
                  index: str | None = None, val_index: str | None = None, cache_dir: str | None = None,
                  cache_max_gb: float = 20.0, shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER, in_chans: int = 3,
                  timeout: float = 30.0, retries: int = 5, deadline: float = 600.0,
-                 max_member_mb: float = DEFAULT_MAX_MEMBER_BYTES / 1024**2) -> DatasetSplits:
+                 max_member_mb: float = DEFAULT_MAX_MEMBER_BYTES / 1024**2,
+                 fetch_ahead: int = DEFAULT_FETCH_AHEAD) -> DatasetSplits:
     """``data.name=shards``: ``data.urls`` (training) and ``data.val_urls`` (validation), each a brace pattern
     or a list of them, local paths or HTTP(S) URLs; see docs/data.md#tar-shards."""
     if not urls or not val_urls:
         raise ConfigError("data=shards reads data.urls (training shards) and data.val_urls (validation shards), "
                           "e.g. \"data.urls='/data/train-{000000..000009}.tar'\" data.val_urls=/data/val-000000.tar")
     shuffle_buffer = _option(shuffle_buffer, "shuffle_buffer", int, 1)
+    fetch_ahead = _option(fetch_ahead, "fetch_ahead", int, 0)
     in_chans = _option(in_chans, "in_chans", int, 1)
     policy = FetchPolicy(timeout=_option(timeout, "timeout", float, 0.001), retries=_option(retries, "retries", int, 0),
                          deadline=_option(deadline, "deadline", float, 0.0))
@@ -287,7 +309,8 @@ def build_shards(cfg: Any, train_transform: Transform, eval_transform: Transform
         count = len(labels[0]) if multilabel else 1 + max(labels)  # type: ignore[arg-type, type-var]
         names = [str(i) for i in range(count)]
     train, val = (ShardDataset(pairs, names, multilabel=multilabel, in_chans=in_chans, transform=transform,
-                               cache=cache, shuffle_buffer=shuffle_buffer) for pairs, transform in splits)
+                               cache=cache, shuffle_buffer=shuffle_buffer, fetch_ahead=fetch_ahead)
+                  for pairs, transform in splits)
     log.info("data=shards: %d training samples in %d shards, %d validation samples in %d shards", len(train),
              len(train.urls), len(val), len(val.urls))
     return DatasetSplits.of(train, val)
