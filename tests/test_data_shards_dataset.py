@@ -163,6 +163,7 @@ def test_the_loader_raises_a_source_failure_whatever_the_policy(shards, tmp_path
     (["data.urls='/nowhere/train-{000000..000001}.tar'", "data.val_urls=/nowhere/val.tar"], "nowhere"),
     (["data.urls=a.tar", "data.val_urls=b.tar", "data.shuffle_buffer=0"], "data.shuffle_buffer=0 must be"),
     (["data.urls=a.tar", "data.val_urls=b.tar", "data.cache_max_gb=-1"], "data.cache_max_gb"),
+    (["data.urls=a.tar", "data.val_urls=b.tar", "data.fetch_ahead=-1"], "data.fetch_ahead=-1 must be"),
     (["data.urls=5", "data.val_urls=b.tar"], "data.urls=5 must be a path or URL pattern"),
     (["data.urls=[a.tar,7]", "data.val_urls=b.tar"], "must be a path or URL pattern, or a list of them"),
     (["data.urls=a.tar", "data.val_urls=b.tar", "data.index=5"], "data.index=5 must be a path"),

@@ -38,7 +38,7 @@ def test_it_stays_the_given_number_of_shards_ahead_of_the_dealer_and_leaves_deal
         ahead.advance(16)  # shard 1's first samples went out before it was its turn: its readers copy it
     finally:
         ahead.close(timeout=5)
-    assert calls == [5, 3, 7] and ahead.fetched == [5, 3, 7]
+    assert calls == [5, 3, 7]
 
 
 def test_a_failed_fetch_stops_it_and_closing_stops_the_waiting():
@@ -50,7 +50,7 @@ def test_a_failed_fetch_stops_it_and_closing_stops_the_waiting():
     calls: list[int] = []
     failing = FetchAhead(fetch, shards=[5, 3, 7], first_needed=[0, 1, 2], ahead=5)
     failing.close(timeout=5)
-    assert calls == [5] and failing.fetched == [5]  # 7 is left to its reader
+    assert calls == [5]  # 3 failed: 7 is left to its reader
     waiting = FetchAhead(calls.append, shards=[1, 2], first_needed=[0, 10], ahead=1)
     assert wait_for(lambda: 1 in calls)
     waiting.close(timeout=5)

@@ -38,7 +38,6 @@ class FetchAhead:
         self._dealt = 0
         self._stopped = False
         self._changed = threading.Condition()
-        self.fetched: list[int] = []  # the shards this thread copied (or found cached), in order
         self._thread = threading.Thread(target=self._run, name="paddletrain-fetch-ahead", daemon=True)
         self._thread.start()
 
@@ -74,4 +73,3 @@ class FetchAhead:
             except Exception as exc:  # noqa: BLE001 - the reader fetches it again and says what is wrong
                 log.debug("fetch-ahead of shard %d stopped: %s", shard, exc)
                 return
-            self.fetched.append(shard)

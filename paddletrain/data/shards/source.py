@@ -83,10 +83,9 @@ def expand_urls(spec: str | Iterable[str], key: str) -> list[str]:
         DatasetError: nothing given, an unknown URL scheme, or a name listed twice (it would be read twice an
             epoch).
     """
-    if not isinstance(spec, (str, Iterable)) or any(not isinstance(p, str) for p in ([] if isinstance(spec, str)
-                                                                                  else spec or [])):
+    patterns = [spec] if isinstance(spec, str) else list(spec) if isinstance(spec, Iterable) else None
+    if patterns is None or not all(isinstance(p, str) for p in patterns):
         raise DatasetError(f"{key}={spec!r} must be a path or URL pattern, or a list of them")
-    patterns = [spec] if isinstance(spec, str) else list(spec or [])
     urls = [url for pattern in patterns for url in expand_braces(str(pattern).strip())]
     if not urls or not all(urls):
         raise DatasetError(f"{key} names no shard; e.g. \"{key}='/data/train-{{000000..000009}}.tar'\"")
