@@ -108,13 +108,15 @@ def _data_config(cfg: ShardsCompareConfig, **keys: Any) -> Any:
 
 def _train_dataset(data_cfg: Any) -> Any:
     """The training split with the training transform (an image folder's train/ alone: it needs no val/)."""
+    from paddletrain.config import DataConfig, component_options
     from paddletrain.data import build_datasets, build_transform
     from paddletrain.data.imagefolder import ImageFolderDataset
 
     transform = build_transform(data_cfg, train=True)
     if data_cfg.name == "imagefolder":
         return ImageFolderDataset(data_cfg.root, "train", transform=transform)
-    return build_datasets(data_cfg, transform, None).train
+    # The shards builder's own keys (data.urls, ...) are its options, as on the command line.
+    return build_datasets(data_cfg, transform, None, options=component_options(data_cfg, DataConfig)).train
 
 
 def _epoch(dataset: Any, data_cfg: Any, epoch: int, on_batch: Any = None) -> float:

@@ -40,6 +40,7 @@ from paddletrain.config import (
     FitConfig,
     check_values,
     component_options,
+    factory_options,
 )
 from paddletrain.data import DatasetError, build_datasets, build_transform, preprocessing_info
 from paddletrain.data.bundle import DataBundle, build_data
@@ -203,17 +204,18 @@ def build_run(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = ()
     cfg = resolve_task(resolve_preprocessing(cfg))
     hparams = run_hparams(cfg)
     configured = build_callbacks(cfg)  # their options are checked before any data or model work
+    options = factory_options(cfg)  # each builder gets its factory's own keys
     t = cfg.trainer
     rank, world_size = distributed.rank(), distributed.world_size()
     runtime = setup_runtime(t.device, t.cpu_threads, deterministic=t.deterministic, data_workers=cfg.data.num_workers)
     seed_everything(t.seed + rank)  # dropout differs per rank; the data order comes from t.seed alone
-    data = build_data(cfg, seed=t.seed, rank=rank, world_size=world_size)
-    model = build_model(cfg, len(data.classes), data.in_chans)
+    data = build_data(cfg, seed=t.seed, rank=rank, world_size=world_size, options=options["data"])
+    model = build_model(cfg, len(data.classes), data.in_chans, options=options["model"])
     limits = Limits.from_config(t)
     optimizer, scheduler = build_optimization(
         cfg.optim, cfg.sched, model, count_batches(data.train_loader, limits.limit_train_batches),
         max_epochs=limits.max_epochs, accumulate=limits.accumulate_grad_batches, batch_size=cfg.data.batch_size,
-        world_size=world_size)
+        world_size=world_size, options=options)
     # What a resumed run must share with its checkpoint (model, classes) or is warned about (batch, world).
     facts = {"model": cfg.model.name, "num_classes": len(data.classes), "batch_size": cfg.data.batch_size,
              "world_size": world_size}
@@ -227,7 +229,7 @@ def build_run(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = ()
     num_classes = cfg.model.num_classes or len(data.classes)
     multilabel = bool(cfg.data.multilabel)
     loss_fn = build_loss(cfg.loss, num_classes=num_classes, class_counts=data.class_counts, classes=data.classes,
-                         multilabel=multilabel, dataset=f"data.name={cfg.data.name}")
+                         multilabel=multilabel, dataset=f"data.name={cfg.data.name}", options=options["loss"])
     trainer = (trainer_cls or Trainer)(
         model, optimizer, scheduler=scheduler, rank=rank, world_size=world_size,
         loss_fn=loss_fn, precision=precision,
@@ -306,7 +308,7 @@ def checkpoint_model(cfg: DictConfig, state: Any, num_classes: int, in_chans: in
     """The model of ``cfg`` with the weights of a checkpoint's ``state``; any key that does not fit is refused."""
     if not isinstance(state, dict) or "model" not in state:
         raise UserError(f"{source} holds no model weights (no 'model' entry)")
-    model = build_model(cfg, num_classes, in_chans)
+    model = build_model(cfg, num_classes, in_chans, options=factory_options(cfg)["model"])
     try:
         check_state_matches(model, state["model"])
     except UserError as exc:
@@ -344,7 +346,7 @@ def rebuild_checkpoint(checkpoint_spec: str | Path, data_root: str | None = None
         cfg.data.root = data_root
     validate_config(cfg, use="export")
     try:
-        splits = build_datasets(cfg.data)
+        splits = build_datasets(cfg.data, options=factory_options(cfg)["data"])
         eval_tf = build_transform(cfg.data, train=False, in_chans=splits.in_chans)
     except DatasetError as exc:
         raise UserError(f"cannot open the checkpoint's dataset ({exc}); if it moved, pass data_root=<dir>") from exc
@@ -416,8 +418,9 @@ def build_evaluation(cfg: DictConfig, checkpoint: Checkpoint) -> Evaluation:
     seed_everything(cfg.trainer.seed)
     tta = cfg.get("tta") or {}
     split = cfg.get("split", "val")
+    options = factory_options(cfg)
     data = build_data(cfg, seed=cfg.trainer.seed, eval_crop=tta.get("crops", 1) == 1, training=False,
-                      eval_split=split)
+                      eval_split=split, options=options["data"])
     model = checkpoint_model(cfg, checkpoint.state, len(data.classes), data.in_chans,
                              source=f"checkpoint={checkpoint.path}")
     if tta.get("flip") or tta.get("crops", 1) > 1:  # test-time augmentation (paddletrain.models.tta)
@@ -426,7 +429,7 @@ def build_evaluation(cfg: DictConfig, checkpoint: Checkpoint) -> Evaluation:
     multilabel = bool(cfg.data.multilabel)
     num_classes = cfg.model.num_classes or len(data.classes)
     loss_fn = build_loss(cfg.loss, num_classes=num_classes, class_counts=data.class_counts, classes=data.classes,
-                         multilabel=multilabel, dataset=f"data.name={cfg.data.name}")
+                         multilabel=multilabel, dataset=f"data.name={cfg.data.name}", options=options["loss"])
     trainer = Trainer(model, num_classes=len(data.classes), limits=Limits.from_config(cfg.trainer), loss_fn=loss_fn,
                       meters=task_meters(multilabel, len(data.classes), float(cfg.data.multilabel_threshold)),
                       class_names=data.classes)

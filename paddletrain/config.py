@@ -101,8 +101,21 @@ def allowed(default: Any = dataclasses.MISSING, *, factory: Callable[[], Any] | 
     return field(default=default, metadata=rule)
 
 
+class CheckedOnConstruction:
+    """A schema whose instances made in Python (``OptimConfig(momentum=0.8)``) are checked when constructed, with
+    the rules :func:`check_values` applies to a composed config: a config object is valid by construction, so the
+    builders that take one trust it and check only what no schema declares. ``KEY`` is the group's place in the
+    full config (``optim.``), named in the messages."""
+
+    KEY = ""  # not annotated: a class attribute, not a config key
+
+    def __post_init__(self) -> None:
+        check_values(self, prefix=self.KEY)
+
+
 @dataclass
-class ModelConfig:
+class ModelConfig(CheckedOnConstruction):
+    KEY = "model."
     name: str = "resnet20"
     # None: taken from the dataset (number of classes, image channels).
     num_classes: int | None = allowed(None, ge=1)
@@ -127,9 +140,10 @@ class ModelConfig:
 
 
 @dataclass
-class ShapesConfig:
+class ShapesConfig(CheckedOnConstruction):
     """The embedded, procedurally generated default dataset."""
 
+    KEY = "data.shapes."
     num_train: int = allowed(4000, ge=1)
     num_val: int = allowed(1000, ge=1)
     seed: int = allowed(0, ge=0, le=MAX_SEED)
@@ -140,12 +154,13 @@ MIX_MODES = ("batch", "pair", "elem")
 
 
 @dataclass
-class MixupConfig:
+class MixupConfig(CheckedOnConstruction):
     """Mixup/CutMix on every training batch (paddletrain.data.mixup); off while both alphas are 0.
 
     The soft targets are smoothed by ``loss.label_smoothing`` (one key for hard and mixed targets).
     """
 
+    KEY = "data.mixup."
     # Beta(alpha, alpha) of Mixup's blend weight and of CutMix's box area; 0 switches that one off.
     mixup_alpha: float = allowed(0.0, ge=0)
     cutmix_alpha: float = allowed(0.0, ge=0)
@@ -167,7 +182,8 @@ INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "box", "lanczos", "hamming")
 
 
 @dataclass
-class DataConfig:
+class DataConfig(CheckedOnConstruction):
+    KEY = "data."
     name: str = "shapes"
     root: str | None = None
     download: bool = False
@@ -242,7 +258,8 @@ class DataConfig:
 
 
 @dataclass
-class OptimConfig:
+class OptimConfig(CheckedOnConstruction):
+    KEY = "optim."
     # A name registered in paddletrain.registry.OPTIMIZERS: sgd, adamw, adam, rmsprop, lamb, lars, or a plugin's.
     name: str = "sgd"
     lr: float = allowed(0.1, gt=0)
@@ -269,7 +286,8 @@ class OptimConfig:
 
 
 @dataclass
-class SchedConfig:
+class SchedConfig(CheckedOnConstruction):
+    KEY = "sched."
     # A name registered in paddletrain.registry.SCHEDULERS: cosine, step, multistep, onecycle, constant.
     name: str = "cosine"
     warmup_epochs: float = allowed(0.0, ge=0)
@@ -283,7 +301,8 @@ class SchedConfig:
 
 
 @dataclass
-class AmpConfig:
+class AmpConfig(CheckedOnConstruction):
+    KEY = "trainer.amp."
     enabled: bool = False
     level: str = allowed("O1", choices=("O1", "O2"))
     dtype: str = allowed("float16", choices=("float16", "bfloat16"))
@@ -300,7 +319,8 @@ class AmpConfig:
 
 
 @dataclass
-class LossConfig:
+class LossConfig(CheckedOnConstruction):
+    KEY = "loss."
     # A name registered in paddletrain.registry.LOSSES: cross_entropy, soft_target_cross_entropy,
     # binary_cross_entropy, focal, or a plugin's. None: the task's loss, cross_entropy (binary_cross_entropy with
     # data.multilabel=true).
@@ -324,9 +344,10 @@ DISTILL_KINDS = ("kd", "ssld")
 
 
 @dataclass
-class DistillConfig:
+class DistillConfig(CheckedOnConstruction):
     """Knowledge distillation from a frozen teacher (paddletrain.distill); off while ``teacher`` is null."""
 
+    KEY = "trainer.distill."
     # The teacher, given like model.name / model.pretrained: a registered model and its weight source (a file,
     # a paddletrain checkpoint directory, vision:<arch>, paddleclas:<Name>, ...).
     teacher: str | None = None
@@ -345,7 +366,8 @@ class DistillConfig:
 
 
 @dataclass
-class TrainerConfig:
+class TrainerConfig(CheckedOnConstruction):
+    KEY = "trainer."
     max_epochs: int = allowed(10, ge=1)
     max_steps: int | None = allowed(None, ge=1)
     device: str = allowed("auto", choices=DEVICES)
@@ -483,6 +505,12 @@ def component_options(node: Any, schema: type) -> dict[str, Any]:
     extra = {key: node[key] for key in node if key not in declared}
     return {key: OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
             for key, value in extra.items()}
+
+
+def factory_options(cfg: Any) -> dict[str, dict[str, Any]]:
+    """Each component group's factory options (:func:`component_options`) in a full config, by group: read once
+    by whoever checks or builds the run, and handed to each builder as a value."""
+    return {group: component_options(cfg[group], SCHEMAS[group]) for group in COMPONENT_GROUPS}
 
 
 def cli_schema(command: str) -> Callable[[type], type]:

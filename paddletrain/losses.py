@@ -42,14 +42,14 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from paddletrain.config import LossConfig, check_field, component_options
+from paddletrain.config import LossConfig, check_field
 from paddletrain.errors import ConfigError
 from paddletrain.registry import LOSSES
 
@@ -344,14 +344,15 @@ def check_loss_config(loss: Any, multilabel: bool = False) -> str:
 def build_loss(cfg: LossConfig, num_classes: int | None = None,
                class_counts: Sequence[int] | np.ndarray | None = None,
                classes: Sequence[str] | None = None, multilabel: bool = False,
-               dataset: str | None = None) -> LossFn:
+               dataset: str | None = None, options: Mapping[str, Any] | None = None) -> LossFn:
     """The loss :func:`loss_name` selects (registered names are case-insensitive), built from ``cfg``.
 
     With ``loss.class_weights`` set, the factory also gets ``class_weights`` (:func:`resolve_class_weights`:
     ``balanced`` needs ``class_counts``, the training split's samples per class, named by ``classes``).
     ``multilabel``: the targets are multi-hot rows; the built-in BCE then smooths them per class, a plugin's loss
     gets them as they are. ``dataset`` (e.g. ``data.name=mine``) is named when ``balanced`` weights have no
-    counts to come from.
+    counts to come from. ``options``: the factory's own keyword arguments (on the command line, the ``loss`` keys
+    the schema does not declare: :func:`paddletrain.config.factory_options`).
     """
     if dataset is not None and getattr(cfg, "class_weights", None) == "balanced" and class_counts is None:
         raise ConfigError(f"{CLASS_WEIGHTS_KEY}=balanced needs the label of every training sample, but {dataset} "
@@ -367,6 +368,5 @@ def build_loss(cfg: LossConfig, num_classes: int | None = None,
         weights = resolve_class_weights(setting, num_classes, class_counts, classes)
         shown = ", ".join(f"{w:.4g}" for w in weights[:10]) + (", ..." if len(weights) > 10 else "")
         log.info("%s=%s: %s", CLASS_WEIGHTS_KEY, setting if isinstance(setting, str) else "list", shown)
-    options = {"multilabel": True} if multilabel and name == "binary_cross_entropy" else {}
-    options.update(component_options(cfg, LossConfig))  # the factory's own (loss.<option>=...)
+    options = {**({"multilabel": True} if multilabel and name == "binary_cross_entropy" else {}), **(options or {})}
     return factory(cfg, **options) if weights is None else factory(cfg, class_weights=weights, **options)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import paddle
@@ -24,7 +24,7 @@ from paddle import nn
 from paddle.incubate.optimizer import LarsMomentumOptimizer
 from paddle.optimizer.lr import LRScheduler
 
-from paddletrain.config import OptimConfig, check_field, component_options
+from paddletrain.config import OptimConfig, check_field
 from paddletrain.errors import ConfigError
 from paddletrain.registry import OPTIMIZERS
 from paddletrain.schedules import build_scheduler, optimizer_steps_per_epoch, schedule_steps
@@ -137,6 +137,12 @@ def param_groups(
     """
     for key, value in (("weight_decay", weight_decay), ("head_lr_mult", head_lr_mult), ("layer_decay", layer_decay)):
         _check(key, value)
+    return _grouped(model, weight_decay, no_decay_norm_bias, head_lr_mult, layer_decay, head_name)
+
+
+def _grouped(model: nn.Layer, weight_decay: float, no_decay_norm_bias: bool, head_lr_mult: float,
+             layer_decay: float | None, head_name: str = "fc") -> list[dict[str, Any]]:
+    """:func:`param_groups` of values already checked (an optim config is, by validation or construction)."""
     model = _unwrap(model)
     head = _head_layer(model, head_name)
     if head is None and (head_lr_mult != 1.0 or layer_decay is not None):
@@ -160,23 +166,28 @@ def param_groups(
 
 # ---------------------------------------------------------------------------------------------- optimizers
 def build_optimizer(
-    model: nn.Layer, cfg: OptimConfig, scheduler_or_lr: LRScheduler | float
+    model: nn.Layer, cfg: OptimConfig, scheduler_or_lr: LRScheduler | float,
+    options: Mapping[str, Any] | None = None,
 ) -> paddle.optimizer.Optimizer:
     """The optimizer registered as ``optim.name`` (case-insensitive) over :func:`param_groups` of ``model``.
 
     Built in: ``sgd`` (Momentum, Nesterov optional; plain SGD when momentum == 0), ``adamw``, ``adam``,
     ``rmsprop``, ``lamb`` and ``lars``. Every one keeps the groups' decay rules: a group with
     ``weight_decay`` 0 is not decayed (nor, for LAMB/LARS, layer-wise adapted).
+
+    ``cfg`` is a validated ``optim`` node or an :class:`OptimConfig` (checked when constructed); ``options`` are
+    the factory's own keyword arguments (on the command line, the ``optim`` keys the schema does not declare:
+    :func:`paddletrain.config.factory_options`).
     """
+    return _optimizer_over(model, cfg, options)(scheduler_or_lr)
+
+
+def _optimizer_over(model: nn.Layer, cfg: OptimConfig,
+                    options: Mapping[str, Any] | None) -> Callable[[LRScheduler | float], paddle.optimizer.Optimizer]:
+    """The optimizer of ``cfg`` over ``model``'s parameter groups, still to be given its learning rate."""
     factory = OPTIMIZERS.get(str(cfg.name).lower())
-    groups = param_groups(
-        model,
-        weight_decay=cfg.weight_decay,
-        no_decay_norm_bias=cfg.no_decay_norm_bias,
-        head_lr_mult=cfg.head_lr_mult,
-        layer_decay=cfg.layer_decay,
-    )
-    return factory(groups, scheduler_or_lr, cfg, **component_options(cfg, OptimConfig))
+    groups = _grouped(model, cfg.weight_decay, cfg.no_decay_norm_bias, cfg.head_lr_mult, cfg.layer_decay)
+    return lambda scheduler_or_lr: factory(groups, scheduler_or_lr, cfg, **(options or {}))
 
 
 def _check(key: str, value: Any) -> None:
@@ -404,24 +415,30 @@ def scaled_lr(lr: float, global_batch: int, base_batch_size: int) -> float:
     """Linear LR scaling (Goyal et al.): ``lr * global_batch / base_batch_size``."""
     if global_batch <= 0:
         raise ConfigError(f"the global batch size must be > 0, got {global_batch!r}")
-    _check("base_batch_size", base_batch_size)
+    if base_batch_size <= 0:  # a plain argument (in a config, the schema's optim.base_batch_size rule holds)
+        raise ConfigError(f"optim.base_batch_size={base_batch_size} must be >= 1")
     return lr * global_batch / base_batch_size
 
 
 def build_optimization(optim: OptimConfig, sched: Any, model: paddle.nn.Layer, batches_per_epoch: int, *,
-                       max_epochs: int, accumulate: int = 1, batch_size: int,
-                       world_size: int = 1) -> tuple[paddle.optimizer.Optimizer, paddle.optimizer.lr.LRScheduler]:
+                       max_epochs: int, accumulate: int = 1, batch_size: int, world_size: int = 1,
+                       options: Mapping[str, Mapping[str, Any]] | None = None,
+                       ) -> tuple[paddle.optimizer.Optimizer, paddle.optimizer.lr.LRScheduler]:
     """The optimizer of ``optim`` and the schedule of ``sched``, whose length is the run's optimizer steps:
     ``batches_per_epoch`` (the loop's own count, :func:`paddletrain.engine.trainer.count_batches`) in steps of
     ``accumulate`` batches, for ``max_epochs``. ``batch_size`` is a process's; the global batch scales the rate
-    when ``optim.scale_lr``."""
-    per_epoch = optimizer_steps_per_epoch(batches_per_epoch, accumulate)
-    steps = schedule_steps(per_epoch, max_epochs, sched.warmup_epochs)
+    when ``optim.scale_lr``. ``options``: the factories' own options by group (``{"optim": ..., "sched": ...}``,
+    :func:`paddletrain.config.factory_options`)."""
+    options = options or {}
     global_batch = batch_size * world_size * accumulate
     lr = run_lr(optim, global_batch)
+    # The parameter groups first: the optimizer then only waits for the schedule's rate.
+    optimizer_over = _optimizer_over(model, optim, options.get("optim"))
+    per_epoch = optimizer_steps_per_epoch(batches_per_epoch, accumulate)
+    steps = schedule_steps(per_epoch, max_epochs, sched.warmup_epochs)
+    scheduler = build_scheduler(sched, lr, steps, options.get("sched"))
     log.info("Global batch %d (%d per process x %d process(es) x %d accumulation), learning rate %g%s, "
              "%d optimizer steps", global_batch, batch_size, world_size, accumulate, lr,
              f" (optim.lr={optim.lr:g} scaled by {global_batch}/{optim.base_batch_size})"
              if optim.scale_lr else "", steps.total)
-    scheduler = build_scheduler(sched, lr, steps)
-    return build_optimizer(model, optim, scheduler), scheduler
+    return optimizer_over(scheduler), scheduler

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from paddle.optimizer.lr import LambdaDecay, LinearWarmup, LRScheduler, MultiStepDecay, OneCycleLR
 
-from paddletrain.config import SchedConfig, check_values, component_options
+from paddletrain.config import SchedConfig
 from paddletrain.errors import ConfigError
 from paddletrain.registry import SCHEDULERS
 
@@ -74,16 +75,18 @@ def check_sched_config(sched: SchedConfig, run_lr: float | None = None, lr: floa
         raise ConfigError(f"sched.min_lr={sched.min_lr} must be <= optim.lr={run_lr:g}{scaled}")
 
 
-def build_scheduler(cfg: SchedConfig, base_lr: float, steps: ScheduleSteps) -> LRScheduler:
+def build_scheduler(cfg: SchedConfig, base_lr: float, steps: ScheduleSteps,
+                    options: Mapping[str, Any] | None = None) -> LRScheduler:
     """The schedule registered as ``sched.name``, after a linear warmup over ``steps.warmup`` steps.
 
     The warmup ramps from ``sched.warmup_start_factor`` x the schedule's first rate to it; the schedule itself
-    starts counting after the warmup. Past its last step a schedule holds its final rate.
+    starts counting after the warmup. Past its last step a schedule holds its final rate. ``cfg`` is a validated
+    ``sched`` node or a :class:`SchedConfig` (checked when constructed); ``options`` the factory's own keyword
+    arguments (:func:`paddletrain.config.factory_options`).
     """
     if not base_lr > 0:
         raise ConfigError(f"the learning rate (optim.lr) must be > 0, got {base_lr!r}")
-    check_values(cfg, SchedConfig, prefix="sched.")  # the schema's rules, for callers that skip validate_config
-    main = SCHEDULERS.get(str(cfg.name).lower())(cfg, base_lr, steps, **component_options(cfg, SchedConfig))
+    main = SCHEDULERS.get(str(cfg.name).lower())(cfg, base_lr, steps, **(options or {}))
     if steps.warmup == 0:
         return main
     first_lr = main()

@@ -29,7 +29,7 @@ from omegaconf import OmegaConf, open_dict, read_write
 
 import paddletrain.builtin_components  # noqa: F401  (registers the built-in names the config may use)
 from paddletrain.callbacks.instantiate import check_callback_entries
-from paddletrain.config import COMPONENT_GROUPS, SCHEMAS, EvaluateConfig, FitConfig, check_values, component_options
+from paddletrain.config import COMPONENT_GROUPS, SCHEMAS, EvaluateConfig, FitConfig, check_values, factory_options
 from paddletrain.data.mixup import Mixup
 from paddletrain.data.transforms import build_augmentations, check_transform_config
 from paddletrain.distill import check_distill_config
@@ -110,10 +110,11 @@ def validate_config(cfg: Any, use: str = "fit") -> None:
         raise ConfigError(f"missing required value for {', '.join(missing)} (set it on the command line, "
                           f"e.g. {missing[0]}=...)")
     check_values(cfg, schema)
+    options = factory_options(cfg)
     prepare(cfg)  # the config's `imports` register their names before the names are looked up
     multilabel = bool(cfg.data.get("multilabel"))
     loss = check_loss_config(cfg.loss, multilabel)  # the loss's own rules; it says which loss the task uses
-    check_key_rules(cfg, loss)
+    check_key_rules(cfg, loss, options)
     # Each other component's own rules, from the module that builds it; nothing is built to be checked.
     t = cfg.trainer
     check_optim_config(cfg.optim)
@@ -133,11 +134,12 @@ def validate_config(cfg: Any, use: str = "fit") -> None:
     _last = Validated(fingerprint, use)
 
 
-def check_key_rules(cfg: Any, loss: str) -> None:
+def check_key_rules(cfg: Any, loss: str, options: dict[str, dict[str, Any]]) -> None:
     """The rules that compare keys with each other (no file or constructor needed), then every name the config
     looks up in a registry (installed plugins included; the config's ``imports`` must have been imported,
     :func:`paddletrain.plugins.prepare`) and the options of the factories they select; ``loss`` is the loss's
-    registered name (:func:`paddletrain.losses.check_loss_config`).
+    registered name (:func:`paddletrain.losses.check_loss_config`), ``options`` each group's keys its schema does not
+    declare (:func:`paddletrain.config.factory_options`).
 
     A key a component group's schema does not declare is an option of the factory its ``name`` selects
     (:meth:`paddletrain.registry.Registry.options_of`); a misspelt one is refused with the close names.
@@ -159,7 +161,7 @@ def check_key_rules(cfg: Any, loss: str) -> None:
         registry.get(name)
     for group in COMPONENT_GROUPS:
         registry, name = selected[group]
-        extra = component_options(cfg[group], SCHEMAS[group])
+        extra = options[group]
         accepted = registry.options_of(name) if extra else None
         if accepted is None:
             continue

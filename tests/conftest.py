@@ -13,8 +13,8 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 import paddletrain.fit  # noqa: F401  (registers the schemas)
-from paddletrain.config import DataConfig
-from paddletrain.data import preprocessing_info
+from paddletrain.config import DataConfig, factory_options
+from paddletrain.data import build_datasets, preprocessing_info
 from paddletrain.deploy.export import export_model
 from paddletrain.models import create_model
 from tests import forked
@@ -35,6 +35,12 @@ def compose_fit(overrides: list[str] = (), name: str = "fit"):
     """The config `python -m paddletrain.fit <overrides>` would run with."""
     with initialize_config_module("paddletrain.conf", version_base="1.3"):
         return compose(name, overrides=list(overrides))
+
+
+def datasets_of(cfg):
+    """The datasets of a composed config, with the data builder's own options (data.urls, ...), as build_data
+    hands them over."""
+    return build_datasets(cfg.data, options=factory_options(cfg)["data"])
 
 
 @pytest.fixture

@@ -1,12 +1,27 @@
 """Schema validation: every preset composes; unknown keys, wrong types, bad choices and missing values fail."""
 from __future__ import annotations
 
+import dataclasses
+import typing
 from pathlib import Path
 
 import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
+from paddletrain.config import (
+    COMPONENT_GROUPS,
+    SCHEMAS,
+    AmpConfig,
+    DataConfig,
+    LossConfig,
+    MixupConfig,
+    ModelConfig,
+    OptimConfig,
+    SchedConfig,
+    TrainerConfig,
+    factory_options,
+)
 from paddletrain.errors import ConfigError
 from paddletrain.validation import validate_config
 from tests.conftest import compose_fit
@@ -79,3 +94,46 @@ def test_an_eval_resize_below_the_eval_crop_names_both_keys(overrides, key):
     with pytest.raises(ConfigError, match=rf"data.eval_resize=48 is smaller than the evaluation crop {key}"):
         validate_config(cfg)
     validate_config(compose_fit(["data.eval_transform=small", *overrides]))  # no crop: resize exact to the size
+
+
+# ---------------------------------------------------------------------------------------------- valid by construction
+def _nested_schemas(schema: type, prefix: str):
+    """(schema, its dotted place) for every dataclass field below ``schema``, recursively."""
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        if dataclasses.is_dataclass(hints[f.name]):
+            yield hints[f.name], f"{prefix}{f.name}."
+            yield from _nested_schemas(hints[f.name], f"{prefix}{f.name}.")
+
+
+def test_each_schema_names_its_own_place_in_the_full_config():
+    places = dict(_nested_schemas(TrainerConfig, "trainer."))
+    places.update(_nested_schemas(DataConfig, "data."))
+    places.update({schema: f"{group}." for group, schema in SCHEMAS.items() if group in COMPONENT_GROUPS})
+    places[TrainerConfig] = "trainer."
+    assert places and all(schema.KEY == place for schema, place in places.items()), places
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: OptimConfig(momentum=1.0), "optim.momentum=1.0 must be >= 0 and < 1"),
+    (lambda: SchedConfig(name="onecycle", pct_start=1.5), "sched.pct_start=1.5 must be > 0 and < 1"),
+    (lambda: LossConfig(label_smoothing=-0.1), "loss.label_smoothing=-0.1 must be >= 0 and < 1"),
+    (lambda: DataConfig(train_transform="cifar"), "data.train_transform='cifar' is not allowed"),
+    (lambda: MixupConfig(prob=2.0), "data.mixup.prob=2.0 must be"),
+    (lambda: ModelConfig(width=0.0), "model.width=0.0 must be > 0"),
+    (lambda: AmpConfig(level="O3"), "trainer.amp.level='O3' is not allowed"),
+    (lambda: TrainerConfig(max_epochs=0), "trainer.max_epochs=0 must be >= 1"),
+])
+def test_a_schema_instance_made_in_python_is_checked_when_constructed(make, message):
+    # The builders trust the config they get: a hand-made one is refused here, with validation's message.
+    with pytest.raises(ConfigError) as info:
+        make()
+    assert str(info.value).startswith(message)
+
+
+def test_factory_options_are_each_groups_undeclared_keys():
+    cfg = compose_fit(["+loss.epsilon=2.0", "+model.global_pool=avgmax"])
+    options = factory_options(cfg)
+    assert set(options) == set(COMPONENT_GROUPS)
+    assert options["loss"] == {"epsilon": 2.0} and options["model"] == {"global_pool": "avgmax"}
+    assert options["optim"] == options["sched"] == options["data"] == {}

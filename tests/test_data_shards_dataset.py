@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from paddletrain.checkpoint import find_latest, load_checkpoint
-from paddletrain.data import build_datasets, build_loader
+from paddletrain.data import build_loader
 from paddletrain.data.errors import DatasetError, SourceUnavailableError
 from paddletrain.data.shards.index import ShardIndex
 from paddletrain.data.shards.pack import pack
 from paddletrain.errors import ConfigError
-from tests.conftest import compose_fit, run_module, write_image_folder, write_multilabel_squares
+from tests.conftest import compose_fit, datasets_of, run_module, write_image_folder, write_multilabel_squares
 from tests.http_shards import FaultyServer
 
 # 16 training images in 4 shards of 4, 8 validation images in 2.
@@ -59,8 +59,8 @@ def assert_same_weights(a: dict, b: dict) -> None:
 def test_shards_hold_the_samples_of_the_folder_they_were_packed_from(shards, tmp_path):
     root = shards.parent
     cfg = compose_fit(["data=shards", *urls(str(shards)), f"data.cache_dir={tmp_path}"])
-    packed = build_datasets(cfg.data)
-    folder = build_datasets(compose_fit(["data=imagefolder", f"data.root={root}"]).data)
+    packed = datasets_of(cfg)
+    folder = datasets_of(compose_fit(["data=imagefolder", f"data.root={root}"]))
     assert packed.classes == folder.classes == ["a", "b"]
     by_file = {Path(folder.train.describe(i)).relative_to(root / "train").with_suffix("").as_posix(): i
                for i in range(len(folder.train))}
@@ -79,11 +79,11 @@ def test_multilabel_shards_give_multi_hot_rows(tmp_path):
     pack(root / "val_list.txt", tmp_path / "s", multilabel=True, prefix="val")
     shards = [f"data.urls={tmp_path}/s/train-000000.tar", f"data.val_urls={tmp_path}/s/val-000000.tar",
               f"data.cache_dir={tmp_path}/c"]
-    splits = build_datasets(compose_fit(["data=shards", *shards, "data.multilabel=true"]).data)
+    splits = datasets_of(compose_fit(["data=shards", *shards, "data.multilabel=true"]))
     _, label = splits.train[0]
     assert splits.train.multilabel and label.dtype == np.float32 and label.shape == (4,) and label.sum() == 2
     with pytest.raises(ConfigError, match="index is multi-label, but data.multilabel=false; set data.multilabel=true"):
-        build_datasets(compose_fit(["data=shards", *shards]).data)
+        datasets_of(compose_fit(["data=shards", *shards]))
     result = fit(tmp_path / "run", *shards, "data.multilabel=true", "trainer.max_epochs=1", "data.image_size=16")
     assert "val/mAP" in result.stdout + result.stderr
 
@@ -150,7 +150,7 @@ def test_the_loader_raises_a_source_failure_whatever_the_policy(shards, tmp_path
     with FaultyServer(shards) as server:
         cfg = compose_fit(["data=shards", *urls(server.url), f"data.cache_dir={tmp_path}", "data.retries=0",
                            "data.bad_sample_policy=skip", "data.max_bad_fraction=1.0", "data.batch_size=4"])
-        splits = build_datasets(cfg.data)
+        splits = datasets_of(cfg)
         server.fail_status = 500
         loader = build_loader(splits.train, cfg.data, train=True, seed=0)
         loader.batch_sampler.set_epoch(0)
@@ -173,7 +173,7 @@ def test_mistakes_are_named(overrides, needle, tmp_path):
 
     cfg = compose_fit(["data=shards", f"data.cache_dir={tmp_path}", *overrides])
     with pytest.raises((UserError, DatasetError), match=needle):
-        build_datasets(cfg.data)
+        datasets_of(cfg)
 
 
 HYMENOPTERA = Path("/work/shared/data/hymenoptera_data")
@@ -185,14 +185,14 @@ def test_the_ants_and_bees_photos_pack_and_stream_as_the_folder_reads_them(tmp_p
     train, val = (ShardIndex.read(split.index_path) for split in result.splits)
     assert (train.num_samples, val.num_samples) == (244, 153)  # the .gif left out, as data=imagefolder does
     assert len(train.shards) > 2
-    folder = build_datasets(compose_fit(["data=imagefolder", f"data.root={HYMENOPTERA}"]).data)
+    folder = datasets_of(compose_fit(["data=imagefolder", f"data.root={HYMENOPTERA}"]))
     files = {Path(folder.val.describe(i)).relative_to(HYMENOPTERA / "val"): i for i in range(len(folder.val))}
     last = f"{len(train.shards) - 1:06d}"
     with FaultyServer(tmp_path / "s") as server:
         cfg = compose_fit(["data=shards", f"data.urls='{server.url}/train-{{000000..{last}}}.tar'",
                            f"data.val_urls='{server.url}/val-{{000000..{len(val.shards) - 1:06d}}}.tar'",
                            f"data.cache_dir={tmp_path}/c"])
-        shards = build_datasets(cfg.data)
+        shards = datasets_of(cfg)
         assert shards.classes == folder.classes == ["ants", "bees"]
         for i in range(len(shards.val)):
             key = shards.val.describe(i).split("#", 1)[1]
@@ -275,7 +275,7 @@ def test_class_balanced_sampling_draws_within_the_shards_windows(shards, tmp_pat
 
     cfg = compose_fit(["data=shards", *urls(str(shards)), f"data.cache_dir={tmp_path}", "data.sampler=class_balanced",
                        "data.batch_size=4", "data.num_workers=0", "data.shuffle_buffer=6", "data.image_size=12"])
-    train = build_datasets(cfg.data).train
+    train = datasets_of(cfg).train
     loader = build_loader(train, cfg.data, train=True, seed=3)
     loader.batch_sampler.set_epoch(1)
     weights = class_balanced_weights(train.targets)

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from paddletrain.data import build_datasets, build_loader
+from paddletrain.data import build_loader
 from paddletrain.data.errors import SourceUnavailableError
 from paddletrain.data.shards.pack import pack
 from paddletrain.data.shards.prefetch import FetchAhead
-from tests.conftest import compose_fit, write_image_folder
+from tests.conftest import compose_fit, datasets_of, write_image_folder
 from tests.http_shards import FaultyServer
 
 
@@ -71,7 +71,7 @@ def http_data(server: FaultyServer, cache: Path, *extra: str):
                        f"data.val_urls='{server.url}/val-{{000000..000001}}.tar'", f"data.cache_dir={cache}",
                        "data.image_size=12", "data.batch_size=4", "data.num_workers=0", "data.shuffle_buffer=6",
                        *extra])
-    return cfg, build_datasets(cfg.data)
+    return cfg, datasets_of(cfg)
 
 
 def cached(cache: Path) -> int:

@@ -5,6 +5,7 @@ import random
 
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 from PIL import Image
 
 from paddletrain.config import DataConfig
@@ -136,9 +137,10 @@ def test_auto_augment_changes_images():
     ("data.train_transform", dict(train_transform="cifar"), ["'cifar'", "imagenet", "small", "none"]),
     ("data.interpolation", dict(interpolation="cubic"), ["'cubic'", "bicubic"]),
     ("data.mean", dict(mean=[0.5, 0.5]), ["2 values", "3 channels"]),
-    ("data.std", dict(std=[0.5, 0.0, 0.5]), ["zeros"]),
+    ("data.std", dict(std=[0.5, 0.0, 0.5]), ["every value must be > 0", "got 0.0"]),
 ])
 def test_bad_config_names_key_and_valid_values(key, kwargs, names):
+    # The schema's rules speak when the DataConfig is constructed, the channel counts when the pipeline is built.
     with pytest.raises(ConfigError) as info:
         build_transform(DataConfig(**kwargs), train=True)
     message = str(info.value)
@@ -202,6 +204,14 @@ def test_augment_rand_augment_at_magnitude_zero_is_the_identity_of_the_pipeline(
                                                   "prob": 1.0, "ops": ["rotate"]}])
     assert not np.array_equal(_seeded(build_transform(strong, train=True), image, 5),
                               _seeded(build_transform(plain, train=True), image, 5))
+
+
+def test_a_zero_std_that_no_schema_checked_is_refused():
+    # e.g. resolved from pretrained weights after validation: the pipeline itself refuses it
+    cfg = OmegaConf.structured(DataConfig)
+    cfg.std = [0.5, 0.0, 0.5]
+    with pytest.raises(ConfigError, match=r"^data\.std must not contain zeros"):
+        build_transform(cfg, train=True)
 
 
 @pytest.mark.parametrize("entry, line", [

@@ -158,18 +158,19 @@ def test_registry_builds_each_loss_from_its_config():
 
 
 @pytest.mark.parametrize(
-    "cfg, error, match",
+    "options, error, match",
     [
-        (LossConfig(name="dice"), UnknownNameError, r"unknown loss loss\.name='dice'"),
-        (LossConfig(name="focall"), UnknownNameError, r"did you mean focal"),
-        (LossConfig(name="cross_entropi"), UnknownNameError, r"did you mean cross_entropy"),
-        (LossConfig(label_smoothing=1.0), ValueError, r"loss\.label_smoothing=1\.0 must be >= 0 and < 1"),
-        (LossConfig(name="binary_cross_entropy", target_threshold=1.5), ValueError, r"loss\.target_threshold"),
+        (dict(name="dice"), UnknownNameError, r"unknown loss loss\.name='dice'"),
+        (dict(name="focall"), UnknownNameError, r"did you mean focal"),
+        (dict(name="cross_entropi"), UnknownNameError, r"did you mean cross_entropy"),
+        (dict(label_smoothing=1.0), ValueError, r"loss\.label_smoothing=1\.0 must be >= 0 and < 1"),
+        (dict(name="binary_cross_entropy", target_threshold=1.5), ValueError, r"loss\.target_threshold"),
     ],
 )
-def test_config_errors_name_the_key(cfg, error, match):
+def test_config_errors_name_the_key(options, error, match):
+    # A LossConfig is checked when constructed, a name when the loss is built: both name the key.
     with pytest.raises(error, match=match):
-        build_loss(cfg)
+        build_loss(LossConfig(**options))
 
 
 # ---------------------------------------------------------------------------------------------- class weights

@@ -3,6 +3,7 @@ the model must know about them (classes, channels, samples per class)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,16 +37,17 @@ class DataBundle:
 
 
 def build_data(cfg: DictConfig, seed: int, rank: int = 0, world_size: int = 1, eval_crop: bool = True,
-               training: bool = True, eval_split: str = "val") -> DataBundle:
+               training: bool = True, eval_split: str = "val", options: Mapping[str, Any] | None = None) -> DataBundle:
     """Datasets, transforms and loaders from the ``data`` config.
 
     ``eval_crop=False``: evaluation images keep the ``eval_resize`` square (multi-crop test-time augmentation).
     ``training=False``: only evaluation is coming, so ``trainer.distill.unlabeled_root`` is not read.
     ``eval_split="test"``: the evaluation loader reads the test split, which exists when ``data.holdout`` held
-    the validation split out of the training split.
+    the validation split out of the training split. ``options``: the dataset builder's own keyword arguments
+    (:func:`paddletrain.config.factory_options`).
     """
     # Transforms need the channel count the dataset reports, so the loaders apply them (per seeded sample).
-    splits = hold_out_by_config(build_datasets(cfg.data), cfg.data)
+    splits = hold_out_by_config(build_datasets(cfg.data, options=options), cfg.data)
     if eval_split == "test":
         if splits.test is None:
             raise UserError(f"split=test: data.name={cfg.data.name} has no test split apart from its validation "

@@ -13,7 +13,7 @@ Each dataset module registers its own builder next to its dataset class (``shape
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,6 @@ import numpy as np
 import paddle
 from paddle.dataset import common as paddle_dataset
 
-from paddletrain.config import DataConfig, component_options
 from paddletrain.data.errors import BadSampleError, DatasetError, UnknownDatasetError
 from paddletrain.registry import DATASETS, UnknownNameError
 
@@ -148,8 +147,11 @@ def list_datasets() -> list[str]:
     return DATASETS.names()
 
 
-def build_datasets(cfg: Any, train_transform: Transform = None, eval_transform: Transform = None) -> DatasetSplits:
-    """Build the train/val datasets named by ``cfg.name`` (a ``DataConfig`` or a DictConfig with its keys).
+def build_datasets(cfg: Any, train_transform: Transform = None, eval_transform: Transform = None,
+                   options: Mapping[str, Any] | None = None) -> DatasetSplits:
+    """Build the train/val datasets named by ``cfg.name`` (a ``DataConfig`` or a validated DictConfig with its
+    keys); ``options`` are the builder's own keyword arguments (on the command line, the ``data`` keys the schema
+    does not declare: :func:`paddletrain.config.factory_options`).
 
     ``cfg.holdout`` is not applied here: :func:`paddletrain.data.holdout.hold_out_by_config` does it on what this
     returns (``paddletrain.build.build_data`` calls both).
@@ -165,7 +167,7 @@ def build_datasets(cfg: Any, train_transform: Transform = None, eval_transform: 
         builder = DATASETS.get(name)
     except UnknownNameError as exc:
         raise UnknownDatasetError(str(exc)) from None
-    splits = builder(cfg, train_transform, eval_transform, **component_options(cfg, DataConfig))
+    splits = builder(cfg, train_transform, eval_transform, **(options or {}))
     if not isinstance(splits, DatasetSplits):
         raise TypeError(f"dataset builder {name!r} returned {type(splits).__name__}, expected DatasetSplits")
     return splits

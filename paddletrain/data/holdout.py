@@ -74,15 +74,24 @@ def hold_out_by_config(splits: DatasetSplits, cfg: Any) -> DatasetSplits:
     """``splits`` as the data config ``cfg`` asks: held out by ``cfg.holdout`` (seeded by ``cfg.holdout_seed``;
     unchanged when it is 0), then the training split cut to ``cfg.train_subset`` of each class."""
     fraction = getattr(cfg, "holdout", 0) or 0
-    splits = hold_out(splits, fraction, cfg.holdout_seed, cfg.name) if fraction else splits
     share = getattr(cfg, "train_subset", 1.0)
-    return train_subset(splits, share, cfg.holdout_seed, cfg.name) if share < 1 else splits
+    if not fraction and share >= 1:
+        return splits
+    # The training split's labels, read once: the held-out and the subset's draws both stratify by them.
+    targets = dataset_targets(splits.train)
+    if fraction:
+        splits, targets = _held_out(splits, targets, fraction, cfg.holdout_seed, cfg.name)
+    return _subset(splits, targets, share, cfg.holdout_seed, cfg.name) if share < 1 else splits
 
 
 def train_subset(splits: DatasetSplits, share: float, seed: int, dataset_name: str = "") -> DatasetSplits:
     """``splits`` with a seeded ``share`` of each training class (the rule of :func:`holdout_indices`, seeded apart
     from the held-out images), the other splits unchanged."""
-    targets = dataset_targets(splits.train)
+    return _subset(splits, dataset_targets(splits.train), share, seed, dataset_name)
+
+
+def _subset(splits: DatasetSplits, targets: np.ndarray | None, share: float, seed: int,
+            dataset_name: str) -> DatasetSplits:
     if targets is None:
         raise DatasetError(f"data.train_subset={share}: data.name={dataset_name} has no single class per training "
                            "sample to stratify by; leave data.train_subset at 1")
@@ -104,7 +113,12 @@ def hold_out(splits: DatasetSplits, fraction: float, seed: int, dataset_name: st
     Raises:
         DatasetError: the training split has no single class per sample (multi-hot labels, or none at all).
     """
-    targets = dataset_targets(splits.train)
+    return _held_out(splits, dataset_targets(splits.train), fraction, seed, dataset_name)[0]
+
+
+def _held_out(splits: DatasetSplits, targets: np.ndarray | None, fraction: float, seed: int,
+              dataset_name: str) -> tuple[DatasetSplits, np.ndarray]:
+    """:func:`hold_out`, and the kept training samples' labels."""
     if targets is None:
         raise DatasetError(
             f"data.holdout={fraction}: data.name={dataset_name} has no single class per training sample "
@@ -114,5 +128,6 @@ def hold_out(splits: DatasetSplits, fraction: float, seed: int, dataset_name: st
     if len(held_out) == 0:
         raise DatasetError(f"data.holdout={fraction} holds out no image of the {len(targets)} training images of "
                            f"data.name={dataset_name}: raise it")
-    return DatasetSplits(train=SubsetDataset(splits.train, kept), val=SubsetDataset(splits.train, held_out),
-                         classes=splits.classes, in_chans=splits.in_chans, test=splits.val)
+    splits = DatasetSplits(train=SubsetDataset(splits.train, kept), val=SubsetDataset(splits.train, held_out),
+                           classes=splits.classes, in_chans=splits.in_chans, test=splits.val)
+    return splits, targets[kept]

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from paddle.vision import transforms as T
 from PIL import Image
 
-from paddletrain.config import TRANSFORMS, DataConfig, check_field
+from paddletrain.config import TRANSFORMS
 from paddletrain.data.augment import RandAugment
 from paddletrain.data.images import to_mode
 from paddletrain.errors import ConfigError
@@ -79,13 +79,6 @@ class ToNormalizedArray:
         out -= self.mean
         out /= self.std
         return out
-
-
-def _check_choice(key: str, value: str) -> str:
-    """``data.<key>=value`` against the schema's declaration (its one home, :class:`DataConfig`), for callers
-    whose config skipped validation."""
-    check_field(DataConfig, key.split(".", 1)[1], value, context="data.")
-    return value
 
 
 def _channel_stats(key: str, values: Sequence[float], in_chans: int) -> list[float]:
@@ -193,7 +186,8 @@ def build_transform(cfg: Any, train: bool, in_chans: int = 3, crop: bool = True)
     """Build the train or eval pipeline named by ``cfg.train_transform`` / ``cfg.eval_transform``.
 
     Args:
-        cfg: a ``paddletrain.config.DataConfig`` (or any object with the same fields).
+        cfg: a ``paddletrain.config.DataConfig`` (its values are checked when it is constructed) or a validated
+            ``data`` node; only what no schema declares (mean/std against the channels) is checked here.
         train: pick the training preset (random augmentation) or the deterministic eval preset.
         in_chans: image channels the model expects (1 or 3); images are converted to match.
         crop: eval only; False keeps the centred square of side ``eval_resize`` instead of cropping
@@ -207,15 +201,14 @@ def build_transform(cfg: Any, train: bool, in_chans: int = 3, crop: bool = True)
     Returns:
         A callable mapping a uint8 HWC array or PIL image to a float32 CHW normalised numpy array.
     """
-    key = "data.train_transform" if train else "data.eval_transform"
-    preset = _check_choice(key, cfg.train_transform if train else cfg.eval_transform)
-    interpolation = _check_choice("data.interpolation", cfg.interpolation)
+    preset = cfg.train_transform if train else cfg.eval_transform
+    interpolation = cfg.interpolation
     size = cfg.image_size if train else eval_image_size(cfg)
     if size <= 0:
         raise ConfigError(f"data.image_size must be positive, got {size}")
     mean = _channel_stats("data.mean", cfg.mean, in_chans)
     std = _channel_stats("data.std", cfg.std, in_chans)
-    if any(s == 0 for s in std):
+    if any(s == 0 for s in std):  # also a std resolved from pretrained weights, which no schema checked
         raise ConfigError(f"data.std must not contain zeros, got {list(cfg.std)}")
 
     augment = build_augmentations(getattr(cfg, "augment", None) or []) if train else []
@@ -244,8 +237,7 @@ def preprocessing_info(cfg: Any, in_chans: int = 3) -> dict:
     ``resize_mode`` is "shorter_side" (resize the shorter side to ``resize``, then centre-crop ``crop``) or
     "exact" (resize to ``resize`` x ``resize``, no crop).
     """
-    preset = _check_choice("data.eval_transform", cfg.eval_transform)
-    imagenet = preset == "imagenet"
+    imagenet = cfg.eval_transform == "imagenet"
     size = eval_image_size(cfg)
     return {
         "input_size": [in_chans, size, size],
@@ -256,6 +248,6 @@ def preprocessing_info(cfg: Any, in_chans: int = 3) -> dict:
         "resize": _eval_resize(cfg) if imagenet else size,
         "resize_mode": "shorter_side" if imagenet else "exact",
         "crop": size if imagenet else None,
-        "interpolation": _check_choice("data.interpolation", cfg.interpolation),
+        "interpolation": cfg.interpolation,
         "layout": "NCHW",
     }

@@ -5,12 +5,12 @@ Kept apart from the registry so that the registry imports nothing that registers
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import paddle
 from omegaconf import DictConfig
 
-from paddletrain.config import ModelConfig, component_options
 from paddletrain.models.pretrained import load_pretrained
 from paddletrain.models.registry import model_builder
 from paddletrain.models.weights import describe
@@ -65,16 +65,19 @@ _MODEL_OPTIONS = {"width": 1.0, "drop_rate": 0.0, "drop_path_rate": 0.0, "zero_i
                   "data_format": "NCHW"}
 
 
-def build_model(cfg: DictConfig, num_classes: int, in_chans: int) -> paddle.nn.Layer:
+def build_model(cfg: DictConfig, num_classes: int, in_chans: int,
+                options: Mapping[str, Any] | None = None) -> paddle.nn.Layer:
     """The model from the ``model`` config; ``num_classes``/``in_chans`` are the data's, unless the config sets them.
 
     ``model.arch`` is passed only when set (``model=vision``); options the weights need (e.g. PaddleClas'
-    first-block projection shortcut) come from the weight source, inside :func:`create_model`.
+    first-block projection shortcut) come from the weight source, inside :func:`create_model`. ``options``: the
+    builder's own keyword arguments (on the command line, the ``model`` keys the schema does not declare:
+    :func:`paddletrain.config.factory_options`).
     """
     m = cfg.model
-    options: dict[str, Any] = {"arch": m.arch} if m.arch else {}
-    options.update({key: m[key] for key, default in _MODEL_OPTIONS.items() if m[key] != default})
-    options.update(component_options(m, ModelConfig))  # the builder's own (model.<option>=...)
+    builder_options: dict[str, Any] = {"arch": m.arch} if m.arch else {}
+    builder_options.update({key: m[key] for key, default in _MODEL_OPTIONS.items() if m[key] != default})
+    builder_options.update(options or {})
     return create_model(
         m.name,
         num_classes=m.num_classes if m.num_classes is not None else num_classes,
@@ -82,5 +85,5 @@ def build_model(cfg: DictConfig, num_classes: int, in_chans: int) -> paddle.nn.L
         pretrained=m.pretrained,
         strict=m.strict,
         trust_pickle=m.trust_pickle,
-        **options,
+        **builder_options,
     )
