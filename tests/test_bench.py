@@ -167,6 +167,7 @@ def test_inference_batch_table_and_pipeline():
         *(f"predict_files >= 0.9 x bare predictor ({runtime})" for runtime in runtimes)]
 
 
+@pytest.mark.slow  # exports and times both runtimes (9 s); the other bench commands stay in the default suite
 def test_inference_compares_paddle_with_onnxruntime_per_thread_count_and_batch():
     pytest.importorskip("paddle2onnx", reason="the runtime comparison exports ONNX (the onnx extra)")
     pytest.importorskip("onnxruntime", reason="the runtime comparison runs onnxruntime (the onnx extra)")

@@ -6,6 +6,7 @@ import pytest
 from comparisons.mkl_dispatch import MklDispatchConfig, run_mkl_dispatch
 
 
+@pytest.mark.slow  # two processes timing matrix products (10 s)
 def test_mkl_dispatch_runs_both_paths_in_processes_of_their_own(tmp_path):
     result = run_mkl_dispatch(MklDispatchConfig(image_size=8, batch_size=4, steps=2, rounds=1))
     own, ours = result["rows"]

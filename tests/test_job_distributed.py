@@ -92,6 +92,7 @@ def test_fit_on_two_processes_one_run_dir_rank0_output_and_exact_eval(tmp_path):
     assert json.loads((run_dir / "summary.json").read_text())["epochs"] == 3
 
 
+@pytest.mark.slow  # another two-rank launch (11 s); the default suite keeps the two-rank runs of fit
 def test_the_ranks_read_the_config_directory_of_the_command_line(tmp_path):
     experiments = tmp_path / "recipes" / "experiment"
     experiments.mkdir(parents=True)

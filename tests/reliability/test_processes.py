@@ -148,7 +148,9 @@ MOMENTS = {"importing": None, "ranks starting": r"Launching 2 process", "rank st
            "training": r"\[rank 0\] Epoch 2/"}
 
 
-@pytest.mark.parametrize("moment", list(MOMENTS))
+# The two moments while the ranks start run in CI's slow pass (8-11 s each); importing and training by default.
+@pytest.mark.parametrize("moment", [pytest.param(moment, marks=pytest.mark.slow) if "start" in moment else moment
+                                    for moment in MOMENTS])
 def test_sigterm_stops_a_two_rank_run_cleanly_at_any_moment(tmp_path, moment):
     run = Run(tmp_path, "trainer.max_epochs=500", "trainer.devices=2")
     try:
