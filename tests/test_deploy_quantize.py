@@ -396,7 +396,7 @@ def test_onnx_int8_refuses_an_algorithm_onnxruntime_lacks_before_any_work(traine
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.slow  # the comparison script's whole report (12 s); the int8 export and its predictor stay in the default suite
+@pytest.mark.slow  # the comparison script's whole report (12 s); the int8 export and predictor stay by default
 def test_the_maintainers_int8_benchmark_reports_simulation_and_flips(trained, tmp_path, monkeypatch, capsys):
     from comparisons import int8 as int8_bench
 

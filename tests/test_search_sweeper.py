@@ -67,7 +67,7 @@ def test_a_study_runs_its_trials_and_writes_its_reports(tmp_path):
     assert "| trial | state |" in table and table.count("| COMPLETE |") == 3
 
 
-@pytest.mark.slow  # a study and then the rerun of its best trial: 16-26 s; the study's own test stays in the default suite
+@pytest.mark.slow  # a study, then the rerun of its best trial (16-26 s); the study's own test stays by default
 def test_best_yaml_reruns_the_best_trial_as_it_is(tmp_path):
     # a group choice and a value searched, beside fixed values and a fixed group choice
     result = _sweep(tmp_path, "optim.lr=choice(0.05,0.2)", "model=choice(resnet20,resnet32)", "optim=sgd",
