@@ -173,7 +173,7 @@ class OptunaSweep:
             requeue_abandoned(study, running_are_abandoned=journal and lock.held)
             while True:
                 with claiming(url, self.name):  # sweeps sharing the study count and ask in turn
-                    left = self.n_trials - spent(study) - running(study)
+                    left = self.n_trials - taken(study)
                     batch = [self._next_trial(study, space, sweep_dir, url) for _ in range(min(self.n_jobs, left))]
                 if batch:
                     self._run(study, batch)
@@ -303,12 +303,24 @@ def objective_value(run_dir: Path, monitor: str) -> float | None:
 
 def spent(study: Any) -> int:
     """Trials that count against ``n_trials``: finished ones, except the abandoned ones that a retry continues."""
+    return _spent(study.get_trials(deepcopy=False))
+
+
+def _spent(trials: list[Any]) -> int:
     import optuna
 
-    trials = study.get_trials(deepcopy=False)
     handed_on = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
     done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
     return sum(1 for t in trials if t.state in done and t.number not in handed_on)
+
+
+def taken(study: Any) -> int:
+    """Trials spent or running now, from one read of the study: counted in two reads, a trial another sweep finishes
+    between them is in neither count, and one trial too many would be asked for."""
+    import optuna
+
+    trials = study.get_trials(deepcopy=False)
+    return _spent(trials) + sum(1 for t in trials if t.state == optuna.trial.TrialState.RUNNING)
 
 
 def running(study: Any) -> int:
