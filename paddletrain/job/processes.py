@@ -116,6 +116,8 @@ class StopRequest:
         self._mode = "exit"
         self._plan = "stopping now (nothing to save yet)"
         self._previous: dict[int, Any] = {}
+        # The "received" line of a request that arrived while a record was being written: said by the next check.
+        self._unsaid: str | None = None
 
     @property
     def requested(self) -> bool:
@@ -144,6 +146,7 @@ class StopRequest:
     def reset(self) -> None:
         self.signum = None
         self.received_at = 0.0
+        self._unsaid = None
 
     @contextlib.contextmanager
     def interruptible(self) -> Iterator[None]:
@@ -176,8 +179,16 @@ class StopRequest:
                 self.uninstall()
 
     def raise_if_requested(self) -> None:
+        self.say_unsaid()
         if self.signum is not None:
             raise TrainingInterrupted(self.signum)
+
+    def say_unsaid(self) -> None:
+        """Log the "received" line the handler could not write (the signal interrupted a log record): whoever
+        checks the request next calls this, so a stop is always announced once."""
+        if self._unsaid is not None:
+            line, self._unsaid = self._unsaid, None
+            (log.warning if self.announce else log.debug)("%s", line)
 
     @contextlib.contextmanager
     def _switch(self, mode: str, plan: str) -> Iterator[None]:
@@ -208,12 +219,13 @@ class StopRequest:
             if self.announce:
                 log.warning("%s received during start-up: exiting; nothing to save", name)
             exit_now(128 + signum)
+        line = f"{name} received: {self._plan} (send it again to stop at once)"
         if in_logging:
             # A record is being written: writing another from here would re-enter the stream (a "reentrant call"
-            # printed with its traceback as a logging error). The line that says how the run ended still comes.
+            # printed with its traceback as a logging error). The next check of the request says it.
+            self._unsaid = line
             return
-        (log.warning if self.announce else log.debug)("%s received: %s (send it again to stop at once)", name,
-                                                      self._plan)
+        (log.warning if self.announce else log.debug)("%s", line)
 
 
 stop_request = StopRequest()
