@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from paddletrain.checkpoint import find_latest, load_checkpoint
-from paddletrain.data import build_loader
+from paddletrain.data import build_datasets, build_loader
 from paddletrain.data.errors import DatasetError, SourceUnavailableError
 from paddletrain.data.shards.index import ShardIndex
 from paddletrain.data.shards.pack import pack
@@ -71,6 +71,10 @@ def test_shards_hold_the_samples_of_the_folder_they_were_packed_from(shards, tmp
         expected_image, expected_label = folder.train[by_file[key]]
         assert label == expected_label
         np.testing.assert_array_equal(np.asarray(image), np.asarray(expected_image))
+    # The builder's own keys are handed over, not read from the node: without them, one line says how.
+    with pytest.raises(ConfigError, match=r"^data\.urls is an option of data\.name=shards's builder: pass .*"
+                                          r"options=paddletrain\.config\.factory_options\(cfg\)\['data'\]"):
+        build_datasets(cfg.data)
 
 
 def test_multilabel_shards_give_multi_hot_rows(tmp_path):

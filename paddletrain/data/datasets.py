@@ -14,7 +14,7 @@ Each dataset module registers its own builder next to its dataset class (``shape
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +22,15 @@ import numpy as np
 import paddle
 from paddle.dataset import common as paddle_dataset
 
+from paddletrain.config import DataConfig
 from paddletrain.data.errors import BadSampleError, DatasetError, UnknownDatasetError
+from paddletrain.errors import ConfigError
 from paddletrain.registry import DATASETS, UnknownNameError
 
 # image -> model input, or None to keep the image as loaded.
 Transform = Callable[[Any], Any] | None
+# The data keys of the schema; a dataset builder's own options are the others.
+_DECLARED = frozenset(f.name for f in fields(DataConfig))
 
 
 class ImageDataset(paddle.io.Dataset):
@@ -167,6 +171,13 @@ def build_datasets(cfg: Any, train_transform: Transform = None, eval_transform: 
         builder = DATASETS.get(name)
     except UnknownNameError as exc:
         raise UnknownDatasetError(str(exc)) from None
+    if options is None and isinstance(cfg, Mapping):
+        # A composed node's own keys are not read from it here (build_data is handed them): refuse rather than
+        # build the dataset without them.
+        unread = [key for key in DATASETS.options_of(name) or () if key in cfg and key not in _DECLARED]
+        if unread:
+            raise ConfigError(f"data.{unread[0]} is an option of data.name={name}'s builder: pass the node's options, "
+                              "build_datasets(cfg.data, options=paddletrain.config.factory_options(cfg)['data'])")
     splits = builder(cfg, train_transform, eval_transform, **(options or {}))
     if not isinstance(splits, DatasetSplits):
         raise TypeError(f"dataset builder {name!r} returned {type(splits).__name__}, expected DatasetSplits")

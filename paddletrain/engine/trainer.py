@@ -288,9 +288,10 @@ class Trainer:
 
     def _check_stop(self) -> None:
         """Raise :class:`TrainingInterrupted` when any rank received a stop signal (all ranks agree on the step)."""
+        signum = None
         if self.handle_signals:
             stop_request.say_unsaid()
-        signum = stop_request.signum if self.handle_signals else None
+            signum = stop_request.signum
         if self.world_size > 1:
             agreed = distributed.agree_on_stop(signum)  # every rank, every step: one tiny all-reduce
         else:
