@@ -60,6 +60,7 @@ from paddletrain.job.rundir import holding_run_dir
 from paddletrain.job.runtime import seed_everything, setup_runtime
 from paddletrain.losses import build_loss
 from paddletrain.metrics.multilabel import MultiLabelReport, task_meters
+from paddletrain.models.conv_backward import use_conv_input_grad
 from paddletrain.models.factory import build_model
 from paddletrain.models.tta import TestTimeAugmentation
 from paddletrain.models.weights import describe
@@ -193,6 +194,15 @@ class Run:
     config: DictConfig
 
 
+def _use_conv_input_grad(model: paddle.nn.Layer, device: str) -> None:
+    """``model.conv_input_grad``: on a CPU, the eligible convolutions' input gradient as a convolution."""
+    if not device.startswith("cpu"):
+        log.info("model.conv_input_grad is for CPU training: %s keeps Paddle's kernels", device)
+        return
+    converted = use_conv_input_grad(model)
+    log.info("model.conv_input_grad: %d convolutions compute their input gradient as a convolution", converted)
+
+
 def build_run(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = (),
               trainer_cls: type[Trainer] | None = None) -> Run:
     """Build everything a training run needs from a validated ``cfg``, in the order that fails cheapest first.
@@ -211,6 +221,8 @@ def build_run(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = ()
     seed_everything(t.seed + rank)  # dropout differs per rank; the data order comes from t.seed alone
     data = build_data(cfg, seed=t.seed, rank=rank, world_size=world_size, options=options["data"])
     model = build_model(cfg, len(data.classes), data.in_chans, options=options["model"])
+    if cfg.model.conv_input_grad:
+        _use_conv_input_grad(model, runtime.device)
     limits = Limits.from_config(t)
     optimizer, scheduler = build_optimization(
         cfg.optim, cfg.sched, model, count_batches(data.train_loader, limits.limit_train_batches),

@@ -137,6 +137,9 @@ class ModelConfig(CheckedOnConstruction):
     trust_pickle: bool = False
     # Convert BatchNorm to SyncBatchNorm under data parallelism (GPUs, trainer.devices >= 2).
     sync_bn: bool = False
+    # CPU training: stride-1 "same" convolutions compute their input gradient as a forward convolution, faster
+    # than Paddle's CPU kernel (paddletrain.models.conv_backward); equal to float32 rounding. Ignored on GPUs.
+    conv_input_grad: bool = False
 
 
 @dataclass
