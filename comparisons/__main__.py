@@ -1,6 +1,6 @@
 """``python -m comparisons <benchmark> [key=value ...] [out=results.json]`` from a checkout.
 
-Benchmarks: overhead, decode, recipes, full_scale, step_profile, mkl_dispatch, search, shards.
+Benchmarks: overhead, decode, recipes, full_scale, step_profile, mkl_dispatch, conv_input_grad, search, shards.
 
 Examples::
 
@@ -10,6 +10,7 @@ Examples::
     python -m comparisons full_scale runs=[outputs/fashion_mnist_949/seed0] picture=curves.png
     python -m comparisons step_profile model=resnet20 width=2 batch_size=64 image_size=28 in_chans=1
     python -m comparisons mkl_dispatch rounds=3
+    python -m comparisons conv_input_grad model=resnet20 width=2 batch_size=64 image_size=28
     python -m comparisons search out_dir=sweeps/compare_pruning
     python -m comparisons shards num_images=2048 image_size=224
 """
@@ -23,6 +24,7 @@ from paddletrain.cli import run_script
 
 
 def benchmarks() -> dict[str, tuple[type, Callable[[Any], dict[str, Any]]]]:
+    from comparisons.conv_input_grad import ConvInputGradConfig, run_conv_input_grad
     from comparisons.decode import DecodeBenchConfig, run_decode
     from comparisons.full_scale import FullScaleConfig, run_full_scale
     from comparisons.mkl_dispatch import MklDispatchConfig, run_mkl_dispatch
@@ -39,6 +41,7 @@ def benchmarks() -> dict[str, tuple[type, Callable[[Any], dict[str, Any]]]]:
         "full_scale": (FullScaleConfig, run_full_scale),
         "step_profile": (StepProfileConfig, run_step_profile),
         "mkl_dispatch": (MklDispatchConfig, run_mkl_dispatch),
+        "conv_input_grad": (ConvInputGradConfig, run_conv_input_grad),
         "search": (SearchCompareConfig, run_search),
         "shards": (ShardsCompareConfig, run_shards),
     }
@@ -59,6 +62,9 @@ ABOUT = {
                      "in_chans=1"),
     "mkl_dispatch": ("MKL's own code path on this CPU against the one paddletrain sets (training images/s, matmul)",
                      "python -m comparisons mkl_dispatch rounds=3"),
+    "conv_input_grad": ("a stride-1 convolution's input gradient: Paddle's CPU kernel against a forward "
+                        "convolution, per layer and over the training step",
+                        "python -m comparisons conv_input_grad model=resnet20 width=2 batch_size=64 image_size=28"),
     "search": ("a study with its pruner against the same study without, and the config's own values: training "
                "steps and best values", "python -m comparisons search out_dir=sweeps/compare_pruning"),
     "shards": ("tar shards (local, over loopback HTTP cold and cached) against the image folder they were packed "

@@ -36,7 +36,7 @@ def to_markdown(result: dict[str, Any]) -> str:
              f"paddle {env['paddle']}, {env['device']}, {env['cpu_cores']} cores, cpu_threads={env['cpu_threads']}, "
              f"load average {env['load_average_1m']} at start and {env.get('load_average_1m_end', '?')} at the end "
              f"(1 min), {env['time']}, {env.get('seconds', '?')} s", "", table(result["rows"])]
-    for key in ("pipeline", "runtimes", "peaks", "memory"):
+    for key in ("pipeline", "runtimes", "peaks", "memory", "layers"):
         if result.get(key):
             parts += ["", table(result[key])]
     if result.get("summary"):

@@ -30,6 +30,7 @@ from paddletrain.config import AmpConfig, allowed
 from paddletrain.engine.precision import Precision
 from paddletrain.errors import ConfigError
 from paddletrain.job.runtime import DEVICES
+from paddletrain.models.conv_backward import use_conv_input_grad
 
 PRECISIONS = ("fp32", "amp_o1", "amp_o2")
 
@@ -48,6 +49,8 @@ class TrainBenchConfig:
     # Compile the model's forward to a static graph (paddle.jit.to_static, full graph); the backward then runs
     # as its static program too.
     to_static: bool = False
+    # model.conv_input_grad: stride-1 convolutions' input gradient as a convolution (paddletrain.models.conv_backward).
+    conv_input_grad: bool = False
     windows: int = allowed(5, ge=1)
     steps: int = allowed(10, ge=1)
     warmup: int = allowed(3, ge=0)
@@ -73,6 +76,8 @@ def make_step_window(cfg: TrainBenchConfig, seed: int = 0) -> Callable[[int], fl
     device = paddle.device.get_device()
     precision = bench_precision(cfg.precision, cfg.amp_dtype, device)
     model = bench_model(cfg.model, cfg.num_classes, cfg.data_format, seed=seed, width=cfg.width)
+    if cfg.conv_input_grad:
+        use_conv_input_grad(model)
     if cfg.to_static:
         model = paddle.jit.to_static(model, full_graph=True)
     optimizer = paddle.optimizer.Momentum(0.01, momentum=0.9, parameters=model.parameters())
@@ -110,7 +115,7 @@ def run_train(cfg: TrainBenchConfig) -> dict[str, Any]:
     per_step = interleave({"train": window}, cfg.windows, cfg.steps, cfg.warmup)["train"]
     row = {"model": cfg.model, "batch_size": cfg.batch_size, "image_size": cfg.image_size,
            "precision": cfg.precision, "amp_active": window.amp_active, "data_format": cfg.data_format,
-           "to_static": cfg.to_static,
+           "to_static": cfg.to_static, "conv_input_grad": cfg.conv_input_grad,
            **summarize(per_step, cfg.batch_size), **peak_memory_mb()}
     notes = [] if window.amp_active or cfg.precision == "fp32" else [
         "AMP is inert on CPU: this row trained in float32."]
