@@ -13,7 +13,6 @@ Two parts, in one process with the thread count of one rank of a recipe:
 from __future__ import annotations
 
 import copy
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from typing import Any
 import paddle
 import paddle.nn.functional as F
 
+from comparisons.step_profile import StepProfileConfig, median_seconds
 from paddletrain.bench.common import check_options, environment, finished, interleave, paired_ratio, summarize
 from paddletrain.config import allowed
 from paddletrain.models import create_model
@@ -29,31 +29,17 @@ from paddletrain.models.conv_backward import takes_conv_input_grad, use_conv_inp
 
 
 @dataclass
-class ConvInputGradConfig:
-    model: str = "resnet20"
-    # model.width: the channels of every stage times this (the Fashion-MNIST recipe: 2).
-    width: float = allowed(1.0, gt=0)
-    in_chans: int = allowed(1, ge=1)
-    num_classes: int = allowed(10, ge=1)
-    image_size: int = allowed(28, ge=1)
-    # Per process: one rank's share of the recipe's global batch.
-    batch_size: int = allowed(64, ge=1)
-    cpu_threads: int = allowed(1, ge=1)
-    windows: int = allowed(5, ge=1)
+class ConvInputGradConfig(StepProfileConfig):
+    """The step profile's keys (the recipe's model, batch, threads, label smoothing); ``steps`` a window."""
+
     steps: int = allowed(10, ge=1)
     warmup: int = allowed(3, ge=0)
-    # Repeats of each convolution's micro-benchmark (the median is kept).
+    windows: int = allowed(5, ge=1)
     repeats: int = allowed(10, ge=1)
 
 
 def _median_ms(run: Callable[[], Any], repeats: int) -> float:
-    run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
+    return 1000 * median_seconds(run, repeats)
 
 
 def eligible_convolutions(model: paddle.nn.Layer, sample: paddle.Tensor) -> list[dict[str, Any]]:
@@ -93,7 +79,8 @@ def time_input_grads(conv: dict[str, Any], repeats: int) -> dict[str, Any]:
             "paddle_input_grad_ms": round(both - weight_only, 2), "as_convolution_ms": round(as_conv, 2)}
 
 
-def _step_window(model: paddle.nn.Layer, batches: list[tuple[paddle.Tensor, paddle.Tensor]]) -> Callable[[int], float]:
+def _step_window(model: paddle.nn.Layer, batches: list[tuple[paddle.Tensor, paddle.Tensor]],
+                 label_smoothing: float) -> Callable[[int], float]:
     optimizer = paddle.optimizer.Momentum(0.1, momentum=0.9, use_nesterov=True, weight_decay=5e-4,
                                           parameters=model.parameters())
 
@@ -102,7 +89,7 @@ def _step_window(model: paddle.nn.Layer, batches: list[tuple[paddle.Tensor, padd
         loss = None
         for step in range(steps):
             images, labels = batches[step % len(batches)]
-            loss = F.cross_entropy(model(images), labels, label_smoothing=0.1)
+            loss = F.cross_entropy(model(images), labels, label_smoothing=label_smoothing or None)
             loss.backward()
             optimizer.step()
             optimizer.clear_grad()
@@ -125,7 +112,8 @@ def run_conv_input_grad(cfg: ConvInputGradConfig) -> dict[str, Any]:
     batches = [(paddle.randn(shape), paddle.randint(0, cfg.num_classes, [cfg.batch_size])) for _ in range(4)]
 
     layers = [time_input_grads(conv, cfg.repeats) for conv in eligible_convolutions(reference, batches[0][0])]
-    arms = {"paddle": _step_window(reference, batches), "conv_input_grad": _step_window(converted, batches)}
+    arms = {"paddle": _step_window(reference, batches, cfg.label_smoothing),
+            "conv_input_grad": _step_window(converted, batches, cfg.label_smoothing)}
     per_step = interleave(arms, cfg.windows, cfg.steps, cfg.warmup)
     rows = [{"arm": arm, **summarize(times, cfg.batch_size)} for arm, times in per_step.items()]
     speedup = paired_ratio(per_step["paddle"], per_step["conv_input_grad"])

@@ -80,7 +80,7 @@ def training_flops(layers: list[dict[str, Any]]) -> int:
     return total - (layers[0]["flops"] if layers else 0)
 
 
-def _median_seconds(run: Callable[[], Any], repeats: int) -> float:
+def median_seconds(run: Callable[[], Any], repeats: int) -> float:
     run()
     times = []
     for _ in range(repeats):
@@ -95,14 +95,14 @@ def _conv_micro(layer: dict[str, Any], repeats: int) -> dict[str, Any]:
     c_in, c_out, (k_h, k_w) = layer["in_ch"], layer["out_ch"], layer["kernel"]
     x = paddle.rand([layer["batch"], c_in, *layer["in_hw"]])
     w = paddle.rand([c_out, c_in // layer["groups"], k_h, k_w])
-    conv = _median_seconds(lambda: F.conv2d(x, w, stride=layer["stride"], padding=layer["padding"],
+    conv = median_seconds(lambda: F.conv2d(x, w, stride=layer["stride"], padding=layer["padding"],
                                             groups=layer["groups"]).numpy(), repeats)
     m = layer["batch"] * layer["out_hw"][0] * layer["out_hw"][1]
     k = c_in // layer["groups"] * k_h * k_w
     a, b = np.random.rand(m, k).astype(np.float32), np.random.rand(k, c_out).astype(np.float32)
     pa, pb = paddle.to_tensor(a), paddle.to_tensor(b)
-    paddle_gemm = _median_seconds(lambda: paddle.matmul(pa, pb).numpy(), repeats)
-    numpy_gemm = _median_seconds(lambda: a @ b, repeats)
+    paddle_gemm = median_seconds(lambda: paddle.matmul(pa, pb).numpy(), repeats)
+    numpy_gemm = median_seconds(lambda: a @ b, repeats)
     return {"conv": conv, "paddle_gemm": paddle_gemm, "numpy_gemm": numpy_gemm, "gemm_shape": (m, k, c_out)}
 
 
@@ -110,8 +110,8 @@ def _square_gemm(n: int, repeats: int) -> dict[str, float]:
     a, b = np.random.rand(n, n).astype(np.float32), np.random.rand(n, n).astype(np.float32)
     pa, pb = paddle.to_tensor(a), paddle.to_tensor(b)
     flops = 2 * n ** 3
-    return {"paddle": flops / _median_seconds(lambda: paddle.matmul(pa, pb).numpy(), repeats) / 1e9,
-            "numpy": flops / _median_seconds(lambda: a @ b, repeats) / 1e9}
+    return {"paddle": flops / median_seconds(lambda: paddle.matmul(pa, pb).numpy(), repeats) / 1e9,
+            "numpy": flops / median_seconds(lambda: a @ b, repeats) / 1e9}
 
 
 def run_step_profile(cfg: StepProfileConfig) -> dict[str, Any]:
