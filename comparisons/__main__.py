@@ -1,6 +1,7 @@
 """``python -m comparisons <benchmark> [key=value ...] [out=results.json]`` from a checkout.
 
-Benchmarks: overhead, decode, recipes, full_scale, step_profile, mkl_dispatch, conv_input_grad, search, shards.
+Benchmarks: overhead, decode, recipes, full_scale, step_profile, mkl_dispatch, conv_input_grad, time_split, search,
+shards.
 
 Examples::
 
@@ -11,6 +12,7 @@ Examples::
     python -m comparisons step_profile model=resnet20 width=2 batch_size=64 image_size=28 in_chans=1
     python -m comparisons mkl_dispatch rounds=3
     python -m comparisons conv_input_grad model=resnet20 width=2 batch_size=64 image_size=28
+    python -m comparisons time_split run=outputs/fashion_mnist_949/seed1 profile=bench/step_profile.json
     python -m comparisons search out_dir=sweeps/compare_pruning
     python -m comparisons shards num_images=2048 image_size=224
 """
@@ -33,6 +35,7 @@ def benchmarks() -> dict[str, tuple[type, Callable[[Any], dict[str, Any]]]]:
     from comparisons.search import SearchCompareConfig, run_search
     from comparisons.shards import ShardsCompareConfig, run_shards
     from comparisons.step_profile import StepProfileConfig, run_step_profile
+    from comparisons.time_split import TimeSplitConfig, run_time_split
 
     return {
         "overhead": (OverheadBenchConfig, run_overhead),
@@ -42,6 +45,7 @@ def benchmarks() -> dict[str, tuple[type, Callable[[Any], dict[str, Any]]]]:
         "step_profile": (StepProfileConfig, run_step_profile),
         "mkl_dispatch": (MklDispatchConfig, run_mkl_dispatch),
         "conv_input_grad": (ConvInputGradConfig, run_conv_input_grad),
+        "time_split": (TimeSplitConfig, run_time_split),
         "search": (SearchCompareConfig, run_search),
         "shards": (ShardsCompareConfig, run_shards),
     }
@@ -65,6 +69,10 @@ ABOUT = {
     "conv_input_grad": ("a stride-1 convolution's input gradient: Paddle's CPU kernel against a forward "
                         "convolution, per layer and over the training step",
                         "python -m comparisons conv_input_grad model=resnet20 width=2 batch_size=64 image_size=28"),
+    "time_split": ("where a finished run's wall time went: forward, backward, optimizer (by a step profile's "
+                   "shares), data wait, hooks, validation, checkpoints",
+                   "python -m comparisons time_split run=docs/results/fashion_mnist_949/seed0 "
+                   "profile=docs/results/fashion_mnist_949/step_profile.json"),
     "search": ("a study with its pruner against the same study without, and the config's own values: training "
                "steps and best values", "python -m comparisons search out_dir=sweeps/compare_pruning"),
     "shards": ("tar shards (local, over loopback HTTP cold and cached) against the image folder they were packed "

@@ -21,7 +21,7 @@ from typing import Any
 import paddle
 import paddle.nn.functional as F
 
-from comparisons.step_profile import StepProfileConfig, median_seconds
+from comparisons.step_profile import StepShapeConfig, median_seconds
 from paddletrain.bench.common import check_options, environment, finished, interleave, paired_ratio, summarize
 from paddletrain.config import allowed
 from paddletrain.models import create_model
@@ -29,8 +29,8 @@ from paddletrain.models.conv_backward import takes_conv_input_grad, use_conv_inp
 
 
 @dataclass
-class ConvInputGradConfig(StepProfileConfig):
-    """The step profile's keys (the recipe's model, batch, threads, label smoothing); ``steps`` a window."""
+class ConvInputGradConfig(StepShapeConfig):
+    """The recipe's step (as the step profile's); ``steps`` a window."""
 
     steps: int = allowed(10, ge=1)
     warmup: int = allowed(3, ge=0)

@@ -1,11 +1,13 @@
 """Where a training step's time goes, and how close its arithmetic runs to this machine's measured peak.
 
-One process with the thread count of one rank of a recipe (``cpu_threads``) trains the recipe's model on
-synthetic batches of its shape, timing each step's forward (model and loss), backward and optimizer update
-(step and clearing the gradients) apart: Paddle's CPU kernels run synchronously, so the clock between the calls is
-the kernels' time. The step's arithmetic is counted from the model's convolutions and linear layers (multiply-adds
-of the forward pass, times 3 for training: the forward, the input gradient and the weight gradient, less the input
-gradient of the first layer, which nothing needs), and divided by the step time: the achieved GFLOP/s.
+One process with the thread count of one rank of a recipe (``cpu_threads``) trains the recipe's model on synthetic
+batches of its shape, timing each step's forward (model and loss), backward and optimizer update (step and clearing
+the gradients) apart: Paddle's CPU kernels run synchronously, so the clock between the calls is the kernels' time;
+with ``conv_input_grad=true`` the model's eligible convolutions compute their input gradient as a convolution, as
+the Fashion-MNIST recipe's do (:mod:`paddletrain.models.conv_backward`). The step's arithmetic is counted from the
+model's convolutions and linear layers (multiply-adds of the forward pass, times 3 for training: the forward, the
+input gradient and the weight gradient, less the input gradient of the first layer, which nothing needs), and
+divided by the step time: the achieved GFLOP/s.
 
 The peak it is held against is measured in the same run, for the same convolutions: each distinct convolution of
 the model at the recipe's batch, run alone (``paddle.nn.functional.conv2d``), and the matrix product it amounts to
@@ -26,10 +28,13 @@ import paddle.nn.functional as F
 from paddletrain.bench.common import check_options, environment, finished
 from paddletrain.config import allowed
 from paddletrain.models import create_model
+from paddletrain.models.conv_backward import use_conv_input_grad
 
 
 @dataclass
-class StepProfileConfig:
+class StepShapeConfig:
+    """The recipe's step as one rank runs it: its model, batch, threads and loss."""
+
     model: str = "resnet20"
     # model.width: the channels of every stage times this (the Fashion-MNIST recipe: 2).
     width: float = allowed(1.0, gt=0)
@@ -38,13 +43,19 @@ class StepProfileConfig:
     image_size: int = allowed(28, ge=1)
     # Per process: one rank's share of the recipe's global batch.
     batch_size: int = allowed(64, ge=1)
-    steps: int = allowed(200, ge=1)
-    warmup: int = allowed(10, ge=0)
     # One rank's compute threads (a rank per core).
     cpu_threads: int = allowed(1, ge=1)
     label_smoothing: float = allowed(0.1, ge=0, lt=1)
+
+
+@dataclass
+class StepProfileConfig(StepShapeConfig):
+    steps: int = allowed(200, ge=1)
+    warmup: int = allowed(10, ge=0)
     # Repeats of each micro-benchmark (the median is kept).
     repeats: int = allowed(20, ge=1)
+    # model.conv_input_grad: profile the step with the input gradients computed as convolutions.
+    conv_input_grad: bool = False
 
 
 def count_forward_flops(model: paddle.nn.Layer, sample: paddle.Tensor) -> list[dict[str, Any]]:
@@ -121,6 +132,7 @@ def run_step_profile(cfg: StepProfileConfig) -> dict[str, Any]:
     env = environment()
     paddle.seed(0)
     model = create_model(cfg.model, num_classes=cfg.num_classes, in_chans=cfg.in_chans, width=cfg.width)
+    converted = use_conv_input_grad(model) if cfg.conv_input_grad else 0
     optimizer = paddle.optimizer.Momentum(learning_rate=0.1, momentum=0.9, use_nesterov=True, weight_decay=5e-4,
                                           parameters=model.parameters())
     shape = [cfg.batch_size, cfg.in_chans, cfg.image_size, cfg.image_size]
@@ -175,10 +187,11 @@ def run_step_profile(cfg: StepProfileConfig) -> dict[str, Any]:
         {"what": "2048 x 2048 matrix product, NumPy", "GFLOP/s": round(square["numpy"], 1)},
     ]
     notes = [f"{cfg.model} (width {cfg.width:g}) at batch {cfg.batch_size}, {cfg.image_size} px, "
-             f"{cfg.cpu_threads} thread(s): "
+             f"{cfg.cpu_threads} thread(s), {converted} convolutions with model.conv_input_grad: "
              f"{flops / 1e9:.2f} GFLOP a training step ({flops / cfg.batch_size / 1e6:.1f} MFLOP an image), "
              f"{1000 * step_seconds:.1f} ms a step, {cfg.batch_size / step_seconds:.1f} images/s",
              "achieved = counted training FLOPs / measured step time; the peaks are measured in this run"]
     return {"benchmark": "step_profile", "config": vars(cfg), "environment": finished(env),
             "rows": rows, "peaks": peak_rows, "notes": notes,
-            "flops_per_step": flops, "step_seconds": step_seconds, "achieved_gflops": achieved}
+            "flops_per_step": flops, "step_seconds": step_seconds, "achieved_gflops": achieved,
+            "converted": converted}
