@@ -42,20 +42,21 @@ class FullScaleConfig:
     goal: float | None = allowed(0.949, gt=0, le=1)
 
 
-def _read_json(path: Path, what: str) -> Any:
+def read_json(path: Path, what: str, command: str = "full_scale") -> Any:
+    """A run's JSON record; a missing or unreadable one is a ConfigError naming the file (and ``what`` writes it)."""
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
-        raise ConfigError(f"full_scale: {path} is missing ({what})") from None
+        raise ConfigError(f"{command}: {path} is missing ({what})") from None
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"full_scale: cannot read {path}: {exc}") from None
+        raise ConfigError(f"{command}: cannot read {path}: {exc}") from None
 
 
 def read_run(run_dir: Path) -> dict[str, Any]:
     """What one run directory holds for the table and the picture."""
-    history = _read_json(run_dir / HISTORY_FILE, "written by fit's history callback")
-    summary = _read_json(run_dir / "summary.json", "written at the end of fit")
-    test = _read_json(run_dir / TEST_FILE, "the last line of `python -m paddletrain.evaluate "
+    history = read_json(run_dir / HISTORY_FILE, "written by fit's history callback")
+    summary = read_json(run_dir / "summary.json", "written at the end of fit")
+    test = read_json(run_dir / TEST_FILE, "the last line of `python -m paddletrain.evaluate "
                                            f"checkpoint={run_dir}:best split=test`")
     overrides = run_dir / ".hydra" / "overrides.yaml"
     return {"dir": run_dir, "rows": history.get("rows", []), "resumes": int(history.get("resumes", 0)),

@@ -10,11 +10,11 @@ on one core. The run's figures are rank 0's; every rank runs the same steps.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from comparisons.full_scale import read_json
 from paddletrain.bench.common import check_options, environment, finished
 from paddletrain.callbacks.history import HISTORY_FILE
 from paddletrain.errors import ConfigError
@@ -28,15 +28,6 @@ class TimeSplitConfig:
     run: str = ""
     # A step_profile result (its out=) for the run's model, batch and threads.
     profile: str = ""
-
-
-def _read_json(path: Path, what: str) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"time_split: {path} is missing ({what})") from None
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"time_split: cannot read {path}: {exc}") from None
 
 
 def profile_shares(profile: dict[str, Any]) -> dict[str, float]:
@@ -79,9 +70,9 @@ def run_time_split(cfg: TimeSplitConfig) -> dict[str, Any]:
     if not cfg.run or not cfg.profile:
         raise ConfigError("time_split: name both run=<run dir> and profile=<step_profile result .json>")
     run = Path(cfg.run)
-    history = _read_json(run / HISTORY_FILE, "written by fit's history callback")
-    summary = _read_json(run / "summary.json", "written at the end of fit")
-    profile = _read_json(Path(cfg.profile), "`python -m comparisons step_profile ... out=<file>.json`")
+    history = read_json(run / HISTORY_FILE, "written by fit's history callback", "time_split")
+    summary = read_json(run / "summary.json", "written at the end of fit", "time_split")
+    profile = read_json(Path(cfg.profile), "`python -m comparisons step_profile ... out=<file>.json`", "time_split")
     shares = profile_shares(profile)
     rows = split_run(history, summary, shares)
     world = int(summary.get("world_size", 1))
