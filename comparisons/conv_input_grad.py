@@ -25,7 +25,7 @@ from comparisons.step_profile import StepShapeConfig, median_seconds
 from paddletrain.bench.common import check_options, environment, finished, interleave, paired_ratio, summarize
 from paddletrain.config import allowed
 from paddletrain.models import create_model
-from paddletrain.models.conv_backward import takes_conv_input_grad, use_conv_input_grad
+from paddletrain.models.conv_backward import input_grad, takes_conv_input_grad, use_conv_input_grad
 
 
 @dataclass
@@ -72,8 +72,8 @@ def time_input_grads(conv: dict[str, Any], repeats: int) -> dict[str, Any]:
     forward = _median_ms(lambda: F.conv2d(x, weight, padding=padding), repeats)
     weight_only = _median_ms(lambda: F.conv2d(x, weight, padding=padding).backward(grad_y), repeats)
     both = _median_ms(lambda: F.conv2d(x_needing_grad, weight, padding=padding).backward(grad_y), repeats)
-    adjoint = weight.detach().transpose([1, 0, 2, 3]).flip([2, 3])
-    as_conv = _median_ms(lambda: F.conv2d(grad_y, adjoint, padding=padding), repeats)
+    detached = weight.detach()
+    as_conv = _median_ms(lambda: input_grad(grad_y, detached, padding), repeats)
     return {"input": "x".join(map(str, conv["input"])), "kernel": "x".join(map(str, conv["weight"])),
             "layers": conv["count"], "forward_ms": round(forward, 2),
             "paddle_input_grad_ms": round(both - weight_only, 2), "as_convolution_ms": round(as_conv, 2)}

@@ -20,6 +20,12 @@ import paddle.nn.functional as F
 from paddle.autograd import PyLayer
 
 
+def input_grad(grad_y: paddle.Tensor, weight: paddle.Tensor, padding: list[int]) -> paddle.Tensor:
+    """The input gradient of a stride-1 "same" convolution with ``weight``: a forward convolution of ``grad_y``
+    with the kernel transposed ([out, in, kh, kw] -> [in, out, kh, kw]) and flipped in space (its adjoint)."""
+    return F.conv2d(grad_y, weight.transpose([1, 0, 2, 3]).flip([2, 3]), padding=padding)
+
+
 class _InputGradAsConvolution(PyLayer):
     """Identity on the convolution's output ``y``; its backward also returns the input gradient, as a convolution.
 
@@ -37,9 +43,7 @@ class _InputGradAsConvolution(PyLayer):
     @staticmethod
     def backward(ctx, grad_y: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
         (weight,) = ctx.saved_tensor()
-        # [out, in, kh, kw] -> [in, out, kh, kw], flipped: the adjoint of a stride-1 "same" convolution.
-        adjoint = weight.transpose([1, 0, 2, 3]).flip([2, 3])
-        return grad_y, F.conv2d(grad_y, adjoint, padding=ctx.padding)
+        return grad_y, input_grad(grad_y, weight, ctx.padding)
 
 
 class InputGradConv2D(paddle.nn.Conv2D):
