@@ -6,6 +6,7 @@ shards.
 Examples::
 
     python -m comparisons overhead model=tiny batch_size=8 image_size=8 steps=50
+    python -m comparisons overhead experiment=fashion_mnist_949 arms=[trainer,hand] windows=40 steps=10
     python -m comparisons decode images=256 image_size=224
     python -m comparisons recipes datasets=[fashion_mnist] seeds=[0,1,2] out=bench/recipes.json
     python -m comparisons full_scale runs=[outputs/fashion_mnist_949/seed0] picture=curves.png

@@ -12,7 +12,7 @@ import pytest
 
 from comparisons.decode import DecodeBenchConfig, run_decode
 from comparisons.overhead import ARMS, OverheadBenchConfig, run_overhead
-from paddletrain.bench.common import paired_ratio, parse_options, summarize
+from paddletrain.bench.common import median_interval, paired_ratio, paired_ratio_interval, parse_options, summarize
 from paddletrain.bench.data import DataBenchConfig, run_data
 from paddletrain.bench.inference import InferenceBenchConfig, run_inference
 from paddletrain.bench.report import table, to_markdown
@@ -42,6 +42,18 @@ def test_summarize_takes_the_median_window():
     assert stats["images_per_s"] == pytest.approx(400.0)
     assert stats["spread"] == pytest.approx(1.0)
     assert paired_ratio([2.0, 6.0, 3.0], [1.0, 2.0, 2.0]) == pytest.approx(2.0)
+
+
+def test_median_interval_is_the_order_statistics_the_binomial_gives():
+    assert median_interval([5.0, 1.0, 3.0, 2.0, 4.0]) is None  # 5 values cannot hold 95%: 2/32 > 0.05
+    assert median_interval(list(range(6))) == (0, 5)  # 1 - 2/64 = 96.9%
+    assert median_interval(list(range(1, 41))) == (14, 27)  # the textbook ranks for n = 40
+    # It holds the true median at least as often as it says: 4,000 samples of 20 from a skewed distribution.
+    rng = np.random.default_rng(0)
+    samples = rng.lognormal(0.0, 1.0, (4000, 20))
+    covered = np.mean([lo <= 1.0 <= hi for lo, hi in map(median_interval, samples)])  # the median of e^N(0,1) is 1
+    assert covered >= 0.95 - 3 * math.sqrt(0.95 * 0.05 / 4000)
+    assert paired_ratio_interval([2.0] * 6, [1.0, 2.0, 4.0, 1.0, 2.0, 4.0]) == (0.5, 2.0)
 
 
 def test_parse_options_validates_keys_and_types():
@@ -108,6 +120,7 @@ def test_overhead_runs_every_arm_and_reports_ratios():
     ratios = [h / t for h, t in zip(by_arm["hand"]["windows_ms"], by_arm["trainer"]["windows_ms"], strict=True)]
     assert min(ratios) - 1e-2 <= summary["trainer_vs_hand"] <= max(ratios) + 1e-2
     assert [g["goal"] for g in result["goals"]] == ["trainer_vs_hand >= 0.98", "trainer_vs_model_fit >= 1.0"]
+    assert all(g["interval"] is None for g in result["goals"])  # two windows: too few for a 95% interval
     assert all(g["met"] == (g["measured"] >= float(g["goal"].split(">= ")[1])) for g in result["goals"])
     assert any(note.startswith("hand:") for note in result["notes"])
     parts = result["trainer_parts_us"]

@@ -7,6 +7,7 @@ several windows of steps with a device sync at each window's end, interleave arm
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import platform
 import resource
@@ -163,6 +164,24 @@ def summarize(seconds_per_step: Sequence[float], batch_size: int) -> dict[str, A
 def paired_ratio(numerator: Sequence[float], denominator: Sequence[float]) -> float:
     """Median of window-by-window ratios: robust to drift that hits neighbouring windows alike."""
     return statistics.median(n / d for n, d in zip(numerator, denominator, strict=True))
+
+
+def median_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float] | None:
+    """A distribution-free interval holding the median of what ``values`` sample with at least ``confidence``:
+    the k-th smallest and k-th largest value, k from the binomial distribution of how many values fall below the
+    median. None when there are too few values for it (6 for 95%)."""
+    ordered, n = sorted(values), len(values)
+    below, k = 0.0, 0  # P(fewer than k+1 of n values below the median) summed while it stays in the tail
+    while k < n and below + math.comb(n, k) / 2**n <= (1 - confidence) / 2:
+        below += math.comb(n, k) / 2**n
+        k += 1
+    return (ordered[k - 1], ordered[n - k]) if k >= 1 else None
+
+
+def paired_ratio_interval(numerator: Sequence[float], denominator: Sequence[float],
+                          confidence: float = 0.95) -> tuple[float, float] | None:
+    """:func:`median_interval` of the window-by-window ratios :func:`paired_ratio` takes the median of."""
+    return median_interval([n / d for n, d in zip(numerator, denominator, strict=True)], confidence)
 
 
 def environment(cpu_threads: int | None = None) -> dict[str, Any]:

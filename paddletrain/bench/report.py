@@ -45,8 +45,10 @@ def to_markdown(result: dict[str, Any]) -> str:
         parts += ["", table([{"Trainer step part": part, "us per step": us}
                              for part, us in result["trainer_parts_us"].items()])]
     for goal in result.get("goals", []):
+        interval = goal.get("interval")
+        within = (f"; 95% interval {format_value(interval[0])}-{format_value(interval[1])}" if interval else "")
         parts.append(f"- goal {goal['goal']}: measured {format_value(goal['measured'])} "
-                     f"({'met' if goal['met'] else 'NOT met'})")
+                     f"({'met' if goal['met'] else 'NOT met'}{within})")
     parts += [f"- {note}" for note in result.get("notes", [])]
     return "\n".join(parts) + "\n"
 
