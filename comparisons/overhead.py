@@ -15,18 +15,20 @@ interleaved A B C D A B C D ... and the medians are compared. What each arm does
   the finite check or metrics (for reference; the goal compares with ``hand``).
 - ``model_fit``: ``paddle.Model.fit`` (hapi) with ``Accuracy(topk=(1, 5))``, ``verbose=0``: per step it
   copies inputs with ``to_tensor``, steps, and moves the loss and the metric's hits to NumPy.
+
+With ``experiment=<recipe>`` the trainer, hand and bare arms train that recipe's own model on its own loader and
+augmentation instead (:mod:`comparisons.overhead_recipe`).
 """
 from __future__ import annotations
 
-import math
-import statistics
 import timeit
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import paddle
 
+from comparisons.plain_loop import compare_with_trainer, hand_loop
 from paddletrain.bench.common import (
     bench_model,
     check_options,
@@ -34,8 +36,6 @@ from paddletrain.bench.common import (
     environment,
     finished,
     interleave,
-    paired_ratio,
-    paired_ratio_interval,
     summarize,
     synthetic_batches,
     timed,
@@ -56,8 +56,8 @@ ARM_WORK = {
     "model_fit": "paddle.Model.fit, Accuracy(topk=(1,5)), verbose=0: to_tensor copies, loss and hits to NumPy",
 }
 LR = 0.01
-# Throughput ratios the Trainer must reach against these arms.
-GOALS = {"hand": 0.98, "model_fit": 1.0}
+# Keys of the synthetic arms that an experiment decides; a value other than their default is a mistake.
+FROM_EXPERIMENT = ("model", "width", "batch_size", "image_size", "num_classes")
 
 
 @dataclass
@@ -111,48 +111,6 @@ def hand_arm(cfg: OverheadBenchConfig, batches: list[Any], equivalent_work: bool
                      lambda steps: cycle(batches, steps), equivalent_work=equivalent_work)
 
 
-def hand_loop(model: paddle.nn.Layer, optimizer: paddle.optimizer.Optimizer, loss_fn: Callable[..., paddle.Tensor],
-              num_classes: int, batches: Callable[[int], Iterable[Any]], scheduler: Any = None,
-              equivalent_work: bool = True) -> Callable[[int], float]:
-    """A plain Paddle training loop over ``batches(steps)``, timed one window at a time.
-
-    ``equivalent_work``: also what the Trainer does for every step (the global gradient norm for its finite
-    check, loss and top-k hits summed on the device, one metric sync a window); without it, the bare floor.
-    """
-    model.train()
-    params = list(model.parameters())
-    ks = [k for k in (1, 5) if k <= num_classes]
-
-    def work(steps: int) -> None:
-        loss_sum = hits = None
-        for images, labels in batches(steps):
-            logits = model(images)
-            loss = loss_fn(logits, labels)
-            loss.backward()
-            if equivalent_work:
-                norm = paddle.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], math.inf)
-                stepped = math.isfinite(float(norm))
-            else:
-                stepped = True
-            if stepped:
-                optimizer.step()
-                if scheduler is not None:
-                    scheduler.step()
-            optimizer.clear_grad()
-            loss_value = float(loss)
-            if equivalent_work and math.isfinite(loss_value):
-                _, top = paddle.topk(logits.detach(), k=max(ks), axis=-1)
-                correct = top == labels.reshape([-1, 1])
-                batch_hits = paddle.stack([correct[:, :k].any(axis=-1).astype("float32").sum() for k in ks])
-                batch_loss = loss.detach() * len(labels)
-                hits = batch_hits if hits is None else hits + batch_hits
-                loss_sum = batch_loss if loss_sum is None else loss_sum + batch_loss
-        if hits is not None:
-            paddle.concat([loss_sum.reshape([1]), hits]).numpy()  # the epoch's one metric sync, as the Trainer
-
-    return lambda steps: timed(lambda: work(steps))
-
-
 def model_fit_arm(cfg: OverheadBenchConfig, batches: list[Any]) -> Callable[[int], float]:
     from paddle.static import InputSpec
 
@@ -180,6 +138,21 @@ def per_call_us(fn: Callable[[], Any], number: int = 200, repeat: int = 5) -> fl
     """Best-of-``repeat`` mean microseconds of ``fn`` (the least-disturbed run: this is attribution, not speed)."""
     fn()
     return min(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e6
+
+
+def _on_experiment(cfg: OverheadBenchConfig) -> dict[str, Any]:
+    """``experiment=<recipe>``: the arms on the recipe's own steps (:mod:`comparisons.overhead_recipe`)."""
+    from comparisons.overhead_recipe import ARMS as RECIPE_ARMS
+    from comparisons.overhead_recipe import ExperimentSteps, run_experiment_overhead
+
+    defaults = OverheadBenchConfig()
+    fixed = [key for key in FROM_EXPERIMENT if getattr(cfg, key) != getattr(defaults, key)]
+    if fixed:
+        raise ConfigError(f"bench overhead: {fixed} come from experiment={cfg.experiment}; change them with "
+                          f"overrides=[...] (e.g. overrides=[data.batch_size=32])")
+    arms = list(RECIPE_ARMS) if cfg.arms == defaults.arms else cfg.arms  # not chosen: all that run on a recipe
+    steps = ExperimentSteps(**{**{f.name: getattr(cfg, f.name) for f in fields(ExperimentSteps)}, "arms": arms})
+    return {"config": vars(cfg), **run_experiment_overhead(steps)}
 
 
 def trainer_step_parts(cfg: OverheadBenchConfig, batches: list[Any]) -> dict[str, float]:
@@ -242,9 +215,7 @@ def run_overhead(cfg: OverheadBenchConfig) -> dict[str, Any]:
     if not cfg.arms:
         raise ConfigError(f"bench overhead: arms=[] names no arm; choose from {list(ARMS)}")
     if cfg.experiment:
-        from comparisons.overhead_recipe import run_experiment_overhead
-
-        return run_experiment_overhead(cfg)
+        return _on_experiment(cfg)
     runtime = setup_runtime(cfg.device, cfg.cpu_threads)
     env = environment(runtime.cpu_threads)
     batches = synthetic_batches(4, cfg.batch_size, cfg.image_size, cfg.num_classes)
@@ -259,24 +230,3 @@ def run_overhead(cfg: OverheadBenchConfig) -> dict[str, Any]:
             "notes": [f"{name}: {ARM_WORK[name]}" for name in cfg.arms]}
 
 
-def compare_with_trainer(per_step: dict[str, list[float]]) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """The trainer arm's throughput ratio to each other arm (the other's time / the trainer's: > 1 means the
-    Trainer is faster), its overhead over the hand loop in ms a step, and the goals with their 95% intervals."""
-    summary: dict[str, float] = {}
-    goals: list[dict[str, Any]] = []
-    trainer = per_step.get("trainer")
-    if trainer is None:
-        return summary, goals
-    for other in ("hand", "bare", "model_fit"):
-        if other in per_step:
-            summary[f"trainer_vs_{other}"] = paired_ratio(per_step[other], trainer)
-    if "hand" in per_step:
-        summary["trainer_overhead_ms_per_step"] = 1e3 * statistics.median(
-            t - h for t, h in zip(trainer, per_step["hand"], strict=True))
-    for other, target in GOALS.items():
-        if other in per_step:
-            measured = summary[f"trainer_vs_{other}"]
-            interval = paired_ratio_interval(per_step[other], trainer)
-            goals.append({"goal": f"trainer_vs_{other} >= {target}", "measured": measured, "met": measured >= target,
-                          "interval": list(interval) if interval else None})
-    return summary, goals

@@ -19,19 +19,19 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
+from comparisons.plain_loop import compare_with_trainer, hand_loop
 from paddletrain.bench.common import device_sync, environment, finished, summarize
 from paddletrain.engine.callback import Callback
 from paddletrain.engine.hooks import EpochSampler, batch_sampler_of
 from paddletrain.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from comparisons.overhead import OverheadBenchConfig
     from paddletrain.build import Run
     from paddletrain.engine.trainer import Trainer
 
@@ -43,11 +43,25 @@ ARM_WORK = {
             "(unlimited) -> host, step if finite, scheduler.step, clear, float(loss), device loss/top-k sums",
     "bare": "the same loop without the finite check and the metrics",
 }
-# Keys of the synthetic arms that the experiment decides; a value other than their default is a mistake.
-FROM_EXPERIMENT = ("model", "width", "batch_size", "image_size", "num_classes")
 
 
-def compose_experiment(cfg: OverheadBenchConfig) -> DictConfig:
+@dataclass(frozen=True)
+class ExperimentSteps:
+    """What to measure: the recipe ``config_dir/experiment/<experiment>.yaml`` with the fit ``overrides`` on top,
+    on ``device`` with ``cpu_threads``; the ``arms`` and their windows."""
+
+    experiment: str
+    config_dir: str
+    overrides: list[str]
+    arms: list[str]
+    windows: int
+    steps: int
+    warmup: int
+    cpu_threads: int | None
+    device: str
+
+
+def compose_experiment(cfg: ExperimentSteps) -> DictConfig:
     """The validated config ``python -m paddletrain.fit --config-dir <config_dir> +experiment=<experiment>
     <overrides>`` runs with, on this benchmark's device and threads."""
     from hydra import compose, initialize_config_module
@@ -79,7 +93,7 @@ def compose_experiment(cfg: OverheadBenchConfig) -> DictConfig:
     return composed
 
 
-def check_arms(cfg: OverheadBenchConfig, defaults: OverheadBenchConfig) -> None:
+def check_arms(cfg: ExperimentSteps) -> None:
     """Refuse options that have no meaning on an experiment's steps, naming them."""
     others = [arm for arm in cfg.arms if arm not in ARMS]
     if others:
@@ -90,10 +104,6 @@ def check_arms(cfg: OverheadBenchConfig, defaults: OverheadBenchConfig) -> None:
     if cfg.warmup < 1:
         raise ConfigError("bench overhead: with experiment= warmup must be >= 1 (the first step opens the "
                           "VisualDL file and logs sample images)")
-    fixed = [key for key in FROM_EXPERIMENT if getattr(cfg, key) != getattr(defaults, key)]
-    if fixed:
-        raise ConfigError(f"bench overhead: {fixed} come from experiment={cfg.experiment}; change them with "
-                          f"overrides=[...] (e.g. overrides=[data.batch_size=32])")
 
 
 class LoaderWindows:
@@ -149,8 +159,6 @@ class WindowClock(Callback):
 
 def _hand_arm(run: Run, equivalent_work: bool) -> Callable[[int], float]:
     """A plain loop over ``run``'s own model, loss, optimizer, schedule and training loader."""
-    from comparisons.overhead import hand_loop
-
     trainer = run.trainer
     if trainer.batch_transform is not None or trainer.distiller is not None:
         raise ConfigError("bench overhead: the experiment mixes batches (data.mixup) or distils "
@@ -160,16 +168,12 @@ def _hand_arm(run: Run, equivalent_work: bool) -> Callable[[int], float]:
                      equivalent_work=equivalent_work)
 
 
-def run_experiment_overhead(cfg: OverheadBenchConfig) -> dict[str, Any]:
+def run_experiment_overhead(cfg: ExperimentSteps) -> dict[str, Any]:
     """Median ms/step of each arm on the experiment's own steps, and the Trainer's ratios to the loops."""
-    from comparisons.overhead import OverheadBenchConfig, compare_with_trainer
     from paddletrain.build import build_run
     from paddletrain.job.runtime import setup_runtime
 
-    defaults = OverheadBenchConfig()
-    if cfg.arms == defaults.arms:  # arms not chosen: all that run on an experiment's steps
-        cfg = replace(cfg, arms=list(ARMS))
-    check_arms(cfg, defaults)
+    check_arms(cfg)
     composed = compose_experiment(cfg)
     runtime = setup_runtime(cfg.device, cfg.cpu_threads)
     env = environment(runtime.cpu_threads)
@@ -195,6 +199,6 @@ def run_experiment_overhead(cfg: OverheadBenchConfig) -> dict[str, Any]:
               "image_size": composed.data.image_size, "augment": [a.name for a in composed.data.augment or []],
               "callbacks": sorted(k for k, v in (composed.callbacks or {}).items() if v is not None),
               "trainer_steps": trainer_steps}
-    return {"benchmark": "overhead", "config": vars(cfg), "environment": finished(env), "recipe": recipe,
+    return {"benchmark": "overhead", "environment": finished(env), "recipe": recipe,
             "rows": rows, "summary": summary, "trainer_parts_us": {}, "goals": goals,
             "notes": [f"{name}: {ARM_WORK[name]}" for name in cfg.arms]}
