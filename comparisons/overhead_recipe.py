@@ -18,6 +18,7 @@ Windows are interleaved (trainer, hand, bare, trainer, ...) and medians of the p
 from __future__ import annotations
 
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,8 +139,6 @@ class WindowClock(Callback):
         self.started: float | None = None
 
     def on_train_batch_end(self, trainer: Trainer, output: Any, batch: Any, batch_idx: int) -> None:
-        import time
-
         self.batches += 1
         done = self.batches - self.warmup
         if done < 0 or done % self.steps:
@@ -183,7 +182,8 @@ def run_experiment_overhead(cfg: ExperimentSteps) -> dict[str, Any]:
         clock = WindowClock(loops, cfg.windows, cfg.steps, cfg.warmup)
         trainer_run = build_run(composed, Path(tmp) / "trainer", callbacks=[clock])
         trainer_run.trainer.fit(trainer_run.train_loader)
-        metrics, trainer_steps = dict(trainer_run.trainer.metrics), trainer_run.trainer.global_step
+        trainer = trainer_run.trainer
+        data_wait, trainer_steps = trainer.run_throughput.data_share, trainer.global_step
     per_step = {name: times for name, times in clock.per_step.items() if name in cfg.arms}
     if len(per_step["trainer"]) < cfg.windows:
         raise ConfigError(f"bench overhead: the experiment's run ended after {clock.batches} batches; "
@@ -193,7 +193,7 @@ def run_experiment_overhead(cfg: ExperimentSteps) -> dict[str, Any]:
             for name, times in per_step.items()]
     summary, goals = compare_with_trainer(per_step)
     # The Trainer's own measure of its loader wait, over the warm-up and the windows.
-    summary["trainer_data_wait_share"] = metrics["train/data_time_share"]
+    summary["trainer_data_wait_share"] = data_wait
     recipe = {"experiment": cfg.experiment, "model": composed.model.name, "width": composed.model.get("width"),
               "conv_input_grad": composed.model.get("conv_input_grad"), "batch_size": batch_size,
               "image_size": composed.data.image_size, "augment": [a.name for a in composed.data.augment or []],
