@@ -57,7 +57,7 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     history = read_json(run_dir / HISTORY_FILE, "written by fit's history callback")
     summary = read_json(run_dir / "summary.json", "written at the end of fit")
     test = read_json(run_dir / TEST_FILE, "the last line of `python -m paddletrain.evaluate "
-                                           f"checkpoint={run_dir}:best split=test`")
+                                          f"checkpoint={run_dir}:best split=test`")
     overrides = run_dir / ".hydra" / "overrides.yaml"
     return {"dir": run_dir, "rows": history.get("rows", []), "resumes": int(history.get("resumes", 0)),
             "summary": summary, "test": test,

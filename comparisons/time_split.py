@@ -73,11 +73,15 @@ def run_time_split(cfg: TimeSplitConfig) -> dict[str, Any]:
     history = read_json(run / HISTORY_FILE, "written by fit's history callback", "time_split")
     summary = read_json(run / "summary.json", "written at the end of fit", "time_split")
     profile = read_json(Path(cfg.profile), "`python -m comparisons step_profile ... out=<file>.json`", "time_split")
+    for path, record in ((run / HISTORY_FILE, history), (run / "summary.json", summary), (cfg.profile, profile)):
+        if not isinstance(record, dict):
+            raise ConfigError(f"time_split: {path} holds a JSON {type(record).__name__}, not the record's object")
     shares = profile_shares(profile)
     rows = split_run(history, summary, shares)
     world = int(summary.get("world_size", 1))
     per_rank = float(summary.get("train/throughput", 0.0))
-    alone = profile["config"]["batch_size"] / profile["step_seconds"] if profile.get("step_seconds") else None
+    batch_size, step_seconds = (profile.get("config") or {}).get("batch_size"), profile.get("step_seconds")
+    alone = batch_size / step_seconds if batch_size and step_seconds else None
     minutes = float(history["rows"][-1]["wall_seconds"]) / 60
     notes = [f"{cfg.run}: {minutes:.1f} minutes, {world} rank(s) at "
              f"{per_rank:.1f} images/s each" + (f"; the profiled step alone on its core: {alone:.1f} images/s"

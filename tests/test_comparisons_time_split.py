@@ -64,6 +64,13 @@ def test_missing_records_and_a_file_that_is_no_profile_are_named(tmp_path):
     (tmp_path / "not_a_profile.json").write_text(json.dumps({"rows": [{"arm": "paddle"}]}))
     with pytest.raises(ConfigError, match="not a step_profile result"):
         run_time_split(TimeSplitConfig(run=str(run), profile=str(tmp_path / "not_a_profile.json")))
+    (tmp_path / "a_list.json").write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="a_list.json holds a JSON list"):
+        run_time_split(TimeSplitConfig(run=str(run), profile=str(tmp_path / "a_list.json")))
+    # A profile without its config still splits the run; only the images/s alone are then unknown.
+    (tmp_path / "bare_profile.json").write_text(json.dumps({"rows": json.loads(profile.read_text())["rows"]}))
+    bare = run_time_split(TimeSplitConfig(run=str(run), profile=str(tmp_path / "bare_profile.json")))
+    assert bare["images_per_second_alone"] is None and len(bare["rows"]) == 7
     (run / "summary.json").unlink()
     with pytest.raises(ConfigError, match="summary.json is missing"):
         run_time_split(TimeSplitConfig(run=str(run), profile=str(profile)))
