@@ -19,15 +19,18 @@ import copy
 import logging
 from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import paddle
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import ConfigKeyError, ValidationError
 
+import paddletrain
+from paddletrain.callbacks.ema import averaged_weights
 from paddletrain.callbacks.heartbeat import heartbeat_callbacks
 from paddletrain.callbacks.instantiate import instantiate_callbacks
 from paddletrain.checkpoint import Checkpoint, load_checkpoint
@@ -68,9 +71,9 @@ from paddletrain.optim import build_optimization
 from paddletrain.plugins import prepare
 from paddletrain.validation import DEFAULT_MONITOR, validate_config, validate_once
 
-__all__ = ["DataBundle", "Evaluation", "RebuiltCheckpoint", "Run", "build_callbacks", "build_data",
-           "build_evaluation", "build_model", "build_run", "checkpoint_config", "checkpoint_model",
-           "command_line_overrides", "evaluated_checkpoint", "monitored_metric", "rebuild_checkpoint",
+__all__ = ["CheckpointWeights", "DataBundle", "Evaluation", "RebuiltCheckpoint", "Run", "build_callbacks",
+           "build_data", "build_evaluation", "build_model", "build_run", "checkpoint_config", "checkpoint_model",
+           "checkpoint_weights", "command_line_overrides", "evaluated_checkpoint", "monitored_metric", "rebuild_checkpoint",
            "resolve_preprocessing", "resolve_task", "run_hparams", "saves_checkpoints", "train"]
 
 log = logging.getLogger("paddletrain")
@@ -284,48 +287,97 @@ def train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = (),
         return metrics
 
 
-def checkpoint_config(saved: Any, overrides: Sequence[str] = (), base: DictConfig | None = None,
-                      source: str = "the checkpoint") -> DictConfig:
-    """The training config ``saved`` in a checkpoint, on top of ``base`` (default: the fit schema's defaults),
-    with the dotlist ``overrides`` on top of it; pretrained weights are not fetched again.
+# FitConfig's free-form nodes (a mapping of any names): a run's are taken whole from its saved config, since the
+# presets that composed them (callbacks=[default,ema], a recipe's backbone_freeze) are not composed again.
+FREE_FORM_KEYS = tuple(name for name, spec in FitConfig.__dataclass_fields__.items()
+                       if str(spec.type).startswith("dict"))
 
-    Keys of this version's schema only; a saved value the schema refuses is one error naming it.
+
+def checkpoint_config(saved: Any, overrides: Sequence[str] = (), base: DictConfig | None = None,
+                      source: str = "the checkpoint", written_by: str | None = None) -> DictConfig:
+    """The training config ``saved`` in a checkpoint, with the dotlist ``overrides`` in place of its values, on top
+    of ``base`` (default: the fit schema's defaults); pretrained weights are not fetched again.
+
+    The saved config is the run's truth: every value it holds replaces ``base``'s, and its free-form nodes
+    (``callbacks``) replace ``base``'s whole, whatever presets composed them. A saved key or value this version's
+    schema cannot read (a run of another paddletrain version, ``written_by``) is one error naming it.
     """
     if not saved or not isinstance(saved, dict):
         raise UserError(f"{source} holds no config; it was not written by paddletrain.fit")
     base = base if base is not None else OmegaConf.structured(FitConfig)
     known = set(base.keys())  # `in` would skip the schema's mandatory (missing) groups
-    saved = {k: v for k, v in saved.items() if k in known}
+    # The command line's values replace the saved ones before either meets the schema (and can fix a saved one).
+    saved = OmegaConf.to_container(OmegaConf.merge({k: v for k, v in saved.items() if k in known},
+                                                   OmegaConf.from_dotlist(list(overrides))))
     # A component group may hold its factory's own options beside the schema's keys: merged after the schema's.
     options = {group: component_options(OmegaConf.create(saved[group]), SCHEMAS[group])
                for group in COMPONENT_GROUPS if isinstance(saved.get(group), dict)}
     saved = {k: ({key: v for key, v in value.items() if key not in options.get(k, {})} if k in options else value)
              for k, value in saved.items()}
+    free_form = {key: saved.pop(key) for key in FREE_FORM_KEYS if isinstance(saved.get(key), dict)}
     try:
         cfg = OmegaConf.merge(base, saved)
+        with open_dict(cfg):
+            for key, value in free_form.items():
+                cfg[key] = value
         for group, extra in options.items():
             OmegaConf.set_struct(cfg[group], False)  # open this node (config.register_configs stores it so)
             for key, value in extra.items():
                 cfg[group][key] = value
-        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
-    except Exception as exc:  # omegaconf's ValidationError/ConfigKeyError name the key
-        raise UserError(f"the config saved in {source} does not match this paddletrain version's schema: "
-                        f"{exc}") from None
+    except (ConfigKeyError, ValidationError) as exc:
+        raise UserError(_unreadable_saved_key(exc, source, written_by)) from None
     cfg.model.pretrained = None  # the checkpoint's weights replace any pretrained ones
     return cfg
 
 
-def checkpoint_model(cfg: DictConfig, state: Any, num_classes: int, in_chans: int,
-                     source: str = "the checkpoint") -> paddle.nn.Layer:
-    """The model of ``cfg`` with the weights of a checkpoint's ``state``; any key that does not fit is refused."""
+def _unreadable_saved_key(exc: ConfigKeyError | ValidationError, source: str, written_by: str | None) -> str:
+    """One line for a saved key (or value) this version's schema does not read, saying what to do."""
+    made_by = (f"paddletrain {written_by}, this is {paddletrain.__version__}" if written_by
+               and written_by != paddletrain.__version__ else f"paddletrain {paddletrain.__version__}")
+    key = exc.full_key or "?"
+    if isinstance(exc, ConfigKeyError):
+        return (f"the config saved in {source} has the key {key}, which this version does not know (written by "
+                f"{made_by}): read the run with the paddletrain version that trained it")
+    return (f"the config saved in {source} has {key}={exc.value!r}, which this version refuses "
+            f"({str(exc).splitlines()[0]}; written by {made_by}): pass {key}=<value> to replace it, or read the run "
+            f"with the paddletrain version that trained it")
+
+
+@dataclass(frozen=True)
+class CheckpointWeights:
+    """The model weights of a checkpoint a command uses, and what they are for its record (``{"weights": "raw"}``,
+    or ``{"weights": "averaged", "average": "ema", "decay": 0.9999}``)."""
+
+    state: dict
+    record: dict
+
+
+def checkpoint_weights(state: Any, choice: str = "auto", source: str = "the checkpoint") -> CheckpointWeights:
+    """The weights ``choice`` (:data:`paddletrain.config.WEIGHTS`) names in a checkpoint's ``state``: with "auto",
+    the averaged weights when its run validated with them (its best checkpoint was chosen on them), else the
+    trained ones."""
     if not isinstance(state, dict) or "model" not in state:
         raise UserError(f"{source} holds no model weights (no 'model' entry)")
+    averaged = averaged_weights(state) if choice != "raw" else None
+    if averaged is None:
+        if choice == "averaged":
+            raise UserError(f"weights=averaged: {source} holds no averaged weights its run validated with (train "
+                            f"with callbacks=[default,ema]); use weights=raw or weights=auto")
+        return CheckpointWeights(state["model"], {"weights": "raw"})
+    shadow, about = averaged
+    # The average covers the floating-point entries; any other entry of the model stays as trained.
+    return CheckpointWeights({**state["model"], **shadow}, {"weights": "averaged", **about})
+
+
+def checkpoint_model(cfg: DictConfig, weights: CheckpointWeights, num_classes: int, in_chans: int,
+                     source: str = "the checkpoint") -> paddle.nn.Layer:
+    """The model of ``cfg`` with a checkpoint's ``weights``; any key that does not fit is refused."""
     model = build_model(cfg, num_classes, in_chans, options=factory_options(cfg)["model"])
     try:
-        check_state_matches(model, state["model"])
+        check_state_matches(model, weights.state)
     except UserError as exc:
         raise UserError(f"{source}: {exc}") from None
-    model.set_state_dict(state["model"])
+    model.set_state_dict(weights.state)
     return model
 
 
@@ -340,20 +392,23 @@ class RebuiltCheckpoint:
     preprocessing: dict
     # A multi-label model's decision threshold (data.multilabel_threshold); None for a single-label one.
     multilabel_threshold: float | None = None
+    # Which of the checkpoint's weights the models hold (CheckpointWeights.record).
+    weights: dict = field(default_factory=lambda: {"weights": "raw"})
 
 
 def rebuild_checkpoint(checkpoint_spec: str | Path, data_root: str | None = None,
-                       imports: Sequence[str] = ()) -> RebuiltCheckpoint:
+                       imports: Sequence[str] = (), weights: str = "auto") -> RebuiltCheckpoint:
     """A checkpoint's model and data, rebuilt from the config saved in it, for export and the ship report.
 
     ``checkpoint_spec`` as :func:`~paddletrain.checkpoint.locate.locate_checkpoint` takes it; ``data_root``
-    where its dataset is now, if it moved; ``imports`` modules to import besides the checkpoint's own.
+    where its dataset is now, if it moved; ``imports`` modules to import besides the checkpoint's own;
+    ``weights`` which of its weights (:func:`checkpoint_weights`).
     """
     checkpoint_dir = locate_checkpoint(checkpoint_spec)
     checkpoint = load_checkpoint(checkpoint_dir)
     prepare({"imports": list(imports)}, checkpoint)  # the checkpoint's `imports` and these
     source = f"checkpoint={checkpoint_dir}"
-    cfg = checkpoint_config(checkpoint.state.get("config"), source=source)
+    cfg = checkpoint_config(checkpoint.state.get("config"), source=source, written_by=checkpoint.written_by)
     if data_root is not None:
         cfg.data.root = data_root
     validate_config(cfg, use="export")
@@ -362,17 +417,18 @@ def rebuild_checkpoint(checkpoint_spec: str | Path, data_root: str | None = None
         eval_tf = build_transform(cfg.data, train=False, in_chans=splits.in_chans)
     except DatasetError as exc:
         raise UserError(f"cannot open the checkpoint's dataset ({exc}); if it moved, pass data_root=<dir>") from exc
-    model = checkpoint_model(cfg, checkpoint.state, len(splits.classes), splits.in_chans, source)
+    chosen = checkpoint_weights(checkpoint.state, weights, source)
+    model = checkpoint_model(cfg, chosen, len(splits.classes), splits.in_chans, source)
     exportable = model
     if cfg.model.data_format != "NCHW":
         # oneDNN in Paddle Inference 3.3 cannot run NHWC convolutions; weights do not depend on the layout,
         # so the NCHW twin is exported and the parity check compares it with the model as trained.
         log.info("model.data_format=%s: exporting the NCHW layout of the same weights", cfg.model.data_format)
-        exportable = checkpoint_model(OmegaConf.merge(cfg, {"model": {"data_format": "NCHW"}}), checkpoint.state,
+        exportable = checkpoint_model(OmegaConf.merge(cfg, {"model": {"data_format": "NCHW"}}), chosen,
                                       len(splits.classes), splits.in_chans, source)
     threshold = float(cfg.data.multilabel_threshold) if cfg.data.get("multilabel") else None
     return RebuiltCheckpoint(model, exportable, splits, eval_tf, preprocessing_info(cfg.data, in_chans=splits.in_chans),
-                    threshold)
+                             threshold, chosen.record)
 
 
 def evaluated_checkpoint(cfg: DictConfig, overrides: Sequence[str]) -> tuple[DictConfig, Checkpoint]:
@@ -387,7 +443,8 @@ def evaluated_checkpoint(cfg: DictConfig, overrides: Sequence[str]) -> tuple[Dic
     checkpoint = load_checkpoint(locate_checkpoint(cfg.checkpoint))
     prepare(cfg, checkpoint)  # the checkpoint's `imports` and the command line's
     source = f"checkpoint={checkpoint.path}"
-    return checkpoint_config(checkpoint.state.get("config"), overrides, base=cfg, source=source), checkpoint
+    return checkpoint_config(checkpoint.state.get("config"), overrides, base=cfg, source=source,
+                             written_by=checkpoint.written_by), checkpoint
 
 
 @dataclass
@@ -399,6 +456,9 @@ class Evaluation:
     loader: Any
     split: str
     classes: list[str]
+    # What was scored, for the record: the checkpoint's weights used (CheckpointWeights.record) and the
+    # test-time augmentation ({"flip": ..., "crops": ...}).
+    scored_with: dict = field(default_factory=dict)
 
     def run(self) -> dict[str, float]:
         """The split's metrics, named after it (``test/top1``, ...; the Trainer names what it validates val/...)."""
@@ -433,8 +493,9 @@ def build_evaluation(cfg: DictConfig, checkpoint: Checkpoint) -> Evaluation:
     options = factory_options(cfg)
     data = build_data(cfg, seed=cfg.trainer.seed, eval_crop=tta.get("crops", 1) == 1, training=False,
                       eval_split=split, options=options["data"])
-    model = checkpoint_model(cfg, checkpoint.state, len(data.classes), data.in_chans,
-                             source=f"checkpoint={checkpoint.path}")
+    source = f"checkpoint={checkpoint.path}"
+    weights = checkpoint_weights(checkpoint.state, cfg.get("weights", "auto"), source)
+    model = checkpoint_model(cfg, weights, len(data.classes), data.in_chans, source)
     if tta.get("flip") or tta.get("crops", 1) > 1:  # test-time augmentation (paddletrain.models.tta)
         model = TestTimeAugmentation(model, flip=tta.flip, crops=tta.crops, crop_size=eval_image_size(cfg.data))
     # The training run's loss (val/loss as fit reports it) and the task's meters; no optimizer: it only validates.
@@ -445,4 +506,5 @@ def build_evaluation(cfg: DictConfig, checkpoint: Checkpoint) -> Evaluation:
     trainer = Trainer(model, num_classes=len(data.classes), limits=Limits.from_config(cfg.trainer), loss_fn=loss_fn,
                       meters=task_meters(multilabel, len(data.classes), float(cfg.data.multilabel_threshold)),
                       class_names=data.classes)
-    return Evaluation(trainer, data.val_loader, split, data.classes)
+    scored_with = {**weights.record, "tta": {"flip": bool(tta.get("flip", False)), "crops": int(tta.get("crops", 1))}}
+    return Evaluation(trainer, data.val_loader, split, data.classes, scored_with)

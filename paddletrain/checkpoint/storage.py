@@ -46,6 +46,12 @@ class Checkpoint:
     def metadata(self) -> dict[str, Any]:
         return self.manifest.get("metadata", {})
 
+    @property
+    def written_by(self) -> str | None:
+        """The paddletrain version that wrote it (None in a manifest that does not say)."""
+        version = self.manifest.get("paddletrain_version")
+        return version if isinstance(version, str) else None
+
 
 def save_checkpoint(directory: str | os.PathLike, state: dict, metadata: dict | None = None) -> Path:
     """Atomically write ``state`` (and ``metadata``, stored in the manifest) to ``directory``.
