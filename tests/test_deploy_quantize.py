@@ -389,6 +389,15 @@ def test_onnx_int8_is_quantized_by_onnxruntime_and_verified(trained, calibration
     assert predictor.predict(np.zeros((3, 3, 16, 16), np.float32)).shape == (3, predictor.num_classes)
 
 
+def test_onnx_int8_calibrates_on_a_count_of_images_no_batch_divides(trained, calibration_dir, tmp_path):
+    # onnxruntime's histogram calibration stacks the batches' outputs: a short last batch once ended the export
+    # in numpy's "inhomogeneous shape" ValueError (found by tests/test_commands_walk.py on 100 MNIST images).
+    _require_onnx_quantization()
+    result = export_checkpoint(trained, tmp_path, format="onnx", precision="int8", calibration=calibration_dir,
+                               calibration_images=13, num_check_images=8, quant_algo="hist", **LOOSE)
+    assert result.onnx_parity is not None and len(result.calibration) == 13
+
+
 def test_onnx_int8_refuses_an_algorithm_onnxruntime_lacks_before_any_work(trained, tmp_path):
     _require_onnx_quantization()
     with pytest.raises(UserError, match="quant_algo=mse has no onnxruntime counterpart"):

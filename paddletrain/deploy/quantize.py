@@ -156,12 +156,12 @@ def calibration_inputs(files: Sequence[str], preprocessing: Any) -> np.ndarray:
     return np.stack(inputs).astype(np.float32, copy=False)
 
 
-def _batches(inputs: np.ndarray, batch: int | None) -> list[np.ndarray]:
-    """Calibration batches; a graph exported with a fixed batch size gets batches of exactly that size."""
-    size = batch or CALIBRATION_BATCH
+def _batches(inputs: np.ndarray, batch: int | None, equal: bool = False) -> list[np.ndarray]:
+    """Calibration batches; a graph exported with a fixed batch size, or ``equal``, gets batches of one size."""
+    size = batch or min(CALIBRATION_BATCH, len(inputs))
     chunks = [inputs[i:i + size] for i in range(0, len(inputs), size)]
-    if batch and len(chunks[-1]) < batch:  # pad the last one by repeating images (zeros would skew the ranges)
-        chunks[-1] = np.resize(chunks[-1], (batch, *inputs.shape[1:])).astype(np.float32)
+    if (batch or equal) and len(chunks[-1]) < size:  # pad the last one by repeating images (zeros skew the ranges)
+        chunks[-1] = np.resize(chunks[-1], (size, *inputs.shape[1:])).astype(np.float32)
     return chunks
 
 
@@ -365,7 +365,8 @@ def quantize_onnx(fp32_onnx: str | Path, target: str | Path, inputs: np.ndarray,
         if algo == "hist":
             extra["CalibPercentile"] = 100 * HIST_PERCENT
         quantization.quantize_static(
-            str(prepared), str(target), _Reader(name, _batches(inputs, batch)),
+            # equal: onnxruntime's histogram calibrators stack every batch's outputs into one array
+            str(prepared), str(target), _Reader(name, _batches(inputs, batch, equal=True)),
             quant_format=getattr(quantization.QuantFormat, quant_format), per_channel=True,
             activation_type=quantization.QuantType.QInt8, weight_type=quantization.QuantType.QInt8,
             nodes_to_exclude=exclude, calibrate_method=getattr(quantization.CalibrationMethod, ONNX_CALIBRATION[algo]),
