@@ -434,9 +434,16 @@ class FitConfig:
     imports: list[str] = field(default_factory=list)
 
 
+# The weights of a checkpoint that evaluate, export, predict and ship use: "auto" = the averaged ones (an EMA) when
+# the run validated with them (its best checkpoint was chosen on them), else the trained ones; "averaged" insists
+# on the average; "raw" = the trained weights (paddletrain.build.checkpoint_weights).
+WEIGHTS = ("auto", "averaged", "raw")
+
+
 @dataclass
 class RuntimeConfig:
-    """The keys ``export`` and ``predict`` share: where the model runs, and what to import before loading it."""
+    """The keys ``export``, ``predict`` and ``ship`` share: where the model runs, what to import before loading it,
+    and which weights of a checkpoint to take."""
 
     device: str = allowed("auto", choices=DEVICES)
     # Threads of the CPU math library; None = every core this process may use (predict: the cores its decode
@@ -445,6 +452,7 @@ class RuntimeConfig:
     # Modules to import first: ones that register models (see FitConfig.imports; export adds those the
     # checkpoint's config names) or load custom Paddle operators an exported graph uses.
     imports: list[str] = field(default_factory=list)
+    weights: str = allowed("auto", choices=WEIGHTS)
 
 
 @dataclass
@@ -465,6 +473,7 @@ class EvaluateConfig(FitConfig):
     # validation split apart from the training split; see paddletrain.data.holdout).
     split: str = allowed("val", choices=("val", "test"))
     tta: TTAConfig = field(default_factory=TTAConfig)
+    weights: str = allowed("auto", choices=WEIGHTS)
 
 
 SCHEMAS: dict[str, Any] = {

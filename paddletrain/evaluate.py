@@ -7,8 +7,11 @@ accuracy of a checkpoint, with per-class precision, recall and F1 (a table in th
 The configuration saved in the checkpoint is used, so the model and data match training; any override given on
 the command line (e.g. ``data.root=/other/val``, ``data.eval_batch_size=256``) is applied on top of it.
 ``tta.flip=true`` / ``tta.crops=5`` average the predictions over flipped / cropped views (paddletrain.models.tta).
+A run that validated with averaged weights (``callbacks=[default,ema]``) is evaluated with them, as its best
+checkpoint was chosen; ``weights=raw`` takes the trained ones.
 
-The last line on stdout is one JSON object: ``checkpoint``, the metrics (``val/loss``, ``val/top1``, ...), and
+The last line on stdout is one JSON object: ``checkpoint``, ``split``, ``weights`` (and the average's ``average``
+and ``decay``), ``tta``, the metrics (``val/loss``, ``val/top1``, ...), and
 ``val/per_class`` / ``val/confusion_matrix`` as in ``summary.json``. ``split=test`` evaluates the test split
 of a run that held its validation split out of the training split (``data.holdout``); the keys are then
 ``test/top1``, ... (:meth:`paddletrain.metrics.ClassReport.to_dict`).
@@ -38,9 +41,10 @@ def evaluate(cfg: DictConfig, checkpoint: Checkpoint) -> dict[str, float]:
     evaluation = build_evaluation(cfg, checkpoint)
     metrics = evaluation.run()
     line = " ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items()))
-    log.info("Evaluation of %s on the %s split: %s", checkpoint.path, evaluation.split, line)
-    print(json.dumps({"checkpoint": str(checkpoint.path), "split": evaluation.split, **metrics,
-                      **evaluation.per_class()}))
+    log.info("Evaluation of %s on the %s split (%s weights): %s", checkpoint.path, evaluation.split,
+             evaluation.scored_with.get("weights"), line)
+    print(json.dumps({"checkpoint": str(checkpoint.path), "split": evaluation.split, **evaluation.scored_with,
+                      **metrics, **evaluation.per_class()}))
     return metrics
 
 

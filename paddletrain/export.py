@@ -63,7 +63,7 @@ def run(cfg: DictConfig, default_out_dir: str | None = None) -> int:
     result = export_checkpoint(cfg.checkpoint, out_dir, format=cfg.format, batch=cfg.batch,
                                precision=cfg.precision, check=cfg.check, num_check_images=cfg.num_check_images,
                                data_root=cfg.data_root, device=cfg.device, cpu_threads=cfg.cpu_threads,
-                               imports=list(cfg.imports), **_quant_options(cfg))
+                               imports=list(cfg.imports), weights=cfg.weights, **_quant_options(cfg))
     _report(result)
     return EXIT_PARITY_FAILED if cfg.check and not result.passed else 0
 

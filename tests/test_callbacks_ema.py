@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import paddle
+import pytest
 
 from paddletrain.callbacks import Callback, ModelEMA
 from paddletrain.checkpoint import load_checkpoint, save_checkpoint
@@ -58,3 +59,43 @@ def test_ema_state_survives_a_checkpoint(tmp_path):
     for key, value in ema.shadow.items():
         np.testing.assert_array_equal(restored.shadow[key].numpy(), value.numpy())
     assert isinstance(restored.shadow["weight"], paddle.Tensor)
+
+
+def test_a_run_validated_with_ema_is_evaluated_and_exported_with_its_averaged_weights(tmp_path):
+    """The run's best checkpoint was chosen on the averaged weights, so evaluate and export take them unless told
+    weights=raw; each record says which."""
+    import json
+
+    from tests.conftest import TINY, run_module
+
+    run_dir = tmp_path / "run"
+    result = run_module("paddletrain.fit", [*TINY, "callbacks=[default,ema]", "callbacks.ema.decay=0.5",
+                                            f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    validated = json.loads((run_dir / "summary.json").read_text())["val/loss"]
+
+    def evaluate(*extra: str) -> dict:
+        done = run_module("paddletrain.evaluate", [f"checkpoint={run_dir}:last", *extra], cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout.splitlines()[-1])
+
+    averaged, raw, flipped = evaluate(), evaluate("weights=raw"), evaluate("tta.flip=true")
+    assert averaged["weights"] == "averaged" and averaged["average"] == "ema" and averaged["decay"] == 0.5
+    assert averaged["val/loss"] == pytest.approx(validated, rel=1e-5)  # what the run reported for this checkpoint
+    assert raw["weights"] == "raw" and abs(raw["val/loss"] - validated) > 1e-3  # a 0.5 average of 4 steps differs
+    assert averaged["tta"] == {"flip": False, "crops": 1} and flipped["tta"] == {"flip": True, "crops": 1}
+    for choice in ("auto", "raw"):
+        out = tmp_path / f"export-{choice}"
+        done = run_module("paddletrain.export", [f"checkpoint={run_dir}:last", f"out_dir={out}", f"weights={choice}"],
+                          cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-2000:]
+        meta = json.loads((out / "preprocess.json").read_text())
+        assert meta["weights"] == ("averaged" if choice == "auto" else "raw") and meta["tta"] is None
+    assert (tmp_path / "export-auto" / "model.pdiparams").read_bytes() != (
+        tmp_path / "export-raw" / "model.pdiparams").read_bytes()
+    plain = tmp_path / "plain"
+    assert run_module("paddletrain.fit", [*TINY, f"hydra.run.dir={plain}"], cwd=tmp_path).returncode == 0
+    refused = run_module("paddletrain.evaluate", [f"checkpoint={plain}:last", "weights=averaged"], cwd=tmp_path)
+    said = refused.stdout + refused.stderr
+    assert refused.returncode == 2 and "holds no averaged weights" in said and "weights=raw" in said
+    assert "Traceback" not in said

@@ -62,7 +62,8 @@ class ModelEMA(Callback):
         self.on_validation_end(trainer, {})  # never leave the EMA weights in place of the trained ones
 
     def state_dict(self) -> dict[str, Any]:
-        return {"decay": self.decay, "shadow": self.shadow}
+        # validate_with_ema tells a reader of the checkpoint which weights its run validated (averaged_weights).
+        return {"decay": self.decay, "shadow": self.shadow, "validate_with_ema": self.validate_with_ema}
 
     def on_load_checkpoint(self, trainer: Trainer, checkpoint: dict[str, Any]) -> None:
         # The averaged weights must fit the model they will be validated in (checked before anything loads).
@@ -83,3 +84,19 @@ class ModelEMA(Callback):
         if shadow is not None:
             self.shadow = {k: paddle.to_tensor(v.numpy() if hasattr(v, "numpy") else v, dtype="float32")
                            for k, v in shadow.items()}
+
+
+def averaged_weights(state: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The averaged weights a checkpoint's ``state`` was validated with, and what they are (``{"average": "ema",
+    "decay": ...}``); None when its run validated with the trained weights (no EMA, or ``validate_with_ema=False``).
+
+    The best checkpoint of such a run was chosen on these weights, so ``evaluate``, ``export``, ``predict`` and
+    ``ship`` use them unless told ``weights=raw``. (Checkpoints written before the flag was saved validated with
+    the average whenever they hold one: the option's default.)
+    """
+    callbacks = state.get("callbacks") if isinstance(state, dict) else None
+    saved = callbacks.get(ModelEMA.__name__) if isinstance(callbacks, dict) else None
+    if not isinstance(saved, dict) or saved.get("shadow") is None or not saved.get("validate_with_ema", True):
+        return None
+    return checked_mapping(saved["shadow"], f"callbacks.{ModelEMA.__name__}.shadow"), {
+        "average": "ema", "decay": saved.get("decay")}

@@ -236,7 +236,7 @@ def export_model(model: paddle.nn.Layer, out_dir: str | Path, input_size: tuple[
                  labels: list[str] | None = None, multilabel_threshold: float | None = None,
                  calibration: np.ndarray | None = None, quant_algo: str = DEFAULT_QUANT_ALGO,
                  quant_keep_ends: bool = True, quant_reduce_range: bool | None = None,
-                 quant_bias_correction: bool = True) -> Path:
+                 quant_bias_correction: bool = True, weights: dict | None = None) -> Path:
     """Trace ``model`` in eval mode and save it for Paddle Inference, plus ``preprocess.json``.
 
     Args:
@@ -261,6 +261,8 @@ def export_model(model: paddle.nn.Layer, out_dir: str | Path, input_size: tuple[
             :func:`paddletrain.deploy.quantize.reduce_range_for`); recorded in ``preprocess.json``'s ``"quantization"``.
         quant_bias_correction: ``precision="int8"`` only: correct the output means of layers whose weights are
             rounded to int8 (:mod:`paddletrain.deploy.bias_correction`); recorded there as ``"bias_correction"``.
+        weights: which of a checkpoint's weights ``model`` holds (:class:`paddletrain.build.CheckpointWeights`'s
+            record), written into ``preprocess.json`` beside ``"tta": null`` (an export runs one view).
 
     Returns:
         ``out_dir`` as a Path.
@@ -304,6 +306,8 @@ def export_model(model: paddle.nn.Layer, out_dir: str | Path, input_size: tuple[
         "labels": list(labels) if labels is not None else None,
         "paddle_version": paddle.__version__,
     }
+    if weights is not None:  # which of a checkpoint's weights (paddletrain.build.CheckpointWeights.record); no TTA
+        meta.update(weights, tta=None)
     if precision == "int8":  # the Predictor reads keep_ends (paddletrain.deploy.predictor.int8_op_types)
         meta["quantization"] = {"algo": quant_algo, "keep_ends": bool(quant_keep_ends),
                                 "reduce_range": reduce_range_for("paddle", quant_reduce_range),
@@ -504,7 +508,7 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path, format: s
                       quant_algo: str = DEFAULT_QUANT_ALGO, quant_keep_ends: bool = True,
                       quant_reduce_range: bool | None = None, quant_bias_correction: bool = True,
                       quant_min_agreement: float = QUANT_MIN_AGREEMENT,
-                      quant_max_accuracy_drop: float = QUANT_MAX_ACCURACY_DROP) -> ExportResult:
+                      quant_max_accuracy_drop: float = QUANT_MAX_ACCURACY_DROP, weights: str = "auto") -> ExportResult:
     """Rebuild the model of a training checkpoint, export it, and (``check=True``) verify the export.
 
     ``checkpoint_dir`` is a checkpoint directory, or a run directory with ``:best``/``:last``
@@ -522,12 +526,13 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path, format: s
     runtime's measured default, :func:`paddletrain.deploy.quantize.reduce_range_for`); ``quant_bias_correction``
     corrects the Paddle model for its int8 weight rounding (:mod:`paddletrain.deploy.bias_correction`). Its parity
     is judged by agreement and accuracy drop (``quant_min_agreement``, ``quant_max_accuracy_drop``;
-    :func:`judge_quantized`).
+    :func:`judge_quantized`). ``weights``: which of the checkpoint's weights (``"auto"``: the averaged ones when
+    its run validated with them; :func:`paddletrain.build.checkpoint_weights`), recorded in ``preprocess.json``.
     """
     for key, value in (("format", format), ("num_check_images", num_check_images), ("device", device),
                        ("cpu_threads", cpu_threads), ("calibration_images", calibration_images),
                        ("quant_algo", quant_algo), ("quant_min_agreement", quant_min_agreement),
-                       ("quant_max_accuracy_drop", quant_max_accuracy_drop)):
+                       ("quant_max_accuracy_drop", quant_max_accuracy_drop), ("weights", weights)):
         check_field(ExportConfig, key, value)
     fixed_batch = parse_batch(batch)
     _require_runnable_precision(precision)
@@ -542,7 +547,7 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path, format: s
             check_onnx_algo(quant_algo)
     files = calibration_files(calibration) if quantized and calibration is not None else None
     set_cpu_threads(cpu_threads)
-    rebuilt = rebuild_checkpoint(checkpoint_dir, data_root, imports)
+    rebuilt = rebuild_checkpoint(checkpoint_dir, data_root, imports, weights)
     labels = list(rebuilt.splits.classes)
     calibration_set = (_calibration_set(rebuilt, files, calibration, calibration_images) if quantized
                        else _CalibrationSet())
@@ -550,7 +555,7 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path, format: s
                        batch=fixed_batch, precision=precision, preprocessing=rebuilt.preprocessing, labels=labels,
                        multilabel_threshold=rebuilt.multilabel_threshold, calibration=calibration_set.inputs,
                        quant_algo=quant_algo, quant_keep_ends=quant_keep_ends, quant_reduce_range=quant_reduce_range,
-                       quant_bias_correction=quant_bias_correction)
+                       quant_bias_correction=quant_bias_correction, weights=rebuilt.weights)
     files_written = sorted(p for p in out.iterdir() if p.name.startswith(MODEL_PREFIX) or p.name == PREPROCESS_FILE)
     result = ExportResult(out_dir=out, format=format, files=files_written, labels=labels, precision=precision,
                           calibration=calibration_set.names, quant_algo=quant_algo if quantized else None,

@@ -355,7 +355,7 @@ def export_for_prediction(cfg: DictConfig, out_dir: Path) -> Path | None:
                      "to let predict use onnxruntime, faster in fp32 on CPUs)")
             fmt = "paddle"
     result = export_checkpoint(cfg.checkpoint, out_dir, format=fmt, cpu_threads=cfg.cpu_threads,
-                               imports=list(cfg.imports))
+                               imports=list(cfg.imports), weights=cfg.weights)
     report = result.onnx_parity or result.parity
     if not result.passed:
         log.error("The export of checkpoint=%s for prediction failed its check: %s", cfg.checkpoint, report)

@@ -143,7 +143,7 @@ class Target:
         # export's parity check on a few images.
         exporting.export_checkpoint(checkpoint, out_dir, format=self.format, precision=self.precision, check=False,
                                     data_root=options.data_root, device="cpu", cpu_threads=options.cpu_threads,
-                                    imports=options.imports, **extra)
+                                    imports=options.imports, weights=options.weights, **extra)
         return self.load(out_dir, options.cpu_threads)
 
     def load(self, out_dir: Path, cpu_threads: int | None) -> ExportedModel:
@@ -192,6 +192,7 @@ class ExportOptions:
     imports: list[str] = field(default_factory=list)
     calibration: str | None = None
     calibration_images: int = 200
+    weights: str = "auto"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -398,7 +399,7 @@ def compare_targets(checkpoint: str, out_dir: str | Path, val: str | None = None
                     min_agreement: float = 0.99, calibration: str | None = None, calibration_images: int = 200,
                     batch_size: int = 32, timing_runs: int = 20, divergence_images: int = 8,
                     cpu_threads: int | None = None, imports: list[str] = (),
-                    targets: tuple[Target, ...] | None = None) -> ShipReport:
+                    targets: tuple[Target, ...] | None = None, weights: str = "auto") -> ShipReport:
     """Export ``checkpoint`` to every target this machine runs, score each on the validation set next to the
     checkpoint, time it, and look for the first diverging layer of any that disagrees.
 
@@ -416,14 +417,14 @@ def compare_targets(checkpoint: str, out_dir: str | Path, val: str | None = None
         check_field(ShipConfig, key, value)
     targets = TARGETS if targets is None else tuple(targets)
     set_cpu_threads(cpu_threads)
-    rebuilt = rebuild_checkpoint(checkpoint, data_root, imports)
+    rebuilt = rebuild_checkpoint(checkpoint, data_root, imports, weights)
     dataset, val_name = validation_set(rebuilt, val, val_root, delimiter)
     if len(dataset) == 0:
         raise UserError(f"the validation set ({val_name}) is empty")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     options = ExportOptions(data_root, cpu_threads, list(imports), calibration or default_calibration(rebuilt),
-                            calibration_images)
+                            calibration_images, weights)
     results, predictors = _export_all(checkpoint, out, targets, options)
     preprocessing = Preprocessing(rebuilt.preprocessing)  # what each export's preprocess.json holds
     threshold = rebuilt.multilabel_threshold
