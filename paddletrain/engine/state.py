@@ -21,6 +21,7 @@ from paddletrain.checkpoint.rng import check_rng_state
 from paddletrain.checkpoint.storage import STATE
 from paddletrain.checkpoint.untrusted import StateValueError, checked_mapping, required
 from paddletrain.engine.hooks import Stateful
+from paddletrain.engine.optimizer_state import load_optimizer_state, optimizer_state, quiet_scheduler_restore
 from paddletrain.engine.state_checks import (
     check_optimizer_state,
     check_scheduler_state,
@@ -94,8 +95,8 @@ def save_state(parts: StateParts, progress: Progress, metrics: dict[str, float],
     }
     if train_meter is not None and not progress.epoch_finished:
         state["train_meter"] = train_meter.state_dict()
-    if parts.optimizer is not None:
-        state["optimizer"] = parts.optimizer.state_dict()
+    if parts.optimizer is not None:  # keyed by structured parameter names, which any process gives alike
+        state["optimizer"] = optimizer_state(parts.optimizer, parts.module)
     if parts.scheduler is not None:
         state["scheduler"] = parts.scheduler.state_dict()
     if isinstance(parts.sampler, Stateful):
@@ -131,9 +132,10 @@ def load_state(parts: StateParts, state: dict[str, Any]) -> Loaded:
 
     parts.module.set_state_dict(state["model"])
     if parts.optimizer is not None:
-        parts.optimizer.set_state_dict(state["optimizer"])
+        load_optimizer_state(parts.optimizer, parts.module, state["optimizer"])
     if parts.scheduler is not None and "scheduler" in state:
-        parts.scheduler.set_state_dict(state["scheduler"])
+        with quiet_scheduler_restore(parts.scheduler, state["scheduler"]):
+            parts.scheduler.set_state_dict(state["scheduler"])
     with _restoring("precision"):
         parts.precision.load_state_dict(state.get("precision", {}))
     loaded = Loaded(_continued(saved), metrics, None)

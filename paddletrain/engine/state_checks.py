@@ -22,6 +22,7 @@ from paddletrain.checkpoint.untrusted import (
     required,
     show,
 )
+from paddletrain.engine.optimizer_state import LR_STATE, check_by_parameter, check_flat_names, is_by_parameter
 from paddletrain.errors import UserError
 
 # Optimizers whose every accumulator is shaped like its parameter or holds one value (beta powers, step
@@ -83,24 +84,30 @@ def check_state_matches(model: paddle.nn.Layer, saved: Any, key: str = "model") 
 
 def check_optimizer_state(optimizer: paddle.optimizer.Optimizer, model: paddle.nn.Layer, saved: Any,
                           key: str = "optimizer") -> None:
-    """Check an optimizer ``state_dict`` against the parameters of ``model`` before ``set_state_dict``.
+    """Check a saved optimizer state against the parameters of ``model`` before it is put back.
 
-    Accumulators are named ``<parameter name>_<kind>_<n>`` (``conv2d_0.w_0_moment1_0``); each must be a tensor
-    shaped like its parameter or holding one value, and ``master_weights`` like their parameters. The learning
-    rate scheduler's part is checked like the scheduler's own state.
+    The state is keyed by each parameter's structured name (:mod:`paddletrain.engine.optimizer_state`), or, in a
+    checkpoint written before that and in a PaddleClas ``.pdopt``, by Paddle's automatic names
+    (``conv2d_0.w_0_moment1_0``), which must then be this process's. Each accumulator must be a tensor shaped like
+    its parameter or holding one value, and ``master_weights`` like their parameters. The learning rate
+    scheduler's part is checked like the scheduler's own state.
 
     Raises:
         StateValueError: naming the accumulator, its shape and the parameter's.
     """
     checked_mapping(saved, key)
-    params = {p.name: p for p in model.parameters()}
     strict = isinstance(optimizer, _PARAMETER_SHAPED)
+    learning_rate = getattr(optimizer, "_learning_rate", None)
+    if isinstance(learning_rate, paddle.optimizer.lr.LRScheduler) and LR_STATE in saved:
+        check_scheduler_state(learning_rate, saved[LR_STATE], f"{key}.{LR_STATE}")
+    if is_by_parameter(saved):
+        check_by_parameter(optimizer, model, saved, key, strict)
+        return
+    check_flat_names(model, saved, key)
+    params = {p.name: p for p in model.parameters()}
     for name, value in saved.items():
         where = f"{key}.{name}"
-        if name == "LR_Scheduler":
-            learning_rate = getattr(optimizer, "_learning_rate", None)
-            if isinstance(learning_rate, paddle.optimizer.lr.LRScheduler):
-                check_scheduler_state(learning_rate, value, where)
+        if name == LR_STATE:
             continue
         if name == "master_weights":
             for param_name, weight in checked_mapping(value, where).items():

@@ -250,12 +250,11 @@ def test_a_bad_counter_through_the_cli_is_one_line(mid_epoch_run, tmp_path):
 def _swap_moment(checkpoint: Path) -> str:
     """Give one Adam moment another shape (as if taken from another model), keeping everything else."""
     tree = json.loads((checkpoint / STATE).read_text())
-    name = next(k for k in tree["optimizer"] if k.endswith("_moment1_0") and k.startswith("conv2d_0."))
     arrays = safetensors.numpy.load_file(str(checkpoint / TENSORS))
-    arrays[tree["optimizer"][name]["key"]] = np.zeros((5, 7), dtype=np.float32)
+    arrays[tree["optimizer"]["by_parameter"]["conv1.weight"]["moment1"]["key"]] = np.zeros((5, 7), dtype=np.float32)
     safetensors.numpy.save_file(arrays, str(checkpoint / TENSORS))
     reseal(checkpoint)
-    return name
+    return "by_parameter.conv1.weight.moment1"
 
 
 def test_optimizer_moments_of_another_shape_are_refused_before_training(mid_epoch_run, tmp_path):
@@ -263,7 +262,7 @@ def test_optimizer_moments_of_another_shape_are_refused_before_training(mid_epoc
     checkpoint = latest(run_dir)
     name = _swap_moment(checkpoint)
     with pytest.raises(CheckpointError, match=rf"checkpoint file .*state.json: optimizer\.{name} has shape "
-                                              r"\[5, 7\], but its parameter conv2d_0.w_0 has shape \[16, 3, 3, 3\]"):
+                                              r"\[5, 7\], but its parameter conv1.weight has shape \[16, 3, 3, 3\]"):
         _resume_in_process(run_dir)
     result = fit_cli(run_dir, "trainer.max_steps=3", "trainer.resume=auto")
     assert_one_error_line(result, str(checkpoint / STATE), f"optimizer.{name} has shape [5, 7]")
