@@ -443,8 +443,11 @@ def evaluated_checkpoint(cfg: DictConfig, overrides: Sequence[str]) -> tuple[Dic
     checkpoint = load_checkpoint(locate_checkpoint(cfg.checkpoint))
     prepare(cfg, checkpoint)  # the checkpoint's `imports` and the command line's
     source = f"checkpoint={checkpoint.path}"
-    return checkpoint_config(checkpoint.state.get("config"), overrides, base=cfg, source=source,
-                             written_by=checkpoint.written_by), checkpoint
+    evaluated = checkpoint_config(checkpoint.state.get("config"), overrides, base=cfg, source=source,
+                                  written_by=checkpoint.written_by)
+    if not any(override.startswith("trainer.limit_val_batches=") for override in overrides):
+        evaluated.trainer.limit_val_batches = None  # a training run's shortcut: the whole split unless told here
+    return evaluated, checkpoint
 
 
 @dataclass
@@ -461,8 +464,13 @@ class Evaluation:
     scored_with: dict = field(default_factory=dict)
 
     def run(self) -> dict[str, float]:
-        """The split's metrics, named after it (``test/top1``, ...; the Trainer names what it validates val/...)."""
+        """The split's metrics, named after it (``test/top1``, ...; the Trainer names what it validates val/...);
+        ``scored_with`` gains the number of images scored (``images``, and ``limit_val_batches`` when a limit
+        left part of the split out)."""
         metrics = self.trainer.validate(self.loader)
+        self.scored_with["images"] = self.trainer.val_samples
+        if self.trainer.limits.limit_val_batches is not None:
+            self.scored_with["limit_val_batches"] = self.trainer.limits.limit_val_batches
         return {f"{self.split}/{key.removeprefix('val/')}": value for key, value in metrics.items()}
 
     def per_class(self) -> dict[str, Any]:

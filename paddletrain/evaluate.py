@@ -10,8 +10,9 @@ the command line (e.g. ``data.root=/other/val``, ``data.eval_batch_size=256``) i
 A run that validated with averaged weights (``callbacks=[default,ema]``) is evaluated with them, as its best
 checkpoint was chosen; ``weights=raw`` takes the trained ones.
 
-The last line on stdout is one JSON object: ``checkpoint``, ``split``, ``weights`` (and the average's ``average``
-and ``decay``), ``tta``, the metrics (``val/loss``, ``val/top1``, ...), and
+The whole split is scored unless ``trainer.limit_val_batches`` is given here (a training run's own limit is not
+inherited). The last line on stdout is one JSON object: ``checkpoint``, ``split``, ``weights`` (and the average's
+``average`` and ``decay``), ``tta``, ``images`` (the number scored; ``limit_val_batches`` when limited), the metrics (``val/loss``, ``val/top1``, ...), and
 ``val/per_class`` / ``val/confusion_matrix`` as in ``summary.json``. ``split=test`` evaluates the test split
 of a run that held its validation split out of the training split (``data.holdout``); the keys are then
 ``test/top1``, ... (:meth:`paddletrain.metrics.ClassReport.to_dict`).
@@ -41,8 +42,8 @@ def evaluate(cfg: DictConfig, checkpoint: Checkpoint) -> dict[str, float]:
     evaluation = build_evaluation(cfg, checkpoint)
     metrics = evaluation.run()
     line = " ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items()))
-    log.info("Evaluation of %s on the %s split (%s weights): %s", checkpoint.path, evaluation.split,
-             evaluation.scored_with.get("weights"), line)
+    log.info("Evaluation of %s on the %s split (%d images, %s weights): %s", checkpoint.path, evaluation.split,
+             evaluation.scored_with["images"], evaluation.scored_with.get("weights"), line)
     print(json.dumps({"checkpoint": str(checkpoint.path), "split": evaluation.split, **evaluation.scored_with,
                       **metrics, **evaluation.per_class()}))
     return metrics

@@ -251,3 +251,17 @@ def test_every_preset_and_recipe_ships(case, data_roots, tmp_path):
     report = json.loads((tmp_path / "ship" / "report.json").read_text())
     ran = {target["target"]: target for target in report["targets"] if target["status"] != "skipped"}
     assert ran["paddle-fp32"]["status"] == "ok" and ran["paddle-fp32"]["agreement"] == 1.0, ran["paddle-fp32"]
+
+
+def test_evaluate_scores_the_whole_split_whatever_limit_the_run_validated_with(tmp_path):
+    """A quick run made with trainer.limit_val_batches (as the quickstart suggests) is still evaluated on all of its
+    validation images, and the record says how many; a limit given to evaluate itself is applied and recorded."""
+    run_dir = tmp_path / "run"
+    _ok(run_module("paddletrain.fit", [*SHRUNK, "data.eval_batch_size=4", "trainer.limit_val_batches=1",
+                                       f"hydra.run.dir={run_dir}"], cwd=tmp_path), "fit")
+    whole = _last_json(_ok(run_module("paddletrain.evaluate", [f"checkpoint={run_dir}"], cwd=tmp_path), "evaluate"))
+    assert whole["images"] == 8 and "limit_val_batches" not in whole  # data.shapes.num_val=8: both batches of 4
+    limited = _last_json(_ok(run_module("paddletrain.evaluate", [f"checkpoint={run_dir}",
+                                                                 "trainer.limit_val_batches=1"], cwd=tmp_path),
+                             "evaluate limited"))
+    assert limited["images"] == 4 and limited["limit_val_batches"] == 1

@@ -147,6 +147,7 @@ class Trainer:
         self.metrics: dict[str, float] = {}
         # Per-class results of the last validation (all ranks), beside its scalars in `metrics`.
         self.val_report: ClassReport | None = None
+        self.val_samples = 0  # images the last validation scored (all ranks)
         self.nonfinite_steps = 0
         self.consecutive_nonfinite = 0
         self.num_train_batches: int | None = None
@@ -450,6 +451,7 @@ class Trainer:
         sums = meter.sums()
         if self.world_size > 1:
             paddle.distributed.all_reduce(sums)  # the per-class counts and the confusion matrix ride along
+        self.val_samples = int(sums.numpy()[0])  # every meter's sums start with its sample count
         metrics = meter.compute("val", sums)
         # Single-label runs: per-class counts and the confusion matrix (a multi-label meter keeps its own report).
         self.val_report = meter.report(sums, self.class_names) if isinstance(meter, ClassificationMeter) else None
