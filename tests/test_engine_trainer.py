@@ -500,3 +500,40 @@ def test_batch_transform_state_is_saved_and_restored_so_draws_continue():
     a, b = first_mixup.draw(4, 4, 4), second_mixup.draw(4, 4, 4)
     np.testing.assert_array_equal(a.lam, b.lam)
     np.testing.assert_array_equal(a.boxes, b.boxes)
+
+
+def _stopped_mid_epoch(data, tmp_path):
+    """A run of 2 epochs stopped after batch 3 of epoch 0 (max_steps), with its checkpoint."""
+    from paddletrain.callbacks import ModelCheckpoint
+
+    model = linear_model()
+    saver = ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), every_n_steps=3)
+    Trainer(model, sgd(model), callbacks=[saver], limits=Limits(max_epochs=2, max_steps=3), num_classes=3).fit(data)
+    return saver.last_path
+
+
+def test_a_list_of_batches_continues_mid_epoch_at_the_next_batch_exactly(tmp_path):
+    data = make_batches(5, 8)
+    straight = linear_model()
+    Trainer(straight, sgd(straight), limits=Limits(max_epochs=2), num_classes=3).fit(data)
+    checkpoint = _stopped_mid_epoch(data, tmp_path)
+    resumed = linear_model(seed=1)
+    Trainer(resumed, sgd(resumed), limits=Limits(max_epochs=2), num_classes=3).fit(data, ckpt_path=checkpoint)
+    for a, b in zip(params(straight), params(resumed), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_plain_dataloader_is_refused_mid_epoch_naming_the_loader_that_resumes(tmp_path):
+    data = make_batches(5, 8)
+    checkpoint = _stopped_mid_epoch(data, tmp_path)
+    xs = paddle.concat([x for x, _ in data])
+    ys = paddle.concat([y for _, y in data])
+    loader = paddle.io.DataLoader(paddle.io.TensorDataset([xs, ys]), batch_size=8, shuffle=True)
+    model = linear_model()
+    trainer = Trainer(model, sgd(model), limits=Limits(max_epochs=2), num_classes=3)
+    with pytest.raises(UserError, match=r"cannot continue epoch 0 at batch 3 exactly: this training loader "
+                                        r"\(DataLoader\(batch_sampler=BatchSampler\(sampler=RandomSampler\)\)\).*"
+                                        r"paddletrain\.data\.build_loader") as refused:
+        trainer.fit(loader, ckpt_path=checkpoint)
+    assert "\n" not in str(refused.value)
+    assert trainer.global_step == 3  # restored, then refused before any step

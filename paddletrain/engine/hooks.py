@@ -69,3 +69,22 @@ def batch_sampler_of(loader: Any) -> Any | None:
     """The batch sampler of a ``paddle.io.DataLoader`` (the object the sampler hooks above apply to); None for
     any other iterable of batches."""
     return loader.batch_sampler if isinstance(loader, paddle.io.DataLoader) else None
+
+
+def continues_mid_epoch(loader: Any) -> bool:
+    """Whether a training loader can continue an epoch at a given batch exactly: its batch sampler restores its
+    position (:class:`Stateful`) or skips to it (:class:`SkippingSampler`), or it is a fixed sequence of batches
+    (a list, whose first batches the Trainer skips). Any other loader (a plain ``paddle.io.DataLoader``) draws its
+    order and augmentation when the epoch starts, which a mid-epoch checkpoint does not hold."""
+    sampler = batch_sampler_of(loader)
+    return isinstance(sampler, (Stateful, SkippingSampler)) or isinstance(loader, (list, tuple))
+
+
+def describe_loader(loader: Any) -> str:
+    """``DataLoader(batch_sampler=BatchSampler(sampler=RandomSampler))``-like words for a message."""
+    sampler = batch_sampler_of(loader)
+    if sampler is None:
+        return type(loader).__name__
+    inner = getattr(sampler, "sampler", None)
+    return (f"{type(loader).__name__}(batch_sampler={type(sampler).__name__}"
+            f"{f'(sampler={type(inner).__name__})' if inner is not None else ''})")

@@ -6,6 +6,7 @@ scheduler, precision and callbacks and hands them over.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import math
 import threading
@@ -24,6 +25,8 @@ from paddletrain.engine.hooks import (
     SkippingSampler,
     Stateful,
     batch_sampler_of,
+    continues_mid_epoch,
+    describe_loader,
 )
 from paddletrain.engine.limits import Limits
 from paddletrain.engine.precision import Precision
@@ -258,6 +261,11 @@ class Trainer:
         self.call_hook("setup")
         if ckpt_path is not None:
             self.restore(ckpt_path)
+        if self.batch_in_epoch and not continues_mid_epoch(train_loader):
+            raise UserError(f"cannot continue epoch {self.epoch} at batch {self.batch_in_epoch} exactly: this training "
+                            f"loader ({describe_loader(train_loader)}) draws its order when an epoch starts, which a "
+                            "mid-epoch checkpoint does not hold. Build it with paddletrain.data.build_loader (its "
+                            "sampler saves its position), or resume from a checkpoint written at an epoch's end")
         started = time.perf_counter()
         with self._stop_handling():
             try:
@@ -337,7 +345,9 @@ class Trainer:
         limit = self.num_train_batches
         throughput = self.epoch_throughput = Throughput()
         batch_idx = self.batch_in_epoch
-        batches = _flag_last(iter(loader), limit, batch_idx)
+        # A fixed sequence of batches continues where the epoch stopped; a resumable sampler did that itself.
+        remaining = itertools.islice(loader, batch_idx, None) if isinstance(loader, (list, tuple)) else loader
+        batches = _flag_last(iter(remaining), limit, batch_idx)
         exhausted = True
         while True:
             t0 = time.perf_counter()
