@@ -33,6 +33,7 @@ from paddletrain.config import COMPONENT_GROUPS, SCHEMAS, EvaluateConfig, FitCon
 from paddletrain.data.mixup import Mixup
 from paddletrain.data.transforms import build_augmentations, check_transform_config
 from paddletrain.distill import check_distill_config
+from paddletrain.engine.resume import refuse_replacing_a_run
 from paddletrain.errors import ConfigError, StartRefused, UserError
 from paddletrain.job import distributed, slurm
 from paddletrain.job.rundir import hold_new_run_dir
@@ -290,6 +291,7 @@ class RunDirGuard(Callback):
             return
         try:
             validate_config(task)
+            refuse_replacing_a_run(task.trainer.resume, run_dir)
             # Several nodes share one run directory: node 0's launcher (under SLURM, task 0) holds it for the job.
             if slurm.holds_run_dir(task):
                 hold_new_run_dir(run_dir)

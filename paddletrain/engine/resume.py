@@ -8,6 +8,7 @@ from typing import Any
 import paddle
 
 from paddletrain.checkpoint import find_latest, load_checkpoint, load_legacy
+from paddletrain.checkpoint.discovery import find_checkpoints
 from paddletrain.checkpoint.legacy import LEGACY_SUFFIXES
 from paddletrain.checkpoint.untrusted import StateValueError, check_inside, show
 from paddletrain.engine.state_checks import check_optimizer_state, check_state_matches
@@ -89,6 +90,19 @@ def load_resume_checkpoint(resume: str | None, run_dir: Path, run_info: dict[str
     if config is not None:
         warn_config_differences(path, checkpoint.state.get("config"), config)
     return checkpoint
+
+
+def refuse_replacing_a_run(resume: str | None, run_dir: Path) -> None:
+    """A run directory that already holds a run (a checkpoint or ``summary.json``) is continued
+    (``trainer.resume=auto``) or left alone: training from scratch into it would replace its checkpoints,
+    ``best.json`` and ``history.json``. Raises a :class:`UserError` naming both ways on."""
+    if resume is not None:
+        return
+    held = find_checkpoints(run_dir / "checkpoints") if (run_dir / "checkpoints").is_dir() else []
+    if held or (run_dir / "summary.json").is_file():
+        what = f"{len(held)} checkpoint(s), the newest {held[-1].path.name}" if held else "a finished run's summary.json"
+        raise UserError(f"{run_dir} already holds a run ({what}): continue it with trainer.resume=auto, or train "
+                        f"into a new directory (hydra.run.dir=<new dir>)")
 
 
 def _resume_path(resume: str | None, run_dir: Path) -> Path | None:

@@ -261,6 +261,9 @@ class Trainer:
         self.call_hook("setup")
         if ckpt_path is not None:
             self.restore(ckpt_path)
+            if self._done():
+                log.info("The run is already finished (epoch %d, step %d; max_epochs=%s, max_steps=%s): nothing "
+                         "left to train", self.epoch, self.global_step, self.limits.max_epochs, self.limits.max_steps)
         if self.batch_in_epoch and not continues_mid_epoch(train_loader):
             raise UserError(f"cannot continue epoch {self.epoch} at batch {self.batch_in_epoch} exactly: this training "
                             f"loader ({describe_loader(train_loader)}) draws its order when an epoch starts, which a "
