@@ -116,8 +116,11 @@ def onecycle(cfg: SchedConfig, base_lr: float, steps: ScheduleSteps) -> LRSchedu
     length = steps.after_warmup
     # Paddle divides by the length of the warm phase (pct_start * steps - 1): it must be at least one step.
     if cfg.pct_start * length < 2 or (1 - cfg.pct_start) * length < 2:
+        warm = f" ({steps.total} optimizer steps less sched.warmup_epochs' {steps.warmup})" if steps.warmup else ""
+        fix = ("train more steps (trainer.max_epochs, a smaller data.batch_size)" if length < 4 else
+               f"set sched.pct_start between {2 / length:.3g} and {1 - 2 / length:.3g}")
         raise ConfigError(f"sched.pct_start={cfg.pct_start} leaves a phase under 2 steps of the {length}-step "
-                          "schedule")
+                          f"one-cycle schedule{warm}: {fix}" + (", or sched.warmup_epochs=0" if steps.warmup else ""))
     return OneCycleLR(max_learning_rate=base_lr * cfg.max_lr_factor, total_steps=length,
                       phase_pct=float(cfg.pct_start), end_learning_rate=cfg.min_lr)
 

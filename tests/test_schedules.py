@@ -7,6 +7,7 @@ import math
 import pytest
 
 from paddletrain.config import SchedConfig
+from paddletrain.errors import ConfigError
 from paddletrain.schedules import build_scheduler, schedule_steps
 
 
@@ -96,3 +97,20 @@ def test_build_scheduler_errors_name_the_key(options, match):
     with pytest.raises(ValueError, match=match):
         build(SchedConfig(**options), 0.1, 10, 10)
 
+
+
+@pytest.mark.parametrize("warmup_epochs, steps_per_epoch, words", [
+    # 4 steps, 1 of them warm-up: the cycle has 3, named with the warm-up that took the fourth.
+    (0.25, 4, r"of the 3-step one-cycle schedule \(4 optimizer steps less sched\.warmup_epochs' 1\): train more "
+              r"steps .*, or sched\.warmup_epochs=0$"),
+    # 10 steps without warm-up: a pct_start that leaves 2 steps each side is named.
+    (0.0, 10, r"of the 10-step one-cycle schedule: set sched\.pct_start between 0\.2 and 0\.8$"),
+])
+def test_a_onecycle_too_short_for_pct_start_names_its_length_and_what_to_change(warmup_epochs, steps_per_epoch,
+                                                                                   words):
+    cfg = SchedConfig(name="onecycle", pct_start=0.1, warmup_epochs=warmup_epochs)
+    with pytest.raises(ConfigError, match=r"sched\.pct_start=0\.1 leaves a phase under 2 steps " + words):
+        build(cfg, 0.1, steps_per_epoch, 1)
+    fixed = SchedConfig(name="onecycle", pct_start=0.2, warmup_epochs=0.0)
+    if steps_per_epoch == 10:  # the value the message offers works
+        build(fixed, 0.1, steps_per_epoch, 1)
