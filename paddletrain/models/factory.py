@@ -5,6 +5,7 @@ Kept apart from the registry so that the registry imports nothing that registers
 """
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,7 +13,7 @@ import paddle
 from omegaconf import DictConfig
 
 from paddletrain.models.pretrained import load_pretrained
-from paddletrain.models.registry import model_builder
+from paddletrain.models.registry import ModelOptionError, model_builder
 from paddletrain.models.weights import describe
 
 __all__ = ["build_model", "create_model"]
@@ -65,6 +66,30 @@ _MODEL_OPTIONS = {"width": 1.0, "drop_rate": 0.0, "drop_path_rate": 0.0, "zero_i
                   "data_format": "NCHW"}
 
 
+def typed_for(builder: Any, name: str, key: str, value: Any) -> Any:
+    """A schema key's ``value`` as ``builder`` takes it: the schema's ``model.width`` is a float (paddletrain's
+    width multiplier), while a plugin's ``width`` may count channels. A whole number goes in as an int unless the
+    builder declares a float for it; a fraction for a parameter whose default is an int is refused naming both."""
+    if not isinstance(value, float) or isinstance(value, bool):
+        return value
+    try:
+        parameter = inspect.signature(builder).parameters.get(key)
+    except (TypeError, ValueError):  # a builtin or a callable without a signature
+        parameter = None
+    declared = parameter.annotation if parameter is not None else inspect.Parameter.empty
+    default = parameter.default if parameter is not None else inspect.Parameter.empty
+    wants_float = declared in (float, "float") or isinstance(default, float) or str(declared).startswith("float")
+    wants_int = declared in (int, "int") or (isinstance(default, int) and not isinstance(default, bool))
+    if wants_float:
+        return value
+    if value.is_integer():
+        return int(value)
+    if wants_int:
+        raise ModelOptionError(f"model.{key}={value}: the {name} builder takes a whole number for {key} (its default "
+                               f"is {default!r})")
+    return value
+
+
 def build_model(cfg: DictConfig, num_classes: int, in_chans: int,
                 options: Mapping[str, Any] | None = None) -> paddle.nn.Layer:
     """The model from the ``model`` config; ``num_classes``/``in_chans`` are the data's, unless the config sets them.
@@ -76,7 +101,9 @@ def build_model(cfg: DictConfig, num_classes: int, in_chans: int,
     """
     m = cfg.model
     builder_options: dict[str, Any] = {"arch": m.arch} if m.arch else {}
-    builder_options.update({key: m[key] for key, default in _MODEL_OPTIONS.items() if m[key] != default})
+    builder = model_builder(m.name)
+    builder_options.update({key: typed_for(builder, m.name, key, m[key]) for key, default in _MODEL_OPTIONS.items()
+                            if m[key] != default})
     builder_options.update(options or {})
     return create_model(
         m.name,
