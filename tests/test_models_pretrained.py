@@ -271,3 +271,13 @@ def test_finetuning_from_pretrained_weights_beats_training_from_scratch(tmp_path
     assert all(r["scratch_fit"] >= 0.7 for r in results), results  # the scratch arm is training, not stuck
     gaps = [r["pretrained"] - r["scratch"] for r in results]
     assert min(gaps) > 0 and np.mean(gaps) >= 0.15, results
+
+
+def test_weights_of_another_architecture_that_fit_nothing_are_refused_even_when_not_strict(tmp_path):
+    # strict=False loads what fits; loading nothing returned the model as if pretrained, with one WARNING.
+    path = tmp_path / "resnet18.safetensors"
+    save_file({k: v.numpy() for k, v in create_model("resnet18", num_classes=10).state_dict().items()}, str(path))
+    model = create_model("vision", arch="shufflenet_v2_x0_25", num_classes=10)
+    with pytest.raises(PretrainedLoadError, match=r"resnet18\.safetensors' fit none of .*0 of \d+ loaded besides "
+                                                  r"the head\).*model\.pretrained=null"):
+        load_pretrained(model, str(path), strict=False)

@@ -104,6 +104,12 @@ def load_state(
     problems = [f"{k} (missing)" for k in report.missing if not is_head(k)]
     problems += [f"{k} (source {list(s)} vs model {list(d)})" for k, s, d in report.shape_mismatched if not is_head(k)]
     problems += [f"{k} (unexpected)" for k in report.unexpected if not (classifier and k.startswith(source_head))]
+    if not any(not is_head(key) for key in report.matched):  # strict=False would return the model as if trained
+        raise PretrainedLoadError(
+            f"Weights from {info.source!r} fit none of {_model_name(model)}'s weights (naming {conversion.scheme!r}, "
+            f"{len(arrays)} tensors read, 0 of {len(expected)} loaded besides the head): weights of another "
+            f"architecture?{_hints(model, info, report, conversion.scheme)} Drop pretrained (model.pretrained=null) "
+            "to start from random weights.")
     if problems and strict:
         raise PretrainedLoadError(
             f"Weights from {info.source!r} do not fit {_model_name(model)} (strict loading, naming "
