@@ -73,8 +73,8 @@ from paddletrain.validation import DEFAULT_MONITOR, validate_config, validate_on
 
 __all__ = ["CheckpointWeights", "DataBundle", "Evaluation", "RebuiltCheckpoint", "Run", "build_callbacks",
            "build_data", "build_evaluation", "build_model", "build_run", "checkpoint_config", "checkpoint_model",
-           "checkpoint_weights", "command_line_overrides", "evaluated_checkpoint", "monitored_metric", "rebuild_checkpoint",
-           "resolve_preprocessing", "resolve_task", "run_hparams", "saves_checkpoints", "train"]
+           "checkpoint_weights", "command_line_overrides", "evaluated_checkpoint", "monitored_metric",
+           "rebuild_checkpoint", "resolve_preprocessing", "resolve_task", "run_hparams", "saves_checkpoints", "train"]
 
 log = logging.getLogger("paddletrain")
 

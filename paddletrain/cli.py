@@ -16,6 +16,7 @@ import logging
 import os
 import shlex
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -42,16 +43,28 @@ MAX_OVERRIDES_BYTES = 1 << 20
 FIT_MODULE_FILE = Path(__file__).resolve().with_name("fit.py")
 
 
-def checked_output_command(cfg: DictConfig, schema: type, default_out_dir: str | None) -> str:
+def checked_output_command(cfg: DictConfig, schema: type, command: str) -> str:
     """The checks every command that turns ``checkpoint`` into files in ``out_dir`` (export, ship) starts with,
-    cheapest first: every value given, a checkpoint named, an output directory; returns that directory."""
+    cheapest first: every value given, a checkpoint named; returns the output directory (``out_dir``, else
+    ``outputs/<command>/<time>``), where the command's log goes too (:func:`log_beside`)."""
     check_values(cfg, schema)
     if OmegaConf.is_missing(cfg, "checkpoint"):
         raise UserError("missing required value for checkpoint (e.g. checkpoint=outputs/<name>/<time>:best)")
-    out_dir = cfg.out_dir or default_out_dir
-    if out_dir is None:
-        raise UserError("missing required value for out_dir")
-    return str(out_dir)
+    out_dir = str(cfg.out_dir or Path("outputs", command, time.strftime("%Y-%m-%d_%H-%M-%S")))
+    log_beside(Path(out_dir), command)
+    return out_dir
+
+
+def log_beside(out_dir: Path, command: str) -> Path:
+    """Log this command into ``<out_dir>/<command>.log`` too, beside what it writes (the commands that read a run
+    back write nothing of their own into the working directory: conf/hydra/job_logging/console.yaml)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{command}.log"
+    handler = logging.FileHandler(path, encoding="utf-8")
+    console = next((h for h in logging.getLogger().handlers if h.formatter is not None), None)
+    handler.setFormatter(console.formatter if console is not None else logging.Formatter("%(message)s"))
+    logging.getLogger().addHandler(handler)
+    return path
 
 
 def continue_command(run_dir: Path, argv: list[str] | None = None) -> str:

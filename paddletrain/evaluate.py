@@ -12,10 +12,11 @@ checkpoint was chosen; ``weights=raw`` takes the trained ones.
 
 The whole split is scored unless ``trainer.limit_val_batches`` is given here (a training run's own limit is not
 inherited). The last line on stdout is one JSON object: ``checkpoint``, ``split``, ``weights`` (and the average's
-``average`` and ``decay``), ``tta``, ``images`` (the number scored; ``limit_val_batches`` when limited), the metrics (``val/loss``, ``val/top1``, ...), and
-``val/per_class`` / ``val/confusion_matrix`` as in ``summary.json``. ``split=test`` evaluates the test split
-of a run that held its validation split out of the training split (``data.holdout``); the keys are then
-``test/top1``, ... (:meth:`paddletrain.metrics.ClassReport.to_dict`).
+``average`` and ``decay``), ``tta``, ``images`` (the number scored; ``limit_val_batches`` when limited), the
+metrics (``val/loss``, ``val/top1``, ...), and ``val/per_class`` / ``val/confusion_matrix`` as in
+``summary.json``. ``split=test`` evaluates the test split of a run that held its validation split out of the
+training split (``data.holdout``); the keys are then ``test/top1``, ...
+(:meth:`paddletrain.metrics.ClassReport.to_dict`). Nothing is written into the working directory.
 
 The work is :func:`paddletrain.build.evaluated_checkpoint` and :func:`paddletrain.build.build_evaluation`.
 """

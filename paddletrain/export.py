@@ -23,7 +23,6 @@ from dataclasses import asdict
 from typing import Any
 
 import hydra
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from paddletrain._moved import forward_names
@@ -54,12 +53,12 @@ def _quant_options(cfg: DictConfig) -> dict[str, Any]:
     return {key: cfg[key] for key in keys}
 
 
-def run(cfg: DictConfig, default_out_dir: str | None = None) -> int:
+def run(cfg: DictConfig) -> int:
     """The CLI's work for an ``ExportConfig``: the exit status (0 ok, 3 parity failed).
 
     A usage error raises :class:`~paddletrain.errors.UserError`, which :func:`~paddletrain.cli.command_task` ends
     with one line and exit status 2, as every command does."""
-    out_dir = checked_output_command(cfg, ExportConfig, default_out_dir)
+    out_dir = checked_output_command(cfg, ExportConfig, "export")
     result = export_checkpoint(cfg.checkpoint, out_dir, format=cfg.format, batch=cfg.batch,
                                precision=cfg.precision, check=cfg.check, num_check_images=cfg.num_check_images,
                                data_root=cfg.data_root, device=cfg.device, cpu_threads=cfg.cpu_threads,
@@ -71,7 +70,7 @@ def run(cfg: DictConfig, default_out_dir: str | None = None) -> int:
 @hydra.main(version_base="1.3", config_path="conf", config_name="export")
 @command_task()
 def main(cfg: DictConfig) -> None:
-    sys.exit(run(cfg, default_out_dir=HydraConfig.get().runtime.output_dir))
+    sys.exit(run(cfg))
 
 
 # Release 0.1 kept the library here too (e.g. `from paddletrain.export import ...`): handed on for one release.

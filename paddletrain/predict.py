@@ -32,7 +32,6 @@ import sys
 from pathlib import Path
 
 import hydra
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from paddletrain._moved import forward_names
@@ -60,13 +59,13 @@ from paddletrain.plugins import prepare
 log = logging.getLogger("paddletrain")
 
 
-def run(cfg: DictConfig, default_out_dir: str | None = None) -> int:
+def run(cfg: DictConfig) -> int:
     """The CLI's work for a ``PredictConfig``: the exit status (0 all ok, 3 some failed).
 
     A usage error raises :class:`~paddletrain.errors.UserError`, which :func:`~paddletrain.cli.command_task` ends
     with one line and exit status 2, as every command does.
 
-    ``default_out_dir`` (the Hydra run directory) receives the export of ``checkpoint=``.
+    ``checkpoint=`` is exported into paddletrain's cache first, once (:func:`export_for_prediction`).
     """
     check_values(cfg, PredictConfig)  # cheapest first: every value given, then what is missing
     if OmegaConf.is_missing(cfg, "input"):
@@ -78,7 +77,7 @@ def run(cfg: DictConfig, default_out_dir: str | None = None) -> int:
         check_output_location(cfg.output, cfg.input)
     paths = None if cfg.data_root else resolve_inputs(cfg.input)
     if cfg.checkpoint is not None:
-        exported = export_for_prediction(cfg, Path(default_out_dir or "outputs/predict") / "export")
+        exported = export_for_prediction(cfg)
         if exported is None:
             return EXIT_SOME_FAILED
         model = str(exported)
@@ -109,7 +108,7 @@ def run(cfg: DictConfig, default_out_dir: str | None = None) -> int:
 @hydra.main(version_base="1.3", config_path="conf", config_name="predict")
 @command_task()
 def main(cfg: DictConfig) -> None:
-    sys.exit(run(cfg, default_out_dir=HydraConfig.get().runtime.output_dir))
+    sys.exit(run(cfg))
 
 
 # Release 0.1 kept the library here too (e.g. `from paddletrain.predict import ...`): handed on for one release.

@@ -27,7 +27,6 @@ import sys
 from pathlib import Path
 
 import hydra
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from paddletrain._moved import forward_names
@@ -38,12 +37,12 @@ from paddletrain.errors import ExitCode, UserError
 log = logging.getLogger("paddletrain")
 
 
-def run(cfg: DictConfig, default_out_dir: str | None = None) -> int:
+def run(cfg: DictConfig) -> int:
     """The CLI's work for a ``ShipConfig``: the exit status (0 ships, 3 a target dropped).
 
     A usage error raises :class:`~paddletrain.errors.UserError`, which :func:`~paddletrain.cli.command_task` ends
     with one line and exit status 2, as every command does."""
-    out_dir = checked_output_command(cfg, ShipConfig, default_out_dir)
+    out_dir = checked_output_command(cfg, ShipConfig, "ship")
     if cfg.device == "gpu":
         raise UserError("device=gpu: ship compares CPU targets (Paddle Inference on oneDNN, onnxruntime's CPU "
                         "provider); use device=cpu or auto")
@@ -67,7 +66,7 @@ def run(cfg: DictConfig, default_out_dir: str | None = None) -> int:
 @hydra.main(version_base="1.3", config_path="conf", config_name="ship")
 @command_task()
 def main(cfg: DictConfig) -> None:
-    sys.exit(run(cfg, default_out_dir=HydraConfig.get().runtime.output_dir))
+    sys.exit(run(cfg))
 
 
 # Release 0.1 kept the library here too (e.g. `from paddletrain.ship import ...`): handed on for one release.

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,10 @@ from paddletrain.data import build_datasets, preprocessing_info
 from paddletrain.deploy.export import export_model
 from paddletrain.models import create_model
 from tests import forked
+
+# paddletrain's cache (folder scans, shards, the exports `predict checkpoint=` makes) in a folder of this session,
+# never the user's ~/.cache; commands started by the tests inherit it.
+os.environ.setdefault("PADDLETRAIN_CACHE_DIR", tempfile.mkdtemp(prefix="paddletrain-tests-cache-"))
 
 # A run that exercises the whole pipeline in a few seconds: tiny shapes split, 16px images, one epoch.
 TINY = [

@@ -112,8 +112,8 @@ def _cifar(root: Path, kind: str) -> Path:
     classes = 10 if kind == "cifar10" else 100
     names = [f"class{i}".encode() for i in range(classes)]
     if kind == "cifar10":
-        members = {"data_batch_1": _batch(rng, 16, b"labels", classes), "test_batch": _batch(rng, 6, b"labels", classes),
-                   "batches.meta": {b"label_names": names}}
+        members = {"data_batch_1": _batch(rng, 16, b"labels", classes),
+                   "test_batch": _batch(rng, 6, b"labels", classes), "batches.meta": {b"label_names": names}}
     else:
         members = {"train": _batch(rng, 16, b"fine_labels", classes), "test": _batch(rng, 6, b"fine_labels", classes),
                    "meta": {b"fine_label_names": names, b"coarse_label_names": [b"c"] * 20}}
@@ -238,6 +238,8 @@ def test_every_preset_and_recipe_is_read_back_by_evaluate_export_and_predict(cas
                    cwd=tmp_path), f"{case.id}: predict")
     lines = [json.loads(line) for line in predictions.read_text().splitlines()]
     assert len(lines) == 3 and all(set(line["labels"]) <= set(validated["val/classes"]) for line in lines)
+    # Commands that read a run back leave nothing of their own in the working directory; export logs beside itself.
+    assert not (tmp_path / "outputs").exists() and (exported / "export.log").is_file()
 
 
 @pytest.mark.slow  # ship exports and times every target (about 10 s a run): CI's slow pass walks them all

@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -246,7 +247,8 @@ def test_the_bf16_tolerance_admits_bf16_rounding_and_rejects_real_mistakes(check
         assert not report.passed and report.relative_error > tolerance, (name, report)
 
 
-def test_predict_with_a_checkpoint_exports_it_verified_then_predicts(checkpoint, data_cfg, tmp_path):
+def test_predict_with_a_checkpoint_exports_it_once_verified_then_predicts(checkpoint, data_cfg, tmp_path, monkeypatch,
+                                                                          caplog):
     val = build_datasets(data_cfg).val
     (tmp_path / "images").mkdir()
     for i in range(3):
@@ -255,13 +257,24 @@ def test_predict_with_a_checkpoint_exports_it_verified_then_predicts(checkpoint,
     cfg = OmegaConf.structured(PredictConfig(checkpoint=f"{checkpoint.parent.parent}:last",
                                              input=str(tmp_path / "images"), output=str(preds), num_workers=0,
                                              progress_bar=False, topk=2))
-    assert predict(cfg, default_out_dir=str(tmp_path / "run")) == 0
-    assert (tmp_path / "run" / "export" / "preprocess.json").is_file()
+    monkeypatch.setenv("PADDLETRAIN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level(logging.INFO, logger="paddletrain"):
+        assert predict(cfg) == 0
+    [export] = (tmp_path / "cache" / "exports").iterdir()
+    assert (export / "preprocess.json").is_file() and "Exported checkpoint=" in caplog.text
     # backend=auto: an fp32 export gets its model.onnx for onnxruntime (the faster fp32 runtime on CPUs) when it can
     with_onnx = all(importlib.util.find_spec(name) for name in ("paddle2onnx", "onnxruntime"))
-    assert (tmp_path / "run" / "export" / "model.onnx").is_file() == bool(with_onnx)
+    assert (export / "model.onnx").is_file() == bool(with_onnx)
     lines = [json.loads(line) for line in preds.read_text().splitlines()]
     assert len(lines) == 3 and all(line["labels"][0] in val.classes for line in lines)
+    # A second call reuses the export (the same checkpoint, format and weights) and writes nothing else here.
+    made = (export / "preprocess.json").stat().st_mtime_ns
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="paddletrain"):
+        assert predict(cfg) == 0
+    assert "made earlier" in caplog.text and (export / "preprocess.json").stat().st_mtime_ns == made
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "images", "preds.jsonl"]
 
 
 def _distributions():

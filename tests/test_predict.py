@@ -270,3 +270,33 @@ def test_predict_runs_an_int8_export_in_int8_as_it_recorded(images, tmp_path):
     [line] = [json.loads(text) for text in out.read_text().splitlines()]
     top1, _ = expected_top1(int8, paths[0])
     assert line["labels"][0] == LABELS[top1]
+
+
+def test_the_hint_for_a_run_given_as_model_dir_runs_as_printed(tmp_path):
+    """A run with a best and a last checkpoint: the hint names one of them, and both commands it offers succeed."""
+    import shlex
+
+    from tests.conftest import TINY
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for i in range(2):
+        Image.fromarray(np.full((16, 16, 3), 60 * i, np.uint8)).save(folder / f"{i}.png")
+    run_dir = tmp_path / "run"
+    # The best checkpoint by the highest validation loss: the first epoch's, so best and last differ.
+    fit = run_module("paddletrain.fit", [*TINY, "trainer.max_epochs=2", "monitor=val/loss", "monitor_mode=max",
+                                         f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert fit.returncode == 0, fit.stderr[-2000:]
+    refused = run_module("paddletrain.predict", [f"model_dir={run_dir}", f"input={folder}"], cwd=tmp_path)
+    said = refused.stdout + refused.stderr
+    assert refused.returncode == 2 and "not an export" in said, said[-2000:]
+    spec = said.split("pass checkpoint=", 1)[1].split(" instead", 1)[0]
+    assert spec.endswith((":best", ":last")), spec  # the run alone names two checkpoints
+    exported = said.split("`python -m paddletrain.export ", 1)[1].split("`", 1)[0]
+    predicted = run_module("paddletrain.predict", [f"checkpoint={spec}", f"input={folder}", "num_workers=0",
+                                                   "progress_bar=false", f"output={tmp_path / 'p.jsonl'}"],
+                           cwd=tmp_path)
+    assert predicted.returncode == 0, (predicted.stdout + predicted.stderr)[-2000:]
+    as_printed = run_module("paddletrain.export", [*shlex.split(exported), f"out_dir={tmp_path / 'export'}"],
+                            cwd=tmp_path)
+    assert as_printed.returncode == 0, (as_printed.stdout + as_printed.stderr)[-2000:]

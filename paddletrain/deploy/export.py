@@ -95,7 +95,7 @@ class ExportConfig(RuntimeConfig):
     """Typed schema of `python -m paddletrain.export` (conf/export.yaml)."""
 
     checkpoint: str = MISSING
-    # None: the Hydra run directory (outputs/export/<time>).
+    # None: outputs/export/<time>. The command logs into <out_dir>/export.log too.
     out_dir: str | None = None
     format: str = allowed("paddle", choices=FORMATS)
     # "dynamic" or a fixed batch size (checked by parse_batch).

@@ -8,10 +8,12 @@ and skipped. :class:`PredictConfig` is the schema of the command, :mod:`paddletr
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -336,15 +338,34 @@ def model_source(cfg: DictConfig) -> str:
         return cfg.checkpoint
     path = Path(split_choice(cfg.model_dir)[0])
     if is_checkpoint_dir(path) or (path / CHECKPOINTS_DIR).is_dir():
+        spec = _resolvable_spec(cfg.model_dir)
         raise UserError(f"model_dir={cfg.model_dir} is a training checkpoint or run, not an export: pass "
-                        f"checkpoint={cfg.model_dir} instead (predict exports it first), or export it with "
-                        f"`python -m paddletrain.export checkpoint={cfg.model_dir}`")
+                        f"checkpoint={spec} instead (predict exports it first), or export it with "
+                        f"`python -m paddletrain.export checkpoint={spec}`")
     return cfg.model_dir
 
 
-def export_for_prediction(cfg: DictConfig, out_dir: Path) -> Path | None:
-    """Export ``cfg.checkpoint`` into ``out_dir`` with the parity check; None when the check fails."""
-    from paddletrain.deploy.export import export_checkpoint  # on use: importing predict must not load Paddle
+def _resolvable_spec(spec: str) -> str:
+    """``spec`` as a ``checkpoint=`` value that names one checkpoint: itself, else with ``:best``, else ``:last``
+    (a run with several checkpoints needs the choice), so a hint built from it runs as printed."""
+    from paddletrain.checkpoint.locate import locate_checkpoint  # on use: importing predict must not load Paddle
+
+    for candidate in (spec, f"{spec}:best", f"{spec}:last"):
+        try:
+            locate_checkpoint(candidate)
+        except UserError:
+            continue
+        return candidate
+    return spec
+
+
+def export_for_prediction(cfg: DictConfig) -> Path | None:
+    """``cfg.checkpoint`` exported with the parity check, or the export an earlier call made of the same checkpoint
+    (in paddletrain's cache, keyed by the checkpoint's manifest, the format and the weights); None when the check
+    fails."""
+    from paddletrain.checkpoint.locate import locate_checkpoint  # on use: importing predict must not load Paddle
+    from paddletrain.data.scancache import cache_root
+    from paddletrain.deploy.export import export_checkpoint
 
     fmt = cfg.backend
     if fmt == "auto":  # give the export a model.onnx when the runtime predict would then choose is onnxruntime
@@ -354,12 +375,25 @@ def export_for_prediction(cfg: DictConfig, out_dir: Path) -> Path | None:
             log.info("paddle2onnx is not installed: exporting for Paddle Inference only (pip install paddletrain[onnx] "
                      "to let predict use onnxruntime, faster in fp32 on CPUs)")
             fmt = "paddle"
-    result = export_checkpoint(cfg.checkpoint, out_dir, format=fmt, cpu_threads=cfg.cpu_threads,
-                               imports=list(cfg.imports), weights=cfg.weights)
-    report = result.onnx_parity or result.parity
-    if not result.passed:
-        log.error("The export of checkpoint=%s for prediction failed its check: %s", cfg.checkpoint, report)
-        return None
-    log.info("Exported checkpoint=%s to %s (%s); pass model_dir=%s next time to skip the export", cfg.checkpoint,
-             out_dir, report, out_dir)
+    checkpoint = locate_checkpoint(cfg.checkpoint)
+    key = hashlib.sha256((checkpoint / "manifest.json").read_bytes() + f"|{fmt}|{cfg.weights}".encode()).hexdigest()
+    out_dir = cache_root() / "exports" / f"{checkpoint.name}-{fmt}-{cfg.weights}-{key[:16]}"
+    if (out_dir / PREPROCESS_FILE).is_file():
+        log.info("Using the export of checkpoint=%s made earlier: %s", checkpoint, out_dir)
+        return out_dir
+    scratch = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")  # a half-made export is never reused
+    shutil.rmtree(scratch, ignore_errors=True)
+    try:
+        result = export_checkpoint(checkpoint, scratch, format=fmt, cpu_threads=cfg.cpu_threads,
+                                   imports=list(cfg.imports), weights=cfg.weights)
+        report = result.onnx_parity or result.parity
+        if not result.passed:
+            log.error("The export of checkpoint=%s for prediction failed its check: %s", checkpoint, report)
+            return None
+        shutil.rmtree(out_dir, ignore_errors=True)
+        os.replace(scratch, out_dir)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    log.info("Exported checkpoint=%s to %s (%s); later calls with this checkpoint use it, or pass model_dir=%s",
+             checkpoint, out_dir, report, out_dir)
     return out_dir

@@ -70,7 +70,7 @@ class ShipConfig(RuntimeConfig):
     """Typed schema of `python -m paddletrain.ship` (conf/ship.yaml)."""
 
     checkpoint: str = MISSING
-    # None: the Hydra run directory (outputs/ship/<time>). Each target's export goes to <out_dir>/<target>/.
+    # None: outputs/ship/<time>. Each target's export goes to <out_dir>/<target>/; the log to <out_dir>/ship.log.
     out_dir: str | None = None
     # The validation set: a folder of class folders, or a label list ('<path> <class index>' lines, or a
     # multi-label list for a multi-label model) whose paths are relative to val_root. None: the checkpoint's own

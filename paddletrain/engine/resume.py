@@ -100,7 +100,8 @@ def refuse_replacing_a_run(resume: str | None, run_dir: Path) -> None:
         return
     held = find_checkpoints(run_dir / "checkpoints") if (run_dir / "checkpoints").is_dir() else []
     if held or (run_dir / "summary.json").is_file():
-        what = f"{len(held)} checkpoint(s), the newest {held[-1].path.name}" if held else "a finished run's summary.json"
+        what = (f"{len(held)} checkpoint(s), the newest {held[-1].path.name}" if held
+                else "a finished run's summary.json")
         raise UserError(f"{run_dir} already holds a run ({what}): continue it with trainer.resume=auto, or train "
                         f"into a new directory (hydra.run.dir=<new dir>)")
 
