@@ -55,12 +55,21 @@ def checked_output_command(cfg: DictConfig, schema: type, command: str) -> str:
     return out_dir
 
 
+class _LogBeside(logging.FileHandler):
+    """A log file in an output directory, opened once the command has created that directory: a command refused
+    before any work leaves no directory behind (its lines are on the console either way)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.stream is None and not Path(self.baseFilename).parent.is_dir():
+            return
+        super().emit(record)
+
+
 def log_beside(out_dir: Path, command: str) -> Path:
     """Log this command into ``<out_dir>/<command>.log`` too, beside what it writes (the commands that read a run
     back write nothing of their own into the working directory: conf/hydra/job_logging/console.yaml)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{command}.log"
-    handler = logging.FileHandler(path, encoding="utf-8")
+    handler = _LogBeside(path, encoding="utf-8", delay=True)
     console = next((h for h in logging.getLogger().handlers if h.formatter is not None), None)
     handler.setFormatter(console.formatter if console is not None else logging.Formatter("%(message)s"))
     logging.getLogger().addHandler(handler)

@@ -291,10 +291,10 @@ class RunDirGuard(Callback):
             return
         try:
             validate_config(task)
-            refuse_replacing_a_run(task.trainer.resume, run_dir)
             # Several nodes share one run directory: node 0's launcher (under SLURM, task 0) holds it for the job.
             if slurm.holds_run_dir(task):
-                hold_new_run_dir(run_dir)
+                hold_new_run_dir(run_dir)  # first: a directory another run holds is "in use", whatever it holds
+                refuse_replacing_a_run(task.trainer.resume, run_dir)
         except UserError as exc:
             # Not an exit of its own: the command's wrapper (paddletrain.cli.run_command) says it in one line.
             raise StartRefused(exc) from None

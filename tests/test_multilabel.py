@@ -10,6 +10,7 @@ import numpy as np
 import paddle
 import pytest
 from omegaconf import OmegaConf
+from PIL import Image
 
 from paddletrain.config import LossConfig
 from paddletrain.data.mixup import Mixup
@@ -324,6 +325,14 @@ def test_two_ranks_gather_multilabel_scores_as_one_process_computes_them(squares
     computes on the same checkpoint and images, so no rank's rows are lost, padded in or counted twice."""
     lines = (squares / "val_list.txt").read_text().splitlines()[:11]
     (squares / "val_list.txt").write_text("\n".join(lines) + "\n")
+    # The squares repeat every 6 images, and identical images tie exactly or differ in the last bits depending on
+    # their place in a batch (1e-8 here on oneDNN), which reorders them in the ranking: one corner pixel apiece
+    # makes every score distinct, so mAP compares the rows gathered, not how a tie fell.
+    for i, line in enumerate(lines):
+        path = squares / line.split("\t")[0]
+        pixels = np.asarray(Image.open(path)).copy()
+        pixels[0, 0] = (10 * i, 0, 255 - 10 * i)
+        Image.fromarray(pixels).save(path)
     run_dir = tmp_path / "run"
     result = run_module("paddletrain.fit", _fit_args(squares, run_dir, "trainer.devices=2", "callbacks.visualdl=null"),
                         cwd=squares, timeout=300)
