@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ from paddletrain.config import (
 )
 from paddletrain.data import DatasetError, build_datasets, build_transform, preprocessing_info
 from paddletrain.data.bundle import DataBundle, build_data
+from paddletrain.data.label_lists import resolve_list_path
 from paddletrain.data.mixup import Mixup
 from paddletrain.data.transforms import eval_image_size
 from paddletrain.distill import build_distiller
@@ -234,7 +236,7 @@ def build_run(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = ()
     # What a resumed run must share with its checkpoint (model, classes) or is warned about (batch, world).
     facts = {"model": cfg.model.name, "num_classes": len(data.classes), "batch_size": cfg.data.batch_size,
              "world_size": world_size}
-    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved = anchored_paths(OmegaConf.to_container(cfg, resolve=True))
     resume_from = None
     if t.resume and is_legacy_checkpoint(Path(t.resume)):
         warm_start_from_legacy(Path(t.resume), model, optimizer, t.trust_pickle)
@@ -261,6 +263,35 @@ def build_run(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = ()
         checkpoint_extras={"config": resolved, "run": facts},
     )
     return Run(trainer, data.train_loader, data.val_loader, resume_from, cfg)
+
+
+# Data keys that name local files or folders (the shards builder's own among them; URLs are left as they are).
+_PATH_KEYS = ("root", "urls", "val_urls", "index", "val_index", "cache_dir")
+_LIST_KEYS = ("train_list", "val_list", "class_names")  # looked up from the working directory, then data.root
+
+
+def anchored_paths(resolved: dict[str, Any]) -> dict[str, Any]:
+    """A resolved config with its relative data paths made absolute where ``fit`` runs, so that the config saved
+    in a checkpoint names the same files from any directory (``evaluate``, ``export`` and ``ship`` read it)."""
+    def absolute(value: Any) -> Any:
+        if isinstance(value, list):
+            return [absolute(item) for item in value]
+        if not isinstance(value, str) or not value or "://" in value or value.startswith("~"):
+            return value
+        return os.path.abspath(value)
+
+    data = resolved.get("data") or {}
+    root = data.get("root")
+    for key in _LIST_KEYS:  # first: they may be found under the root as given
+        if isinstance(data.get(key), str) and data[key]:
+            data[key] = os.path.abspath(resolve_list_path(data[key], root or "."))
+    for key in _PATH_KEYS:
+        if key in data:
+            data[key] = absolute(data[key])
+    distill = (resolved.get("trainer") or {}).get("distill") or {}
+    if distill.get("unlabeled_root"):
+        distill["unlabeled_root"] = absolute(distill["unlabeled_root"])
+    return resolved
 
 
 def train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = (),

@@ -71,6 +71,12 @@ def _cases() -> list[Case]:
 
 
 CASES = _cases()
+# The model group's presets build one ResNet family at other depths and widths through the same config path: the
+# default suite trains and evaluates each (the read-back of its config), the slow pass also exports and predicts
+# it (deep graphs take most of the walk's time there).
+MODEL_PRESET = [case for case in CASES if case.id.startswith("model=")]
+READ_BACK = [pytest.param(case, id=case.id, marks=[pytest.mark.slow] if case in MODEL_PRESET else [])
+             for case in CASES]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -216,13 +222,23 @@ def _fit(case: Case, data_roots: dict[str, Path], tmp_path: Path) -> Path:
     return run_dir
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
-def test_every_preset_and_recipe_is_read_back_by_evaluate_export_and_predict(case, data_roots, tmp_path):
+def _fit_and_evaluate(case: Case, data_roots: dict[str, Path], tmp_path: Path) -> tuple[Path, dict]:
     run_dir = _fit(case, data_roots, tmp_path)
     validated = json.loads((run_dir / "summary.json").read_text())  # the run's one validation, of this checkpoint
     scored = _last_json(_ok(run_module("paddletrain.evaluate", [f"checkpoint={run_dir}:best"], cwd=tmp_path),
                             f"{case.id}: evaluate"))
     assert scored["val/loss"] == pytest.approx(validated["val/loss"], rel=1e-4), "evaluate scores what fit validated"
+    return run_dir, validated
+
+
+@pytest.mark.parametrize("case", MODEL_PRESET, ids=lambda case: case.id)
+def test_every_model_preset_trains_and_is_evaluated(case, data_roots, tmp_path):
+    _fit_and_evaluate(case, data_roots, tmp_path)
+
+
+@pytest.mark.parametrize("case", READ_BACK)
+def test_every_preset_and_recipe_is_read_back_by_evaluate_export_and_predict(case, data_roots, tmp_path):
+    run_dir, validated = _fit_and_evaluate(case, data_roots, tmp_path)
     if case.compose().data.holdout:
         tested = _last_json(_ok(run_module("paddletrain.evaluate", [f"checkpoint={run_dir}:best", "split=test"],
                                            cwd=tmp_path), f"{case.id}: evaluate split=test"))
@@ -267,3 +283,19 @@ def test_evaluate_scores_the_whole_split_whatever_limit_the_run_validated_with(t
                                                                  "trainer.limit_val_batches=1"], cwd=tmp_path),
                              "evaluate limited"))
     assert limited["images"] == 4 and limited["limit_val_batches"] == 1
+
+
+def test_a_runs_relative_data_paths_name_the_same_files_from_any_directory(data_roots, tmp_path):
+    """fit with data.root and label lists relative to where it runs; evaluate and export from elsewhere."""
+    made_in = data_roots["labellist"].parent
+    relative = data_roots["labellist"].name
+    run_dir = tmp_path / "run"
+    _ok(run_module("paddletrain.fit", [*SHRUNK, "data=labellist", f"data.root={relative}",
+                                       f"data.train_list={relative}/train_list.txt", "data.val_list=val_list.txt",
+                                       f"hydra.run.dir={run_dir}"], cwd=made_in), "fit")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    scored = _last_json(_ok(run_module("paddletrain.evaluate", [f"checkpoint={run_dir}"], cwd=elsewhere), "evaluate"))
+    assert scored["images"] == 6
+    _ok(run_module("paddletrain.export", [f"checkpoint={run_dir}", f"out_dir={elsewhere / 'export'}", "check=false"],
+                   cwd=elsewhere), "export")

@@ -175,12 +175,8 @@ def _fit_recipe(name: str, root: Path, tmp_path: Path) -> dict:
     return summary
 
 
-@pytest.mark.parametrize("name", RECIPES)
-def test_recipe_trains_a_few_steps_on_generated_images(name, tmp_path):
-    _fit_recipe(name, _image_folder(tmp_path / "images"), tmp_path)
-
-
-@pytest.mark.slow  # the same recipes train on generated images by default; the real photos in CI's slow pass
+@pytest.mark.slow  # every recipe trains on generated images by default (tests/test_commands_walk.py); the real
+# photos in CI's slow pass
 @pytest.mark.skipif(not HYMENOPTERA.is_dir(), reason=f"the ants/bees images are not at {HYMENOPTERA}")
 @pytest.mark.parametrize("name", RECIPES)
 def test_recipe_trains_a_few_steps_on_the_ants_and_bees_images(name, tmp_path):
