@@ -119,3 +119,38 @@ def test_an_older_flat_state_loads_where_its_names_are_this_processs_and_is_refu
     same_names.fit(batches(2))
     with pytest.raises(StateValueError, match="is keyed by Paddle's automatic parameter name.*fresh process"):
         trainer_of(small_net(0), "momentum", epochs=2).load_state_dict(state)
+
+
+@pytest.mark.slow  # a two-job sweep stopped in its second job, then its printed continue command: about 40 s
+def test_a_sweeps_second_job_continues_with_the_command_it_printed(tmp_path):
+    """The second job's model is the second built in the sweep's process, so its parameters have other automatic
+    names than in a fresh process: the continue command printed for it failed at its first step (issue 47)."""
+    import shlex
+    import signal
+    import subprocess
+    import sys
+
+    from tests.test_console import fit_env
+
+    args = ["-m", "optim.lr=0.001,0.002", "data.shapes.num_train=256", "data.shapes.num_val=32", "data.image_size=16",
+            "data.batch_size=16", "trainer.max_epochs=3", "trainer.cpu_threads=1", "callbacks.visualdl=null",
+            "callbacks.progress_bar.enabled=false", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    proc = subprocess.Popen([sys.executable, "-m", "paddletrain.fit", *args], cwd=tmp_path, env=fit_env(),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines, in_second_job = [], False
+    for line in proc.stdout:  # stop the second job once its first epoch saved a checkpoint
+        lines.append(line)
+        in_second_job = in_second_job or "#1 : optim.lr=0.002" in line
+        if in_second_job and "Saved checkpoint" in line:
+            proc.send_signal(signal.SIGINT)
+            break
+    lines += proc.stdout.readlines()
+    assert proc.wait(timeout=300) == 130, "".join(lines)[-3000:]
+    hint = next(line for line in lines if "Continue with: " in line).split("Continue with: ", 1)[1].strip()
+    command = shlex.split(hint)
+    assert command[:3] == ["python", "-m", "paddletrain.fit"] and "optim.lr=0.002" in command
+    resumed = subprocess.run([sys.executable, *command[1:]], cwd=tmp_path, env=fit_env(), capture_output=True,
+                             text=True, timeout=300)
+    output = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, output[-3000:]
+    assert "Resumed from" in output and "Optimizer set error" not in output
