@@ -20,10 +20,11 @@ import logging
 import os
 from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import paddle
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -48,6 +49,7 @@ from paddletrain.config import (
 )
 from paddletrain.data import DatasetError, build_datasets, build_transform, preprocessing_info
 from paddletrain.data.bundle import DataBundle, build_data
+from paddletrain.data.datasets import EVAL_SOURCES
 from paddletrain.data.label_lists import resolve_list_path
 from paddletrain.data.mixup import Mixup
 from paddletrain.data.transforms import eval_image_size
@@ -234,8 +236,10 @@ def build_run(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = ()
         max_epochs=limits.max_epochs, accumulate=limits.accumulate_grad_batches, batch_size=cfg.data.batch_size,
         world_size=world_size, options=options)
     # What a resumed run must share with its checkpoint (model, classes) or is warned about (batch, world).
+    # The classes and their training counts let `evaluate` read only the split it scores.
     facts = {"model": cfg.model.name, "num_classes": len(data.classes), "batch_size": cfg.data.batch_size,
-             "world_size": world_size}
+             "world_size": world_size, "classes": list(data.classes),
+             "class_counts": data.class_counts.tolist() if data.class_counts is not None else None}
     resolved = anchored_paths(OmegaConf.to_container(cfg, resolve=True))
     resume_from = None
     if t.resume and is_legacy_checkpoint(Path(t.resume)):
@@ -481,6 +485,24 @@ def evaluated_checkpoint(cfg: DictConfig, overrides: Sequence[str]) -> tuple[Dic
     return evaluated, checkpoint
 
 
+def _reading_only(cfg: DictConfig, options: dict[str, Any], split: str,
+                  run: Any) -> tuple[DictConfig, dict[str, Any]]:
+    """The data config and builder options that read only the validation split ``evaluate`` scores: its sources in
+    place of the training split's (:data:`paddletrain.data.datasets.EVAL_SOURCES`), when the dataset declares them,
+    no split is held out of the training data, and the checkpoint recorded the run's classes; else unchanged."""
+    sources = EVAL_SOURCES.get(cfg.data.name)
+    if split != "val" or cfg.data.holdout or not sources or not isinstance(run, dict) or not isinstance(
+            run.get("classes"), list):
+        return cfg, options
+    cfg, options = copy.deepcopy(cfg), dict(options)
+    for train_key, val_key in sources.items():
+        if train_key in options or val_key in options:  # a builder's own option (data.urls of shards)
+            options[train_key] = options.get(val_key)
+        else:
+            cfg.data[train_key] = cfg.data[val_key]
+    return cfg, options
+
+
 @dataclass
 class Evaluation:
     """A checkpoint rebuilt to be evaluated on one split: a Trainer with the run's loss and meters (no
@@ -530,8 +552,13 @@ def build_evaluation(cfg: DictConfig, checkpoint: Checkpoint) -> Evaluation:
     tta = cfg.get("tta") or {}
     split = cfg.get("split", "val")
     options = factory_options(cfg)
-    data = build_data(cfg, seed=cfg.trainer.seed, eval_crop=tta.get("crops", 1) == 1, training=False,
-                      eval_split=split, options=options["data"])
+    run = checkpoint.state.get("run") if isinstance(checkpoint.state, dict) else None
+    data_cfg, data_options = _reading_only(cfg, options["data"], split, run)
+    data = build_data(data_cfg, seed=cfg.trainer.seed, eval_crop=tta.get("crops", 1) == 1, training=False,
+                      eval_split=split, options=data_options)
+    if data_cfg is not cfg:  # the run's own classes and training counts, not those of the split read twice
+        data = replace(data, classes=list(run["classes"]), class_counts=(
+            np.asarray(run["class_counts"], dtype=np.int64) if run.get("class_counts") is not None else None))
     source = f"checkpoint={checkpoint.path}"
     weights = checkpoint_weights(checkpoint.state, cfg.get("weights", "auto"), source)
     model = checkpoint_model(cfg, weights, len(data.classes), data.in_chans, source)

@@ -299,3 +299,32 @@ def test_a_runs_relative_data_paths_name_the_same_files_from_any_directory(data_
     assert scored["images"] == 6
     _ok(run_module("paddletrain.export", [f"checkpoint={run_dir}", f"out_dir={elsewhere / 'export'}", "check=false"],
                    cwd=elsewhere), "export")
+
+
+@pytest.mark.parametrize("kind", ["labellist", "shards"])
+def test_evaluate_reads_only_the_split_it_scores_and_an_override_of_it_is_enough(kind, data_roots, tmp_path):
+    """The training data gone, evaluate still scores the validation split, moved and named on the command line."""
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(data_roots[kind], data)
+    run_dir = tmp_path / "run"
+    _ok(run_module("paddletrain.fit", [*SHRUNK, f"data={kind}", *GENERATORS[kind][1](data), f"hydra.run.dir={run_dir}"],
+                   cwd=tmp_path), "fit")
+    validated = json.loads((run_dir / "summary.json").read_text())
+    before = _last_json(_ok(run_module("paddletrain.evaluate", [f"checkpoint={run_dir}"], cwd=tmp_path), "evaluate"))
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    if kind == "labellist":
+        shutil.copy(data / "val_list.txt", moved / "val_list.txt")
+        (data / "train_list.txt").unlink()
+        override = [f"data.val_list={moved / 'val_list.txt'}"]
+    else:
+        shutil.copy(data / "val-000000.tar", moved / "val-000000.tar")
+        for shard in data.glob("*.tar"):
+            shard.unlink()
+        override = [f"data.val_urls={moved / 'val-000000.tar'}"]
+    scored = _last_json(_ok(run_module("paddletrain.evaluate", [f"checkpoint={run_dir}", *override], cwd=tmp_path),
+                            "evaluate"))
+    assert scored["images"] == before["images"] > 0 and scored["val/classes"] == validated["val/classes"]
+    assert scored["val/loss"] == pytest.approx(validated["val/loss"], rel=1e-4)

@@ -41,7 +41,8 @@ def build_data(cfg: DictConfig, seed: int, rank: int = 0, world_size: int = 1, e
     """Datasets, transforms and loaders from the ``data`` config.
 
     ``eval_crop=False``: evaluation images keep the ``eval_resize`` square (multi-crop test-time augmentation).
-    ``training=False``: only evaluation is coming, so ``trainer.distill.unlabeled_root`` is not read.
+    ``training=False``: only evaluation is coming, so ``trainer.distill.unlabeled_root`` is not read and the
+    training split's size is not checked against the batch.
     ``eval_split="test"``: the evaluation loader reads the test split, which exists when ``data.holdout`` held
     the validation split out of the training split. ``options``: the dataset builder's own keyword arguments
     (:func:`paddletrain.config.factory_options`).
@@ -73,7 +74,7 @@ def build_data(cfg: DictConfig, seed: int, rank: int = 0, world_size: int = 1, e
         raise UserError(f"model.num_classes={num_classes} differs from the {len(splits.classes)} classes of the "
                         "multi-label lists (data.multilabel=true: one logit per multi-hot column); leave it null")
     per_rank = -(-len(splits.train) // world_size)
-    if cfg.data.drop_last and per_rank < cfg.data.batch_size:
+    if training and cfg.data.drop_last and per_rank < cfg.data.batch_size:
         raise UserError(f"data.batch_size={cfg.data.batch_size} is larger than the {per_rank} training samples each "
                         f"of the {world_size} process(es) gets from data.name={cfg.data.name}: with "
                         "data.drop_last=true no training step would run. Lower data.batch_size.")

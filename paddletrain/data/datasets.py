@@ -110,12 +110,23 @@ class DatasetSplits:
 DatasetBuilder = Callable[[Any, Transform, Transform], DatasetSplits]
 
 
-def register_dataset(name: str) -> Callable[[DatasetBuilder], DatasetBuilder]:
+# Per dataset name: the keys that say where its training split comes from, each mapped to the key of its
+# validation split. `evaluate` points the first at the second, so that it reads only the split it scores.
+EVAL_SOURCES: dict[str, dict[str, str]] = {}
+
+
+def register_dataset(name: str, eval_sources: Mapping[str, str] | None = None
+                     ) -> Callable[[DatasetBuilder], DatasetBuilder]:
     """Decorator registering ``builder(cfg, train_transform, eval_transform) -> DatasetSplits`` as ``name``.
+
+    ``eval_sources``: ``{training key: validation key}`` (``{"train_list": "val_list"}``) when the validation
+    split can be read without the training one (:data:`EVAL_SOURCES`).
 
     Raises:
         ValueError: another builder is already registered under ``name``.
     """
+    if eval_sources:
+        EVAL_SOURCES[name] = dict(eval_sources)
     return DATASETS.register(name)
 
 

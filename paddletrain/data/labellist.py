@@ -99,7 +99,7 @@ def _list_key(cfg: Any, key: str) -> str:
     return str(value)
 
 
-@register_dataset("labellist")
+@register_dataset("labellist", eval_sources={"train_list": "val_list"})
 def build_labellist(cfg: Any, train_transform: Transform, eval_transform: Transform) -> DatasetSplits:
     """``data.name=labellist``: ``data.train_list`` / ``data.val_list`` of paths relative to ``data.root``.
 

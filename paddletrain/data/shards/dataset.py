@@ -258,7 +258,7 @@ def _option(value: Any, key: str, kind: type, minimum: float | None = None) -> A
     return value
 
 
-@register_dataset("shards")
+@register_dataset("shards", eval_sources={"urls": "val_urls", "index": "val_index"})
 def build_shards(cfg: Any, train_transform: Transform, eval_transform: Transform, *,
                  urls: str | list[str] | None = None, val_urls: str | list[str] | None = None,
                  index: str | None = None, val_index: str | None = None, cache_dir: str | None = None,
