@@ -43,6 +43,7 @@ from paddletrain.config import (
     DataConfig,
     EvaluateConfig,
     FitConfig,
+    TTAConfig,
     check_values,
     component_options,
     factory_options,
@@ -226,7 +227,8 @@ def build_run(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = ()
     rank, world_size = distributed.rank(), distributed.world_size()
     runtime = setup_runtime(t.device, t.cpu_threads, deterministic=t.deterministic, data_workers=cfg.data.num_workers)
     seed_everything(t.seed + rank)  # dropout differs per rank; the data order comes from t.seed alone
-    data = build_data(cfg, seed=t.seed, rank=rank, world_size=world_size, options=options["data"])
+    data = build_data(cfg, seed=t.seed, rank=rank, world_size=world_size, eval_crop=t.tta.crops == 1,
+                      options=options["data"])
     model = build_model(cfg, len(data.classes), data.in_chans, options=options["model"])
     if cfg.model.conv_input_grad:
         _use_conv_input_grad(model, runtime.device)
@@ -265,6 +267,7 @@ def build_run(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = ()
         run_dir=str(run_dir), hparams=hparams, sync_bn=cfg.model.sync_bn,
         find_unused_parameters=t.find_unused_parameters,
         checkpoint_extras={"config": resolved, "run": facts},
+        eval_model=test_time_augmentation(model, t.tta, cfg.data),
     )
     return Run(trainer, data.train_loader, data.val_loader, resume_from, cfg)
 
@@ -485,6 +488,21 @@ def evaluated_checkpoint(cfg: DictConfig, overrides: Sequence[str]) -> tuple[Dic
     return evaluated, checkpoint
 
 
+def run_tta(cfg: DictConfig) -> dict[str, Any]:
+    """The test-time augmentation ``evaluate`` scores with: the run's ``trainer.tta`` (what its validation, and so
+    its best checkpoint, used), each key given to ``evaluate`` (``tta.flip=true``) in its place."""
+    given = {key: value for key, value in (cfg.get("tta") or {}).items() if value is not None}
+    return {**OmegaConf.to_container(OmegaConf.structured(TTAConfig)), **(cfg.trainer.get("tta") or {}), **given}
+
+
+def test_time_augmentation(model: paddle.nn.Layer, tta: Any, data: Any) -> TestTimeAugmentation | None:
+    """``model`` behind the test-time augmentation ``tta`` asks for (a ``TTAConfig`` or its keys), or None when it
+    asks for one view only."""
+    layer = TestTimeAugmentation(model, flip=tta["flip"], crops=tta["crops"], crop_size=eval_image_size(data),
+                                 translate=tta["translate"], translate_weight=tta["translate_weight"])
+    return layer if layer.active else None
+
+
 def _reading_only(cfg: DictConfig, options: dict[str, Any], split: str,
                   run: Any) -> tuple[DictConfig, dict[str, Any]]:
     """The data config and builder options that read only the validation split ``evaluate`` scores: its sources in
@@ -549,12 +567,12 @@ def build_evaluation(cfg: DictConfig, checkpoint: Checkpoint) -> Evaluation:
     cfg = resolve_preprocessing(cfg)
     setup_runtime(cfg.trainer.device, cfg.trainer.cpu_threads)
     seed_everything(cfg.trainer.seed)
-    tta = cfg.get("tta") or {}
+    tta = run_tta(cfg)
     split = cfg.get("split", "val")
     options = factory_options(cfg)
     run = checkpoint.state.get("run") if isinstance(checkpoint.state, dict) else None
     data_cfg, data_options = _reading_only(cfg, options["data"], split, run)
-    data = build_data(data_cfg, seed=cfg.trainer.seed, eval_crop=tta.get("crops", 1) == 1, training=False,
+    data = build_data(data_cfg, seed=cfg.trainer.seed, eval_crop=tta["crops"] == 1, training=False,
                       eval_split=split, options=data_options)
     if data_cfg is not cfg:  # the run's own classes and training counts, not those of the split read twice
         data = replace(data, classes=list(run["classes"]), class_counts=(
@@ -562,8 +580,7 @@ def build_evaluation(cfg: DictConfig, checkpoint: Checkpoint) -> Evaluation:
     source = f"checkpoint={checkpoint.path}"
     weights = checkpoint_weights(checkpoint.state, cfg.get("weights", "auto"), source)
     model = checkpoint_model(cfg, weights, len(data.classes), data.in_chans, source)
-    if tta.get("flip") or tta.get("crops", 1) > 1:  # test-time augmentation (paddletrain.models.tta)
-        model = TestTimeAugmentation(model, flip=tta.flip, crops=tta.crops, crop_size=eval_image_size(cfg.data))
+    model = test_time_augmentation(model, tta, cfg.data) or model
     # The training run's loss (val/loss as fit reports it) and the task's meters; no optimizer: it only validates.
     multilabel = bool(cfg.data.multilabel)
     num_classes = cfg.model.num_classes or len(data.classes)
@@ -572,5 +589,5 @@ def build_evaluation(cfg: DictConfig, checkpoint: Checkpoint) -> Evaluation:
     trainer = Trainer(model, num_classes=len(data.classes), limits=Limits.from_config(cfg.trainer), loss_fn=loss_fn,
                       meters=task_meters(multilabel, len(data.classes), float(cfg.data.multilabel_threshold)),
                       class_names=data.classes)
-    scored_with = {**weights.record, "tta": {"flip": bool(tta.get("flip", False)), "crops": int(tta.get("crops", 1))}}
+    scored_with = {**weights.record, "tta": tta}
     return Evaluation(trainer, data.val_loader, split, data.classes, scored_with)

@@ -369,6 +369,33 @@ class DistillConfig(CheckedOnConstruction):
 
 
 @dataclass
+class TTAConfig(CheckedOnConstruction):
+    """Test-time augmentation (paddletrain.models.tta): the softmax outputs of the views are averaged. Under
+    ``trainer.tta`` every validation of ``fit`` uses it, so the best checkpoint is chosen on what ``evaluate``
+    reports (it follows the run's unless told otherwise)."""
+
+    KEY = "trainer.tta."
+    # Add the horizontally flipped image (doubles the views).
+    flip: bool = False
+    # 1: the usual centre crop; 5: four corner crops and the centre crop of the eval_resize square.
+    crops: int = allowed(1, choices=(1, 5))
+    # Pixels of two shifted copies of every view (up-left and down-right, the edge reflected); 0: none.
+    translate: int = allowed(0, ge=0, le=8)
+    # The shifted views' share of the prediction (airbench94: 1 pixel, half).
+    translate_weight: float = allowed(0.5, ge=0, le=1)
+
+
+@dataclass
+class EvaluateTTAConfig:
+    """``evaluate``'s test-time augmentation: each key left null takes the run's ``trainer.tta`` value."""
+
+    flip: bool | None = None
+    crops: int | None = allowed(None, choices=(1, 5))
+    translate: int | None = allowed(None, ge=0, le=8)
+    translate_weight: float | None = allowed(None, ge=0, le=1)
+
+
+@dataclass
 class TrainerConfig(CheckedOnConstruction):
     KEY = "trainer."
     max_epochs: int = allowed(10, ge=1)
@@ -409,6 +436,8 @@ class TrainerConfig(CheckedOnConstruction):
     max_consecutive_nonfinite: int = allowed(20, ge=1)
     amp: AmpConfig = field(default_factory=AmpConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
+    # Test-time augmentation of every validation (the monitored metric and the best checkpoint follow it).
+    tta: TTAConfig = field(default_factory=TTAConfig)
 
 
 @dataclass
@@ -456,23 +485,12 @@ class RuntimeConfig:
 
 
 @dataclass
-class TTAConfig:
-    """Test-time augmentation in ``paddletrain.evaluate`` (paddletrain.models.tta): the softmax outputs of the views
-    are averaged."""
-
-    # Add the horizontally flipped image (doubles the views).
-    flip: bool = False
-    # 1: the usual centre crop; 5: four corner crops and the centre crop of the eval_resize square.
-    crops: int = allowed(1, choices=(1, 5))
-
-
-@dataclass
 class EvaluateConfig(FitConfig):
     checkpoint: str = MISSING
     # The split evaluated: "val", or "test" (the dataset's own validation split when data.holdout kept a
     # validation split apart from the training split; see paddletrain.data.holdout).
     split: str = allowed("val", choices=("val", "test"))
-    tta: TTAConfig = field(default_factory=TTAConfig)
+    tta: EvaluateTTAConfig = field(default_factory=EvaluateTTAConfig)
     weights: str = allowed("auto", choices=WEIGHTS)
 
 

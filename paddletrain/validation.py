@@ -240,10 +240,11 @@ def _check_multilabel(cfg: Any) -> None:
     if (cfg.trainer.get("distill") or {}).get("teacher"):
         raise ConfigError("trainer.distill.teacher is set but data.multilabel=true: distillation compares softmax "
                           "distributions over one class per image; set trainer.distill.teacher=null")
-    tta = cfg.get("tta") or {}
-    if tta.get("flip") or tta.get("crops", 1) > 1:
-        raise ConfigError("tta.flip/tta.crops average softmax outputs over the views, and data.multilabel=true scores "
-                          "each class with a sigmoid: set tta.flip=false tta.crops=1")
+    for prefix, tta in (("tta", cfg.get("tta") or {}), ("trainer.tta", cfg.trainer.get("tta") or {})):
+        if tta.get("flip") or (tta.get("crops") or 1) > 1 or tta.get("translate"):
+            raise ConfigError(f"{prefix}.flip/crops/translate average softmax outputs over the views, and "
+                              "data.multilabel=true scores each class with a sigmoid: set "
+                              f"{prefix}.flip=false {prefix}.crops=1 {prefix}.translate=0")
     if cfg.data.get("sampler") == "class_balanced":
         raise ConfigError("data.sampler=class_balanced weighs each image by its one class, but data.multilabel=true "
                           "images have several: set data.sampler=random, or give loss.class_weights as a list")

@@ -72,3 +72,35 @@ def test_evaluate_with_flip_and_five_crop_tta(tmp_path):
                                               f"hydra.run.dir={tmp_path / 'bad'}"], cwd=tmp_path)
     output = bad.stdout + bad.stderr
     assert bad.returncode == 2 and "tta.crops=3 is not allowed" in output and "Traceback" not in output
+
+
+def test_translated_views_are_shifted_copies_sharing_their_weight():
+    model = _model()
+    images = paddle.rand([2, 3, 6, 6])
+    tta = TestTimeAugmentation(model, flip=True, translate=1, translate_weight=0.5)
+    weighted = tta.weighted_views(images)
+    assert len(weighted) == 6 and abs(sum(w for _, w in weighted) - 1.0) < 1e-9
+    assert [w for _, w in weighted] == [0.25, 0.25, 0.125, 0.125, 0.125, 0.125]
+    up_left = weighted[2][0]  # the image moved one pixel up and left: its pixel (0, 0) is the original's (1, 1)
+    np.testing.assert_array_equal(up_left[:, :, :-1, :-1].numpy(), images[:, :, 1:, 1:].numpy())
+    expected = sum(w * paddle.nn.functional.softmax(model(v), axis=-1) for v, w in weighted)
+    np.testing.assert_allclose(paddle.exp(tta(images)).numpy(), expected.numpy(), rtol=1e-5, atol=1e-7)
+    assert not TestTimeAugmentation(model).active and TestTimeAugmentation(model, translate=2).active
+
+
+def test_fit_validates_with_trainer_tta_and_evaluate_follows_the_run_unless_told(tmp_path):
+    run_dir = tmp_path / "run"
+    fit = run_module("paddletrain.fit", [*TINY, "trainer.tta.flip=true", "trainer.tta.translate=1",
+                                         f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert fit.returncode == 0, fit.stderr[-2000:]
+    validated = json.loads((run_dir / "summary.json").read_text())["val/loss"]
+
+    def evaluate(*extra: str) -> dict:
+        done = run_module("paddletrain.evaluate", [f"checkpoint={run_dir}", *extra], cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout.splitlines()[-1])
+
+    followed, single = evaluate(), evaluate("tta.flip=false", "tta.translate=0")
+    assert followed["tta"] == {"flip": True, "crops": 1, "translate": 1, "translate_weight": 0.5}
+    assert followed["val/loss"] == pytest.approx(validated, rel=1e-5)  # the best checkpoint was chosen on this
+    assert single["tta"]["flip"] is False and abs(single["val/loss"] - validated) > 1e-4

@@ -212,8 +212,11 @@ def test_test_time_augmentation_is_refused_for_multilabel():
     from paddletrain.validation import validate_config
 
     cfg = _config("checkpoint=x", "tta.flip=true", command="evaluate")
-    with pytest.raises(ConfigError, match="tta.flip/tta.crops average softmax outputs"):
+    with pytest.raises(ConfigError, match="tta.flip/crops/translate average softmax outputs"):
         validate_config(cfg, use="export")
+    with pytest.raises(ConfigError, match=r"set trainer\.tta\.flip=false trainer\.tta\.crops=1 trainer\.tta\."
+                                          r"translate=0"):
+        validate_config(_config("trainer.tta.translate=1"))
 
 
 def test_validation_scores_are_gathered_from_ranks_of_unequal_size(monkeypatch):

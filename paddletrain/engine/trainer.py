@@ -85,6 +85,9 @@ class Trainer:
         meters: ``meters(stage)`` builds the meter of a training epoch (``"train"``) or of a validation
             (``"val"``), with :class:`~paddletrain.metrics.ClassificationMeter`'s interface; default: that meter
             (top-k). Multi-label runs pass :mod:`paddletrain.metrics.multilabel`'s.
+        eval_model: the layer validation runs instead of ``model``, holding it (e.g.
+            :class:`~paddletrain.models.tta.TestTimeAugmentation` of it), so that what is validated, monitored and
+            chosen as best is what will be reported; its weights are the model's (an EMA swapped in included).
     """
 
     def __init__(
@@ -109,11 +112,13 @@ class Trainer:
         distiller: Any | None = None,
         class_names: Sequence[str] | None = None,
         meters: Callable[[str], Any] | None = None,
+        eval_model: paddle.nn.Layer | None = None,
     ) -> None:
         keys = [cb.state_key for cb in callbacks]
         if len(set(keys)) != len(keys):
             raise ValueError(f"two callbacks share a state_key (their state would collide in checkpoints): {keys}")
         self.model = model
+        self.eval_model = eval_model
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.loss_fn = loss_fn or cross_entropy
@@ -221,7 +226,7 @@ class Trainer:
         """Forward one evaluation batch; returns (loss, logits, labels). Override for custom tasks."""
         images, labels = batch[0], batch[1]
         with self.precision.autocast(training=False):
-            logits = self.model(images)
+            logits = (self.eval_model or self.model)(images)
         logits = logits.astype("float32")
         return self.loss_fn(logits, labels), logits, labels
 

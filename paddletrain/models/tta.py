@@ -1,10 +1,12 @@
 """Test-time augmentation: a classifier evaluated on several views of each image, its predictions averaged.
 
 ``TestTimeAugmentation(model, flip=True, crops=5, crop_size=224)`` is a layer whose output, for a batch of
-images, is ``log(mean over views of softmax(model(view)))``: logits whose softmax is the averaged
+images, is ``log(weighted mean over views of softmax(model(view)))``: logits whose softmax is the averaged
 prediction, so the usual cross-entropy and top-k metrics apply unchanged. Views are the image itself (or,
 with ``crops=5``, its four corner crops and its centre crop of ``crop_size``, as torchvision's ``FiveCrop``
-takes them), each also horizontally flipped with ``flip``. Averaging probabilities rather than logits is
+takes them), each also horizontally flipped with ``flip``. ``translate=t`` adds each of those shifted by ``t``
+pixels up-left and down-right (the edge reflected into the gap), which share ``translate_weight`` of the
+prediction (airbench94's "TTA level 2": 1 pixel, half the weight). Averaging probabilities rather than logits is
 what PaddleClas and timm's inference scripts do for flip and multi-crop evaluation.
 
 For multi-crop the loader must hand over more than the crop: ``paddletrain.evaluate`` then builds its eval
@@ -36,30 +38,60 @@ class TestTimeAugmentation(paddle.nn.Layer):
         flip: add the horizontal mirror of every view.
         crops: 1 (the image as given) or 5 (corner and centre crops of ``crop_size``).
         crop_size: side of the crops; required with ``crops=5``.
+        translate: pixels of the two shifted copies of every view (0: none).
+        translate_weight: the shifted views' share of the prediction (the others share the rest).
     """
 
     __test__ = False  # not a pytest test class, despite its name
 
     def __init__(self, model: paddle.nn.Layer, flip: bool = False, crops: int = 1,
-                 crop_size: int | None = None) -> None:
+                 crop_size: int | None = None, translate: int = 0, translate_weight: float = 0.5) -> None:
         super().__init__()
         if crops not in CROPS:
             raise ValueError(f"tta.crops={crops} is not supported; choose one of: {', '.join(map(str, CROPS))}")
         if crops > 1 and not crop_size:
             raise ValueError("tta.crops=5 needs the crop size (data.image_size)")
+        if translate < 0 or not 0 <= translate_weight <= 1:
+            raise ValueError(f"tta.translate={translate} must be >= 0 and tta.translate_weight={translate_weight} "
+                             "in [0, 1]")
         self.model = model
         self.flip = bool(flip)
         self.crops = crops
         self.crop_size = crop_size
+        self.translate = int(translate)
+        self.translate_weight = float(translate_weight) if translate else 0.0
 
-    def views(self, images: paddle.Tensor) -> list[paddle.Tensor]:
-        """Every view of ``images`` the prediction averages over, in a fixed order."""
+    @property
+    def active(self) -> bool:
+        """Whether it runs more than the one view the model would."""
+        return self.flip or self.crops > 1 or self.translate > 0
+
+    def weighted_views(self, images: paddle.Tensor) -> list[tuple[paddle.Tensor, float]]:
+        """Every view of ``images`` the prediction averages over, in a fixed order, with its weight (summing to 1)."""
         views = five_crops(images, self.crop_size) if self.crops > 1 else [images]
         if self.flip:
             views += [paddle.flip(view, axis=[3]) for view in views]
-        return views
+        if not self.translate:
+            return [(view, 1.0 / len(views)) for view in views]
+        shifted = [shift(view, dy, dx) for view in views for dy, dx in ((-self.translate,) * 2, (self.translate,) * 2)]
+        base = (1.0 - self.translate_weight) / len(views)
+        return [(view, base) for view in views] + [(view, self.translate_weight / len(shifted)) for view in shifted]
+
+    def views(self, images: paddle.Tensor) -> list[paddle.Tensor]:
+        """Every view of ``images`` the prediction averages over, in a fixed order."""
+        return [view for view, _ in self.weighted_views(images)]
 
     def forward(self, images: paddle.Tensor) -> paddle.Tensor:
-        views = self.views(images)
-        probs = sum(F.softmax(self.model(view).astype("float32"), axis=-1) for view in views) / len(views)
+        probs = sum(weight * F.softmax(self.model(view).astype("float32"), axis=-1)
+                    for view, weight in self.weighted_views(images))
         return paddle.log(paddle.clip(probs, min=1e-12))  # a class no view believes in stays finite
+
+
+def shift(images: paddle.Tensor, dy: int, dx: int) -> paddle.Tensor:
+    """NCHW ``images`` moved ``dy`` pixels down and ``dx`` right (negative: up, left), the edge reflected into the
+    gap, the size kept."""
+    pad = max(abs(dy), abs(dx))
+    height, width = int(images.shape[-2]), int(images.shape[-1])
+    padded = F.pad(images, [pad, pad, pad, pad], mode="reflect")
+    top, left = pad - dy, pad - dx
+    return padded[:, :, top:top + height, left:left + width]

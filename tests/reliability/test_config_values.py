@@ -81,8 +81,8 @@ def _is_list(hint: Any) -> bool:
 def outside_values(rule: Allowed, hint: Any) -> list[Any]:
     """One value just outside each bound of ``rule`` (or a non-choice), shaped like the key (list or scalar)."""
     step = 1 if _is_int(hint) else 0.5
-    if rule.choices:
-        values: list[Any] = ["not-a-choice"]
+    if rule.choices:  # a word where words are chosen; a number none of the choices is where numbers are
+        values: list[Any] = [max(c for c in rule.choices if c is not None) + 1] if _is_int(hint) else ["not-a-choice"]
     else:
         values = [bound - step for bound in (rule.ge,) if bound is not None]
         values += [bound for bound in (rule.gt, rule.lt) if bound is not None]
