@@ -83,7 +83,7 @@ def test_a_run_validated_with_ema_is_evaluated_and_exported_with_its_averaged_we
     assert averaged["weights"] == "averaged" and averaged["average"] == "ema" and averaged["decay"] == 0.5
     assert averaged["val/loss"] == pytest.approx(validated, rel=1e-5)  # what the run reported for this checkpoint
     assert raw["weights"] == "raw" and abs(raw["val/loss"] - validated) > 1e-3  # a 0.5 average of 4 steps differs
-    assert averaged["tta"] == {"flip": False, "crops": 1} and flipped["tta"] == {"flip": True, "crops": 1}
+    assert averaged["tta"]["flip"] is False and flipped["tta"]["flip"] is True and flipped["tta"]["crops"] == 1
     for choice in ("auto", "raw"):
         out = tmp_path / f"export-{choice}"
         done = run_module("paddletrain.export", [f"checkpoint={run_dir}:last", f"out_dir={out}", f"weights={choice}"],
@@ -99,3 +99,17 @@ def test_a_run_validated_with_ema_is_evaluated_and_exported_with_its_averaged_we
     said = refused.stdout + refused.stderr
     assert refused.returncode == 2 and "holds no averaged weights" in said and "weights=raw" in said
     assert "Traceback" not in said
+
+
+def test_a_warmed_up_ema_follows_the_weights_closely_at_first_and_resumes_its_count(tmp_path):
+    """warmup: the n-th update uses min(decay, (1 + n) / (10 + n)), and a checkpoint carries n."""
+    ema = ModelEMA(decay=0.99, warmup=True)
+    assert ema.current_decay() == pytest.approx(0.1)  # the first update keeps 90% of the weights
+    model = linear_model()
+    data = make_batches(4, 8)
+    Trainer(model, sgd(model), callbacks=[ema], limits=Limits(max_epochs=1), num_classes=3).fit(data)
+    assert ema.updates == 4 and ema.current_decay() == pytest.approx(5 / 14)
+    resumed = ModelEMA(decay=0.99, warmup=True)
+    resumed.load_state_dict(ema.state_dict())
+    assert resumed.updates == 4 and resumed.current_decay() == ema.current_decay()
+    assert ModelEMA(decay=0.99).current_decay() == 0.99  # without warm-up, as before

@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING, Any
 
 import paddle
 
-from paddletrain.checkpoint.untrusted import StateValueError, checked_mapping, show
+from paddletrain.checkpoint.untrusted import StateValueError, checked_int, checked_mapping, show
 from paddletrain.engine.callback import Callback, StepOutput
 from paddletrain.registry import CALLBACKS
 
@@ -20,17 +20,26 @@ class ModelEMA(Callback):
     The average covers every floating-point entry of the state dict, BatchNorm statistics included. With
     ``validate_with_ema`` the model is evaluated with the averaged weights (the training weights are put
     back afterwards), so ``val/*`` metrics and the best checkpoint follow the EMA. Its state (the averaged
-    weights) is part of every checkpoint, so a resumed run continues the same average.
+    weights and the count of updates) is part of every checkpoint, so a resumed run continues the same average.
+
+    ``warmup=True`` uses ``min(decay, (1 + n) / (10 + n))`` at the n-th update (timm's ``ModelEmaV3`` warm-up, as
+    airbench does its own), so a short run's average is not dominated by its random initial weights.
     """
 
     option_rules = {"decay": dict(gt=0, lt=1)}
 
-    def __init__(self, decay: float = 0.9999, validate_with_ema: bool = True) -> None:
+    def __init__(self, decay: float = 0.9999, validate_with_ema: bool = True, warmup: bool = False) -> None:
         self.check_options({"decay": decay})
         self.decay = decay
         self.validate_with_ema = validate_with_ema
+        self.warmup = warmup
+        self.updates = 0
         self.shadow: dict[str, paddle.Tensor] | None = None
         self._backup: dict[str, paddle.Tensor] | None = None
+
+    def current_decay(self) -> float:
+        """The decay of the next update."""
+        return min(self.decay, (1 + self.updates) / (10 + self.updates)) if self.warmup else self.decay
 
     def _floating(self, model: paddle.nn.Layer) -> dict[str, paddle.Tensor]:
         return {k: v for k, v in model.state_dict().items() if v.dtype in (paddle.float32, paddle.float64,
@@ -44,9 +53,11 @@ class ModelEMA(Callback):
     def on_train_batch_end(self, trainer: Trainer, output: StepOutput, batch: Any, batch_idx: int) -> None:
         if not output.stepped or self.shadow is None:
             return
+        decay = self.current_decay()
         for key, value in self._floating(trainer.module).items():
             average = self.shadow[key]
-            average.set_value(average * self.decay + value.astype("float32") * (1.0 - self.decay))
+            average.set_value(average * decay + value.astype("float32") * (1.0 - decay))
+        self.updates += 1
 
     def on_validation_start(self, trainer: Trainer) -> None:
         if self.validate_with_ema and self.shadow is not None:
@@ -63,7 +74,8 @@ class ModelEMA(Callback):
 
     def state_dict(self) -> dict[str, Any]:
         # validate_with_ema tells a reader of the checkpoint which weights its run validated (averaged_weights).
-        return {"decay": self.decay, "shadow": self.shadow, "validate_with_ema": self.validate_with_ema}
+        return {"decay": self.decay, "shadow": self.shadow, "validate_with_ema": self.validate_with_ema,
+                "updates": self.updates}
 
     def on_load_checkpoint(self, trainer: Trainer, checkpoint: dict[str, Any]) -> None:
         # The averaged weights must fit the model they will be validated in (checked before anything loads).
@@ -80,6 +92,7 @@ class ModelEMA(Callback):
                 raise StateValueError(f"{key}.{name}", f"is {show(value)} of shape {shape}: the model has {wanted}")
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.updates = checked_int(state.get("updates", 0), f"callbacks.{self.state_key}.updates")
         shadow = state.get("shadow")
         if shadow is not None:
             self.shadow = {k: paddle.to_tensor(v.numpy() if hasattr(v, "numpy") else v, dtype="float32")
