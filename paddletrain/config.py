@@ -137,6 +137,11 @@ class ModelConfig(CheckedOnConstruction):
     trust_pickle: bool = False
     # Convert BatchNorm to SyncBatchNorm under data parallelism (GPUs, trainer.devices >= 2).
     sync_bn: bool = False
+    # Every BatchNorm's running-statistics momentum, in Paddle's sense (the share of the old statistics kept each
+    # step; Paddle's default 0.9 is PyTorch's 0.1); None: the builder's own.
+    norm_momentum: float | None = allowed(None, gt=0, lt=1)
+    # Keep every BatchNorm's scale (gamma) fixed at its initial (or pretrained) value; its shift still trains.
+    norm_frozen_scale: bool = False
     # CPU training: stride-1 "same" convolutions compute their input gradient as a forward convolution, faster
     # than Paddle's CPU kernel (paddletrain.models.conv_backward); equal to float32 rounding. Ignored on GPUs.
     conv_input_grad: bool = False
@@ -281,6 +286,8 @@ class OptimConfig(CheckedOnConstruction):
     # No weight decay on normalisation layers and biases.
     no_decay_norm_bias: bool = True
     # Multiply the classifier head's LR (fine-tuning) and decay LR per stage towards the stem.
+    # The learning rate of normalisation-layer parameters and biases times this (airbench94 trains them faster).
+    norm_bias_lr_mult: float = allowed(1.0, gt=0)
     head_lr_mult: float = allowed(1.0, gt=0)
     layer_decay: float | None = allowed(None, gt=0, le=1)
     # Linear LR scaling: lr * global_batch / base_batch_size when set.

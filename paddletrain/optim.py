@@ -26,6 +26,7 @@ from paddle.optimizer.lr import LRScheduler
 
 from paddletrain.config import OptimConfig, check_field
 from paddletrain.errors import ConfigError
+from paddletrain.models.factory import FROZEN
 from paddletrain.registry import OPTIMIZERS
 from paddletrain.schedules import build_scheduler, optimizer_steps_per_epoch, schedule_steps
 
@@ -121,6 +122,7 @@ def param_groups(
     head_lr_mult: float = 1.0,
     layer_decay: float | None = None,
     head_name: str = "fc",
+    norm_bias_lr_mult: float = 1.0,
 ) -> list[dict[str, Any]]:
     """Split ``model``'s parameters into Paddle parameter groups.
 
@@ -132,16 +134,19 @@ def param_groups(
       parameter-holding child (the stem). Walking the top-level children in order, everything before the
       first stage is the stem (d^(S+1)), stage i of S gets d^(S+1-i), children after a stage join it, and the
       head gets 1.0 (times ``head_lr_mult``).
+    - ``norm_bias_lr_mult`` multiplies the LR of normalisation-layer parameters and biases (on top of the above).
 
     Frozen parameters are kept, so unfreezing later trains them; Paddle's optimizers skip them meanwhile.
     """
-    for key, value in (("weight_decay", weight_decay), ("head_lr_mult", head_lr_mult), ("layer_decay", layer_decay)):
+    for key, value in (("weight_decay", weight_decay), ("head_lr_mult", head_lr_mult), ("layer_decay", layer_decay),
+                       ("norm_bias_lr_mult", norm_bias_lr_mult)):
         _check(key, value)
-    return _grouped(model, weight_decay, no_decay_norm_bias, head_lr_mult, layer_decay, head_name)
+    return _grouped(model, weight_decay, no_decay_norm_bias, head_lr_mult, layer_decay, head_name, norm_bias_lr_mult)
 
 
 def _grouped(model: nn.Layer, weight_decay: float, no_decay_norm_bias: bool, head_lr_mult: float,
-             layer_decay: float | None, head_name: str = "fc") -> list[dict[str, Any]]:
+             layer_decay: float | None, head_name: str = "fc",
+             norm_bias_lr_mult: float = 1.0) -> list[dict[str, Any]]:
     """:func:`param_groups` of values already checked (an optim config is, by validation or construction)."""
     model = _unwrap(model)
     head = _head_layer(model, head_name)
@@ -151,11 +156,15 @@ def _grouped(model: nn.Layer, weight_decay: float, no_decay_norm_bias: bool, hea
             f"child {head_name!r} and no get_classifier()"
         )
     mults = _lr_multipliers(model, head, head_lr_mult, layer_decay)
-    no_decay = _no_decay_ids(model) if no_decay_norm_bias else set()
+    norm_bias = _no_decay_ids(model)
+    no_decay = norm_bias if no_decay_norm_bias else set()
 
     groups: OrderedDict[tuple[float, bool], list[paddle.Tensor]] = OrderedDict()
     for param in model.parameters():
-        key = (mults.get(id(param), 1.0), id(param) not in no_decay)
+        mult = mults.get(id(param), 1.0) * (norm_bias_lr_mult if id(param) in norm_bias else 1.0)
+        if getattr(param, FROZEN, False):  # model.norm_frozen_scale: kept as it is, decay included
+            mult = 0.0
+        key = (mult, id(param) not in no_decay)
         groups.setdefault(key, []).append(param)
     return [
         # float(): Paddle maps a float weight_decay to L2Decay but treats an int as a regularizer object.
@@ -186,7 +195,8 @@ def _optimizer_over(model: nn.Layer, cfg: OptimConfig,
                     options: Mapping[str, Any] | None) -> Callable[[LRScheduler | float], paddle.optimizer.Optimizer]:
     """The optimizer of ``cfg`` over ``model``'s parameter groups, still to be given its learning rate."""
     factory = OPTIMIZERS.get(str(cfg.name).lower())
-    groups = _grouped(model, cfg.weight_decay, cfg.no_decay_norm_bias, cfg.head_lr_mult, cfg.layer_decay)
+    groups = _grouped(model, cfg.weight_decay, cfg.no_decay_norm_bias, cfg.head_lr_mult, cfg.layer_decay,
+                      norm_bias_lr_mult=cfg.norm_bias_lr_mult)
     return lambda scheduler_or_lr: factory(groups, scheduler_or_lr, cfg, **(options or {}))
 
 

@@ -5,9 +5,10 @@ import paddle
 import pytest
 from omegaconf import OmegaConf
 
-from paddletrain.config import ModelConfig
+from paddletrain.config import ModelConfig, OptimConfig
 from paddletrain.models import registry
-from paddletrain.models.factory import build_model
+from paddletrain.models.factory import FROZEN, build_model
+from paddletrain.optim import build_optimizer
 from paddletrain.models.registry import ModelOptionError
 from tests.test_models_registry import isolated_registry  # noqa: F401  (fixture)
 
@@ -57,3 +58,19 @@ def test_a_builder_that_declares_a_float_keeps_the_float(isolated_registry):  # 
     build_model(model_config("scaled", width=2), num_classes=3, in_chans=3)
     assert isinstance(seen["scaled"], float) and seen["scaled"] == 2.0
     assert build_model(model_config("resnet20", width=1.5), 3, 3).conv1.weight.shape[0] == 24  # 16 x 1.5
+
+
+def test_norm_momentum_and_a_frozen_scale_reach_every_batch_norm_and_the_scale_stays_put():
+    model = build_model(model_config("resnet20", norm_momentum=0.6, norm_frozen_scale=True), num_classes=3, in_chans=3)
+    norms = [layer for layer in model.sublayers() if isinstance(layer, paddle.nn.BatchNorm2D)]
+    # 19 in the blocks and stem, 2 in the projection shortcuts
+    assert len(norms) == 21 and all(layer._momentum == 0.6 and getattr(layer.weight, FROZEN) for layer in norms)
+    scales = [layer.weight.numpy().copy() for layer in norms]
+    optimizer = build_optimizer(model, OptimConfig(name="sgd", lr=0.1, weight_decay=0.01), 0.1)
+    model(paddle.rand([2, 3, 8, 8])).square().mean().backward()
+    optimizer.step()
+    assert all((layer.weight.numpy() == scale).all() for layer, scale in zip(norms, scales, strict=True))
+    assert any((layer.bias.numpy() != 0).any() for layer in norms)  # the shifts train
+    default = build_model(model_config("resnet20"), num_classes=3, in_chans=3)
+    assert all(layer._momentum == 0.9 and not getattr(layer.weight, FROZEN, False) for layer in default.sublayers()
+               if isinstance(layer, paddle.nn.BatchNorm2D))

@@ -133,6 +133,21 @@ def test_head_lr_mult_is_applied_in_an_optimizer_step():
                                    atol=1e-8, err_msg=name)
 
 
+def test_norm_bias_lr_mult_is_applied_in_an_optimizer_step_on_top_of_the_head_mult():
+    net, lr = make_net(), 0.1
+    config = OptimConfig(name="sgd", lr=lr, momentum=0.0, weight_decay=0.0, head_lr_mult=2.0, norm_bias_lr_mult=8.0)
+    optimizer = build_optimizer(net, config, lr)
+    before = trainable(net)
+    net(images()).square().mean().backward()
+    grads = {n: p.grad.numpy().copy() for n, p in net.named_parameters() if p.grad is not None}
+    optimizer.step()
+    after = trainable(net)
+    for name, mult in (("fc.weight", 2.0), ("fc.bias", 16.0), ("bn1.weight", 8.0), ("conv1.weight", 1.0)):
+        assert np.abs(grads[name]).max() > 0, name
+        np.testing.assert_allclose(before[name] - after[name], lr * mult * grads[name], rtol=1e-4, atol=1e-8,
+                                   err_msg=name)
+
+
 def test_layer_decay_multipliers_from_stem_to_head():
     net, d = make_net(), 0.5
     groups = param_groups(net, weight_decay=0.0, layer_decay=d, head_lr_mult=3.0)

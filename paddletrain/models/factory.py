@@ -105,7 +105,7 @@ def build_model(cfg: DictConfig, num_classes: int, in_chans: int,
     builder_options.update({key: typed_for(builder, m.name, key, m[key]) for key, default in _MODEL_OPTIONS.items()
                             if m[key] != default})
     builder_options.update(options or {})
-    return create_model(
+    model = create_model(
         m.name,
         num_classes=m.num_classes if m.num_classes is not None else num_classes,
         in_chans=m.in_chans if m.in_chans is not None else in_chans,
@@ -114,3 +114,24 @@ def build_model(cfg: DictConfig, num_classes: int, in_chans: int,
         trust_pickle=m.trust_pickle,
         **builder_options,
     )
+    set_norms(model, momentum=m.get("norm_momentum"), frozen_scale=bool(m.get("norm_frozen_scale", False)))
+    return model
+
+
+# A parameter the optimizer leaves as it is (learning rate 0: paddletrain.optim's groups), while the gradients
+# through it still flow: Paddle's batch norm gives its shift no gradient once its scale has stop_gradient.
+FROZEN = "paddletrain_frozen"
+
+
+def set_norms(model: paddle.nn.Layer, momentum: float | None = None, frozen_scale: bool = False) -> int:
+    """Every BatchNorm of ``model`` with running-statistics ``momentum`` (Paddle's sense: the share of the old
+    statistics kept; None leaves it) and, with ``frozen_scale``, its scale marked :data:`FROZEN`; returns how many
+    layers it set (``model.norm_momentum``, ``model.norm_frozen_scale``)."""
+    norms = [layer for layer in model.sublayers(include_self=True)
+             if isinstance(layer, paddle.nn.layer.norm._BatchNormBase)]
+    for layer in norms:
+        if momentum is not None:
+            layer._momentum = float(momentum)
+        if frozen_scale and layer.weight is not None:
+            setattr(layer.weight, FROZEN, True)
+    return len(norms)
