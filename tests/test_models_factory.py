@@ -8,8 +8,8 @@ from omegaconf import OmegaConf
 from paddletrain.config import ModelConfig, OptimConfig
 from paddletrain.models import registry
 from paddletrain.models.factory import FROZEN, build_model
-from paddletrain.optim import build_optimizer
 from paddletrain.models.registry import ModelOptionError
+from paddletrain.optim import build_optimizer
 from tests.test_models_registry import isolated_registry  # noqa: F401  (fixture)
 
 seen: dict = {}
