@@ -239,6 +239,9 @@ class DataConfig(CheckedOnConstruction):
     train_transform: str = allowed("small", choices=TRANSFORMS)
     eval_transform: str = allowed("small", choices=TRANSFORMS)
     hflip: bool = True
+    # "random": each image mirrored with probability 1/2 each epoch; "alternating": mirrored on every other epoch
+    # from a random start per image (airbench94; deterministic from seed, image and epoch).
+    hflip_mode: str = allowed("random", choices=("random", "alternating"))
     color_jitter: float = allowed(0.0, ge=0)
     # RandAugment rand-m9-n2-mstd0.5 (a shorthand for data.augment=[{name: rand_augment}]).
     auto_augment: bool = False

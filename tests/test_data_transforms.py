@@ -226,3 +226,59 @@ def test_bad_augment_entries_name_the_entry_and_option(entry, line):
     with pytest.raises(ConfigError) as info:
         build_transform(DataConfig(image_size=16, augment=[entry]), train=True)
     assert str(info.value).startswith(line) and "\n" not in str(info.value)
+
+
+def test_alternating_flip_mirrors_each_image_on_every_other_epoch_from_a_random_start():
+    from paddletrain.data.transforms import mirrored
+
+    starts = [mirrored(7, index, 0) for index in range(2000)]
+    assert 0.45 < np.mean(starts) < 0.55  # a random start per image
+    for index in range(50):
+        assert [mirrored(7, index, epoch) for epoch in range(4)] == [starts[index], not starts[index]] * 2
+    assert [mirrored(8, i, 0) for i in range(64)] != starts[:64]  # another seed, other starts
+
+
+def test_alternating_flip_through_the_loader_is_the_same_for_any_worker_count_and_alternates():
+    import paddle
+
+    from paddletrain.data.loaders import build_loader
+    from paddletrain.data.transforms import AlternatingFlip
+
+    class Asymmetric(paddle.io.Dataset):  # a bright left column: its place tells whether an image was mirrored
+        classes = ["a"]
+
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, index):  # the column's brightness names the image: 100 + 10 * index
+            pixels = np.zeros((8, 8, 3), np.uint8)
+            pixels[:, 0] = 100 + 10 * index
+            return Image.fromarray(pixels), 0
+
+    cfg = DataConfig(image_size=8, batch_size=4, hflip_mode="alternating")
+    assert any(isinstance(step, AlternatingFlip) for step in build_transform(cfg, train=True).transforms)
+
+    def mirrored_per_epoch(workers: int) -> list[list[bool]]:
+        loader = build_loader(Asymmetric(), DataConfig(**{**vars(cfg), "num_workers": workers}), train=True, seed=3,
+                              transform=_flipped_array)
+        seen = []
+        for epoch in range(2):
+            loader.batch_sampler.set_epoch(epoch)
+            flips = {}
+            for images, _ in loader:
+                for image in images.numpy():
+                    left, right = image[:, :, 0].mean(), image[:, :, -1].mean()
+                    flips[round((max(left, right) - 100) / 10)] = bool(right > left)
+            seen.append([flips[i] for i in range(8)])
+        return seen
+
+    epochs = mirrored_per_epoch(0)
+    assert epochs[1] == [not flipped for flipped in epochs[0]] and 0 < sum(epochs[0]) < 8
+    assert mirrored_per_epoch(2) == epochs
+
+
+def _flipped_array(image):
+    """The alternating flip alone, to a CHW float array of 0..255 (a module function: loader workers pickle it)."""
+    from paddletrain.data.transforms import AlternatingFlip
+
+    return np.asarray(AlternatingFlip()(image), np.float32).transpose(2, 0, 1)

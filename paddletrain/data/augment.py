@@ -555,3 +555,4 @@ class RandomErasing:
     def __repr__(self) -> str:
         return (f"RandomErasing(probability={self.probability}, scale={self.scale}, ratio={self.ratio}, "
                 f"mode={self.mode!r}, count={self.min_count}..{self.max_count})")
+

@@ -38,7 +38,13 @@ import paddle
 from paddletrain.data.balance import class_balanced_weights, dataset_targets
 from paddletrain.data.datasets import BadSampleError, DatasetError
 from paddletrain.data.errors import SourceUnavailableError
-from paddletrain.data.sampler import ResumableBatchSampler, SampleKey, WeightedBatchSampler
+from paddletrain.data.sampler import (
+    CurrentSample,
+    ResumableBatchSampler,
+    SampleKey,
+    WeightedBatchSampler,
+    set_current_sample,
+)
 from paddletrain.data.unlabeled import UNLABELED
 from paddletrain.errors import ConfigError
 from paddletrain.job.processes import call_with_worker_setup, stop_signals_held
@@ -139,7 +145,11 @@ class SeededDataset(paddle.io.Dataset):
         try:
             image, label = self.dataset[key.index]
             if self.transform is not None:
-                image = self.transform(image)
+                set_current_sample(CurrentSample(self.seed, key.index, key.epoch))
+                try:
+                    image = self.transform(image)
+                finally:
+                    set_current_sample(None)
             if not self.multilabel:
                 label = int(label)
         except Exception as exc:  # any failure becomes a marker: raising here would hang paddle's loader

@@ -12,6 +12,7 @@ sampling); sharding, repeats, skipping and resuming are the same.
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Iterator, Sized
 from typing import Any, NamedTuple
 
@@ -30,6 +31,28 @@ class SampleKey(NamedTuple):
     batch: int
     rank: int = 0
     position: int = 0  # within the batch; 0 marks the sample that seeds the batch's augmentation
+
+
+# The sample a transform is running on, set by paddletrain.data.loaders.SeededDataset around its transform: what a
+# deterministic augmentation reads (AlternatingFlip). Per thread; None outside a SeededDataset.
+_current = threading.local()
+
+
+class CurrentSample(NamedTuple):
+    """The loader's seed, and the dataset index and epoch of the sample being transformed."""
+
+    seed: int
+    index: int
+    epoch: int
+
+
+def current_sample() -> CurrentSample | None:
+    """The sample :class:`~paddletrain.data.loaders.SeededDataset` is transforming in this thread, if any."""
+    return getattr(_current, "sample", None)
+
+
+def set_current_sample(sample: CurrentSample | None) -> None:
+    _current.sample = sample
 
 
 class ResumableBatchSampler(DistributedBatchSampler):

@@ -10,6 +10,7 @@ Random transforms draw from python ``random`` and ``numpy.random`` (as paddle.vi
 from __future__ import annotations
 
 import inspect
+import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +22,7 @@ from PIL import Image
 from paddletrain.config import TRANSFORMS
 from paddletrain.data.augment import RandAugment
 from paddletrain.data.images import to_mode
+from paddletrain.data.sampler import current_sample
 from paddletrain.errors import ConfigError
 from paddletrain.registry import AUGMENTATIONS
 
@@ -119,12 +121,39 @@ def _eval_resize(cfg: Any) -> int:
 def _augmentations(cfg: Any) -> list:
     steps: list = []
     if cfg.hflip:
-        steps.append(T.RandomHorizontalFlip())
+        alternating = getattr(cfg, "hflip_mode", "random") == "alternating"
+        steps.append(AlternatingFlip() if alternating else T.RandomHorizontalFlip())
     if cfg.auto_augment:  # RandAugment rand-m9-n2-mstd0.5 (paddletrain.data.augment)
         steps.append(RandAugment())
     if cfg.color_jitter > 0:
         steps.append(T.ColorJitter(cfg.color_jitter, cfg.color_jitter, cfg.color_jitter))
     return steps
+
+
+class AlternatingFlip:
+    """airbench94's alternating flip: each image is mirrored on every other epoch, starting from a random choice
+    per image, instead of at random each epoch; so two consecutive epochs show every image both ways.
+
+    Whether image ``i`` is mirrored in epoch ``e`` is a pure function of the loader's seed, ``i`` and ``e``
+    (:func:`mirrored`), read from the sample :class:`~paddletrain.data.loaders.SeededDataset` is transforming,
+    so it is the same for any worker count and after a resume. Outside such a loader (no sample known) it flips at
+    random, like ``RandomHorizontalFlip``. ``data.hflip_mode=alternating`` puts it in place of the random flip.
+    """
+
+    def __call__(self, image: Any) -> Any:
+        sample = current_sample()
+        flip = mirrored(*sample) if sample is not None else random.random() < 0.5
+        return image.transpose(Image.FLIP_LEFT_RIGHT) if flip else image
+
+
+def mirrored(seed: int, index: int, epoch: int) -> bool:
+    """Whether :class:`AlternatingFlip` mirrors image ``index`` in ``epoch``: a bit drawn once per (seed, image)
+    (SplitMix64 of the two), flipped every epoch."""
+    mask = (1 << 64) - 1
+    z = (seed * 0x9E3779B97F4A7C15 + index + 1) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return bool(((z ^ (z >> 31)) & 1) ^ (epoch & 1))
 
 
 # Where an augmentation runs (its ``stage`` attribute): on the PIL image after crop and flip, or on the
