@@ -1,10 +1,13 @@
 """Full-scale runs side by side: validation and test top-1, wall time, throughput, time-to-accuracy, one picture.
 
-Reads finished ``fit`` run directories, nothing else: ``history.json`` (every validation with the run's wall time,
+Reads finished ``fit`` run directories (a sweep's directory, or a glob pattern, stands for the runs in it), nothing
+else: ``history.json`` (every validation with the run's wall time,
 :mod:`paddletrain.callbacks.history`), ``summary.json`` (throughput, world size, best checkpoint) and ``test.json``
 (the last line of ``python -m paddletrain.evaluate checkpoint=<run>:best split=test``, saved in the run
 directory). Writes one table row per run and, with ``picture=<file>.png``, validation top-1 against wall-clock
-minutes for every run, with each run's test top-1 marked where its best checkpoint was written.
+minutes for every run, with each run's test top-1 marked where its best checkpoint was written. With two runs or
+more, a last row gives the mean ± standard deviation of each figure over the runs (what airbench and timm report
+for a recipe's seeds), and how many runs reached each target.
 
 The time to a target is the wall time of the first validation at or above it (validation once an epoch, so the
 figure is an epoch's end); a run continued after an interruption counts the time of its checkpointed work, not
@@ -12,9 +15,11 @@ the minutes lost to the interruption (``continued`` says how often it was contin
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shlex
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,6 +113,56 @@ def table_row(run: dict[str, Any], cfg: FullScaleConfig) -> dict[str, Any]:
     return row
 
 
+def run_directories(entries: list[str]) -> list[Path]:
+    """The run directories ``runs=`` names: each entry a run directory, a sweep's directory (its runs, the
+    subdirectories holding ``history.json``) or a glob pattern; in the order given, each sweep's runs sorted."""
+    found: list[Path] = []
+    for entry in entries:
+        paths = [Path(p) for p in sorted(glob.glob(entry))] if glob.has_magic(entry) else [Path(entry)]
+        for path in paths:
+            inside = sorted((child for child in path.iterdir() if (child / HISTORY_FILE).is_file()),
+                            key=lambda child: (not child.name.isdigit(), int(child.name) if child.name.isdigit()
+                                               else 0, child.name)) \
+                if path.is_dir() and not (path / HISTORY_FILE).exists() else []
+            found += inside or [path]
+    if not found:
+        raise ConfigError(f"full_scale: runs={entries} names no run directory")
+    return found
+
+
+def spread_row(rows: list[dict[str, Any]], cfg: FullScaleConfig) -> dict[str, Any]:
+    """Mean ± standard deviation (n - 1) of each figure over ``rows``; for a time to a target, over the runs that
+    reached it, with how many did."""
+    def spread(key: str, digits: int) -> str:
+        values = [float(row[key]) for row in rows if isinstance(row.get(key), (int, float, str))
+                  and _number(row[key]) is not None]
+        if not values:
+            return "not reached"
+        mean = statistics.fmean(values)
+        sd = statistics.stdev(values) if len(values) > 1 else 0.0
+        reached = "" if len(values) == len(rows) else f" ({len(values)} of {len(rows)})"
+        return f"{mean:.{digits}f} ± {sd:.{digits}f}{reached}"
+
+    row: dict[str, Any] = {"run": f"mean ± sd of {len(rows)} runs", "seed": ""}
+    row[f"best {cfg.metric}"] = spread(f"best {cfg.metric}", 4)
+    row["at epoch"] = ""
+    row["test/top1"] = spread("test/top1", 4)
+    row["minutes"] = spread("minutes", 1)
+    row["images/s"] = spread("images/s", 1)
+    row["continued"] = sum(int(r.get("continued") or 0) for r in rows)
+    for target in cfg.targets:
+        row[f"min to {target:g}"] = spread(f"min to {target:g}", 1)
+    row["command"] = ""
+    return row
+
+
+def _number(value: Any) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
 def _fmt(value: Any) -> Any:
     """Four decimals, as text: the table's formatter would keep three significant digits (0.9482 -> 0.948)."""
     return f"{float(value):.4f}" if isinstance(value, (int, float)) else value
@@ -162,8 +217,10 @@ def run_full_scale(cfg: FullScaleConfig) -> dict[str, Any]:
     env = environment()
     if not cfg.runs:
         raise ConfigError("full_scale: runs=[] names no run directory; e.g. runs=[outputs/fashion_mnist_949/seed0]")
-    runs = [read_run(Path(run)) for run in cfg.runs]
+    runs = [read_run(run_dir) for run_dir in run_directories(cfg.runs)]
     rows = [table_row(run, cfg) for run in runs]
+    if len(rows) > 1:
+        rows.append(spread_row(rows, cfg))
     if cfg.picture:
         draw(runs, cfg, Path(cfg.picture))
     notes = [f"times to a target: wall minutes of the first validation with {cfg.metric} at or above it",
