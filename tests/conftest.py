@@ -1,6 +1,7 @@
 """Shared fixtures: compose paddletrain's configs the way the CLI does, shrunk to run in seconds on a CPU."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import tempfile
@@ -59,6 +60,21 @@ def run_module(module: str, args: list[str], cwd, timeout: float = 300,
     from a warm interpreter where that behaves as a fresh one would (tests/forked.py), which saves ~2 s a run."""
     base = {**os.environ, "PYTHONWARNINGS": "ignore", "HYDRA_FULL_ERROR": "0"}
     return forked.run_module(module, args, cwd, {**base, **(env or {})}, timeout, server_env=base)
+
+
+def fit_tiny(tmp_path: Path, *overrides: str) -> tuple[Path, dict]:
+    """A :data:`TINY` run with ``overrides`` in ``tmp_path / "run"``: its directory and its ``summary.json``."""
+    run_dir = tmp_path / "run"
+    result = run_module("paddletrain.fit", [*TINY, *overrides, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-2000:]
+    return run_dir, json.loads((run_dir / "summary.json").read_text())
+
+
+def evaluated(checkpoint: str | Path, *overrides: str, cwd: Path) -> dict:
+    """The JSON line of ``python -m paddletrain.evaluate checkpoint=<checkpoint> <overrides>``, which must succeed."""
+    result = run_module("paddletrain.evaluate", [f"checkpoint={checkpoint}", *overrides], cwd=cwd)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-2000:]
+    return json.loads(result.stdout.splitlines()[-1])
 
 
 def write_image_folder(root: Path, bad_val_index: int | None = None) -> None:

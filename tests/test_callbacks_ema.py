@@ -66,20 +66,12 @@ def test_a_run_validated_with_ema_is_evaluated_and_exported_with_its_averaged_we
     weights=raw; each record says which."""
     import json
 
-    from tests.conftest import TINY, run_module
+    from tests.conftest import TINY, evaluated, fit_tiny, run_module
 
-    run_dir = tmp_path / "run"
-    result = run_module("paddletrain.fit", [*TINY, "callbacks=[default,ema]", "callbacks.ema.decay=0.5",
-                                            f"hydra.run.dir={run_dir}"], cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-2000:]
-    validated = json.loads((run_dir / "summary.json").read_text())["val/loss"]
-
-    def evaluate(*extra: str) -> dict:
-        done = run_module("paddletrain.evaluate", [f"checkpoint={run_dir}:last", *extra], cwd=tmp_path)
-        assert done.returncode == 0, done.stderr[-2000:]
-        return json.loads(done.stdout.splitlines()[-1])
-
-    averaged, raw, flipped = evaluate(), evaluate("weights=raw"), evaluate("tta.flip=true")
+    run_dir, summary = fit_tiny(tmp_path, "callbacks=[default,ema]", "callbacks.ema.decay=0.5")
+    validated = summary["val/loss"]
+    averaged, raw, flipped = (evaluated(f"{run_dir}:last", *extra, cwd=tmp_path)
+                              for extra in ((), ("weights=raw",), ("tta.flip=true",)))
     assert averaged["weights"] == "averaged" and averaged["average"] == "ema" and averaged["decay"] == 0.5
     assert averaged["val/loss"] == pytest.approx(validated, rel=1e-5)  # what the run reported for this checkpoint
     assert raw["weights"] == "raw" and abs(raw["val/loss"] - validated) > 1e-3  # a 0.5 average of 4 steps differs

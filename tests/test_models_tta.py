@@ -10,7 +10,7 @@ import pytest
 
 from paddletrain.models import create_model
 from paddletrain.models.tta import TestTimeAugmentation, five_crops
-from tests.conftest import TINY, run_module
+from tests.conftest import TINY, evaluated, fit_tiny, run_module
 
 
 def _model():
@@ -89,18 +89,10 @@ def test_translated_views_are_shifted_copies_sharing_their_weight():
 
 
 def test_fit_validates_with_trainer_tta_and_evaluate_follows_the_run_unless_told(tmp_path):
-    run_dir = tmp_path / "run"
-    fit = run_module("paddletrain.fit", [*TINY, "trainer.tta.flip=true", "trainer.tta.translate=1",
-                                         f"hydra.run.dir={run_dir}"], cwd=tmp_path)
-    assert fit.returncode == 0, fit.stderr[-2000:]
-    validated = json.loads((run_dir / "summary.json").read_text())["val/loss"]
-
-    def evaluate(*extra: str) -> dict:
-        done = run_module("paddletrain.evaluate", [f"checkpoint={run_dir}", *extra], cwd=tmp_path)
-        assert done.returncode == 0, done.stderr[-2000:]
-        return json.loads(done.stdout.splitlines()[-1])
-
-    followed, single = evaluate(), evaluate("tta.flip=false", "tta.translate=0")
+    run_dir, summary = fit_tiny(tmp_path, "trainer.tta.flip=true", "trainer.tta.translate=1")
+    validated = summary["val/loss"]
+    followed = evaluated(run_dir, cwd=tmp_path)
+    single = evaluated(run_dir, "tta.flip=false", "tta.translate=0", cwd=tmp_path)
     assert followed["tta"] == {"flip": True, "crops": 1, "translate": 1, "translate_weight": 0.5}
     assert followed["val/loss"] == pytest.approx(validated, rel=1e-5)  # the best checkpoint was chosen on this
     assert single["tta"]["flip"] is False and abs(single["val/loss"] - validated) > 1e-4
