@@ -20,7 +20,7 @@ from typing import Any
 
 import paddle
 
-from paddletrain.checkpoint.untrusted import StateValueError, checked_mapping, show
+from paddletrain.checkpoint.untrusted import StateValueError
 
 BY_PARAMETER = "by_parameter"
 LR_STATE = "LR_Scheduler"  # Paddle's key for the learning-rate scheduler inside an optimizer's state
@@ -61,58 +61,9 @@ def is_by_parameter(saved: Any) -> bool:
     return isinstance(saved, Mapping) and BY_PARAMETER in saved
 
 
-def check_by_parameter(optimizer: paddle.optimizer.Optimizer, module: paddle.nn.Layer, saved: Mapping,
-                       key: str, strict: bool) -> None:
-    """Every saved entry names a parameter of ``module`` and holds tensors (shaped like it, or one value, when
-    ``strict``); raises :class:`StateValueError` naming the first that does not."""
-    params = dict(module.named_parameters())
-    for group in (BY_PARAMETER, MASTER_WEIGHTS):
-        for name, value in checked_mapping(saved.get(group, {}), f"{key}.{group}").items():
-            where = f"{key}.{group}.{name}"
-            if name not in params:
-                raise StateValueError(where, "belongs to no parameter of this model (an optimizer state of another "
-                                             "model?)")
-            tensors = checked_mapping(value, where) if group == BY_PARAMETER else {"": value}
-            for kind, tensor in tensors.items():
-                shape = _shape(tensor, f"{where}.{kind}" if kind else where)
-                expected = list(params[name].shape)
-                if (strict or group == MASTER_WEIGHTS) and shape != expected and (group == MASTER_WEIGHTS
-                                                                                  or _numel(shape) != 1):
-                    raise StateValueError(f"{where}.{kind}" if kind else where,
-                                          f"has shape {shape}, but its parameter {name} has shape {expected} (an "
-                                          "optimizer state of another model?)")
-
-
-def _shape(value: Any, key: str) -> list[int]:
-    if not hasattr(value, "shape") or not hasattr(value, "dtype"):
-        raise StateValueError(key, f"is {show(value)}: expected a tensor")
-    return [int(n) for n in value.shape]
-
-
-def _numel(shape: list[int]) -> int:
-    count = 1
-    for n in shape:
-        count *= n
-    return count
-
-
-def check_flat_names(module: paddle.nn.Layer, saved: Mapping, key: str) -> None:
-    """A flat (pre-``by_parameter``) state can only be put back where its names are this process's: refuse it in
-    one line where an accumulator belongs to no parameter of ``module``."""
-    names = [param.name for param in module.parameters()]
-    for entry in saved:
-        if entry in (LR_STATE, MASTER_WEIGHTS):
-            continue
-        if not any(entry.startswith(name + "_") for name in names):
-            raise StateValueError(f"{key}.{entry}", "is keyed by Paddle's automatic parameter name, which no "
-                                  "parameter of this model has in this process (an optimizer state written before "
-                                  "paddletrain keyed it by parameter, or a .pdopt, read into a model built after "
-                                  "other layers): resume it in a fresh process, where the model is built first")
-
-
 def load_optimizer_state(optimizer: paddle.optimizer.Optimizer, module: paddle.nn.Layer, saved: Mapping) -> None:
-    """Put back a saved optimizer state, checked first (``check_optimizer_state``): this module's layout by
-    structured name, or Paddle's flat one by this process's names."""
+    """Put back a saved optimizer state, checked first (:func:`paddletrain.engine.state_checks.check_optimizer_state`):
+    this module's layout by structured name, or Paddle's flat one by this process's names."""
     if is_by_parameter(saved):
         load_by_parameter(optimizer, module, saved)
     elif saved.get(MASTER_WEIGHTS):  # Paddle's own path: accumulators keyed by master copies it names itself
@@ -123,7 +74,7 @@ def load_optimizer_state(optimizer: paddle.optimizer.Optimizer, module: paddle.n
 
 
 def by_parameter_from_flat(module: paddle.nn.Layer, saved: Mapping) -> dict[str, Any]:
-    """A flat state (``conv2d_0.w_0_velocity_0``, by this process's names: :func:`check_flat_names`) in the
+    """A flat state (``conv2d_0.w_0_velocity_0``, by this process's names, checked first) in the
     ``by_parameter`` layout, so that it loads whatever counter Paddle would give a new accumulator's name."""
     names = {param.name: name for name, param in module.named_parameters()}
     by_parameter: dict[str, dict[str, Any]] = {}
@@ -137,7 +88,7 @@ def by_parameter_from_flat(module: paddle.nn.Layer, saved: Mapping) -> dict[str,
 
 
 def load_by_parameter(optimizer: paddle.optimizer.Optimizer, module: paddle.nn.Layer, saved: Mapping) -> None:
-    """Put back a state :func:`optimizer_state` made (checked by :func:`check_by_parameter` first).
+    """Put back a state :func:`optimizer_state` made (checked first, as :func:`load_optimizer_state` says).
 
     The accumulators of each parameter with saved state are created now, as its first step would create them, and
     take the saved values; any other parameter's (a frozen backbone's) are created at its first step, as they would

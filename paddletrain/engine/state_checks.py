@@ -22,7 +22,7 @@ from paddletrain.checkpoint.untrusted import (
     required,
     show,
 )
-from paddletrain.engine.optimizer_state import LR_STATE, check_by_parameter, check_flat_names, is_by_parameter
+from paddletrain.engine.optimizer_state import BY_PARAMETER, LR_STATE, MASTER_WEIGHTS, is_by_parameter
 from paddletrain.errors import UserError
 
 # Optimizers whose every accumulator is shaped like its parameter or holds one value (beta powers, step
@@ -101,9 +101,9 @@ def check_optimizer_state(optimizer: paddle.optimizer.Optimizer, model: paddle.n
     if isinstance(learning_rate, paddle.optimizer.lr.LRScheduler) and LR_STATE in saved:
         check_scheduler_state(learning_rate, saved[LR_STATE], f"{key}.{LR_STATE}")
     if is_by_parameter(saved):
-        check_by_parameter(optimizer, model, saved, key, strict)
+        _check_by_parameter(model, saved, key, strict)
         return
-    check_flat_names(model, saved, key)
+    _check_flat_names(model, saved, key)
     params = {p.name: p for p in model.parameters()}
     for name, value in saved.items():
         where = f"{key}.{name}"
@@ -124,6 +124,41 @@ def check_optimizer_state(optimizer: paddle.optimizer.Optimizer, model: paddle.n
         if shape != expected and math.prod(shape) != 1:
             raise StateValueError(where, f"has shape {shape}, but its parameter {param.name} has shape {expected} "
                                          "(an optimizer state of another model?)")
+
+
+def _check_by_parameter(module: paddle.nn.Layer, saved: Mapping, key: str, strict: bool) -> None:
+    """Every saved entry names a parameter of ``module`` and holds tensors (shaped like it, or one value, when
+    ``strict``); raises :class:`StateValueError` naming the first that does not."""
+    params = dict(module.named_parameters())
+    for group in (BY_PARAMETER, MASTER_WEIGHTS):
+        for name, value in checked_mapping(saved.get(group, {}), f"{key}.{group}").items():
+            where = f"{key}.{group}.{name}"
+            if name not in params:
+                raise StateValueError(where, "belongs to no parameter of this model (an optimizer state of another "
+                                             "model?)")
+            tensors = checked_mapping(value, where) if group == BY_PARAMETER else {"": value}
+            for kind, tensor in tensors.items():
+                shape = _shape(tensor, f"{where}.{kind}" if kind else where)
+                expected = list(params[name].shape)
+                if (strict or group == MASTER_WEIGHTS) and shape != expected and (group == MASTER_WEIGHTS
+                                                                                  or math.prod(shape) != 1):
+                    raise StateValueError(f"{where}.{kind}" if kind else where,
+                                          f"has shape {shape}, but its parameter {name} has shape {expected} (an "
+                                          "optimizer state of another model?)")
+
+
+def _check_flat_names(module: paddle.nn.Layer, saved: Mapping, key: str) -> None:
+    """A flat (pre-``by_parameter``) state can only be put back where its names are this process's: refuse it in
+    one line where an accumulator belongs to no parameter of ``module``."""
+    names = [param.name for param in module.parameters()]
+    for entry in saved:
+        if entry in (LR_STATE, MASTER_WEIGHTS):
+            continue
+        if not any(entry.startswith(name + "_") for name in names):
+            raise StateValueError(f"{key}.{entry}", "is keyed by Paddle's automatic parameter name, which no "
+                                  "parameter of this model has in this process (an optimizer state written before "
+                                  "paddletrain keyed it by parameter, or a .pdopt, read into a model built after "
+                                  "other layers): resume it in a fresh process, where the model is built first")
 
 
 def _owner(accumulator: str, params: dict[str, Any]) -> Any:
