@@ -29,6 +29,7 @@ from paddletrain.bench.common import check_options, environment, finished
 from paddletrain.config import allowed
 from paddletrain.models import create_model
 from paddletrain.models.conv_backward import use_conv_input_grad
+from paddletrain.models.flops import count_forward_flops, training_flops
 
 
 @dataclass
@@ -56,39 +57,6 @@ class StepProfileConfig(StepShapeConfig):
     repeats: int = allowed(20, ge=1)
     # model.conv_input_grad: profile the step with the input gradients computed as convolutions.
     conv_input_grad: bool = False
-
-
-def count_forward_flops(model: paddle.nn.Layer, sample: paddle.Tensor) -> list[dict[str, Any]]:
-    """Each convolution's and linear layer's forward shape and FLOPs (2 x multiply-adds) for ``sample``."""
-    layers: list[dict[str, Any]] = []
-
-    def hook(layer: paddle.nn.Layer, inputs: Any, output: paddle.Tensor) -> None:
-        x = inputs[0]
-        if isinstance(layer, paddle.nn.Conv2D):
-            n, c_out, h, w = output.shape
-            k_h, k_w = layer._kernel_size
-            c_in = x.shape[1] // layer._groups
-            layers.append({"kind": "conv", "batch": n, "in_ch": x.shape[1], "out_ch": c_out, "kernel": (k_h, k_w),
-                           "stride": layer._stride, "padding": layer._padding, "groups": layer._groups,
-                           "in_hw": tuple(x.shape[2:]), "out_hw": (h, w),
-                           "flops": 2 * n * h * w * c_out * c_in * k_h * k_w})
-        elif isinstance(layer, paddle.nn.Linear):
-            n = int(np.prod(x.shape[:-1]))
-            layers.append({"kind": "linear", "flops": 2 * n * layer.weight.shape[0] * layer.weight.shape[1]})
-
-    handles = [m.register_forward_post_hook(hook) for m in model.sublayers()
-               if isinstance(m, (paddle.nn.Conv2D, paddle.nn.Linear))]
-    with paddle.no_grad():
-        model(sample)
-    for handle in handles:
-        handle.remove()
-    return layers
-
-
-def training_flops(layers: list[dict[str, Any]]) -> int:
-    """Forward, input gradient and weight gradient of every layer; the first layer needs no input gradient."""
-    total = sum(3 * layer["flops"] for layer in layers)
-    return total - (layers[0]["flops"] if layers else 0)
 
 
 def median_seconds(run: Callable[[], Any], repeats: int) -> float:

@@ -60,7 +60,7 @@ from paddletrain.engine.limits import Limits
 from paddletrain.engine.precision import Precision
 from paddletrain.engine.resume import is_legacy_checkpoint, load_resume_checkpoint, warm_start_from_legacy
 from paddletrain.engine.state_checks import check_state_matches
-from paddletrain.engine.summary import write_summary
+from paddletrain.engine.summary import TrainingArithmetic, write_summary
 from paddletrain.engine.trainer import Trainer, count_batches
 from paddletrain.errors import TrainingInterrupted, UserError
 from paddletrain.job import distributed
@@ -70,6 +70,7 @@ from paddletrain.losses import build_loss
 from paddletrain.metrics.multilabel import MultiLabelReport, task_meters
 from paddletrain.models.conv_backward import use_conv_input_grad
 from paddletrain.models.factory import build_model
+from paddletrain.models.flops import training_flops_per_image
 from paddletrain.models.tta import TestTimeAugmentation
 from paddletrain.models.weights import describe
 from paddletrain.optim import build_optimization
@@ -200,6 +201,8 @@ class Run:
     val_loader: Any
     resume_from: Any
     config: DictConfig
+    # The arithmetic of training: FLOPs of one image's step, and images in an epoch on all ranks (None: unknown).
+    arithmetic: TrainingArithmetic | None = None
 
 
 def _use_conv_input_grad(model: paddle.nn.Layer, device: str) -> None:
@@ -230,6 +233,7 @@ def build_run(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = ()
     data = build_data(cfg, seed=t.seed, rank=rank, world_size=world_size, eval_crop=t.tta.crops == 1,
                       options=options["data"])
     model = build_model(cfg, len(data.classes), data.in_chans, options=options["model"])
+    arithmetic = training_arithmetic(model, data, cfg.data, world_size, t.limit_train_batches)
     if cfg.model.conv_input_grad:
         _use_conv_input_grad(model, runtime.device)
     limits = Limits.from_config(t)
@@ -269,7 +273,29 @@ def build_run(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = ()
         checkpoint_extras={"config": resolved, "run": facts},
         eval_model=test_time_augmentation(model, t.tta, cfg.data),
     )
-    return Run(trainer, data.train_loader, data.val_loader, resume_from, cfg)
+    return Run(trainer, data.train_loader, data.val_loader, resume_from, cfg, arithmetic)
+
+
+def training_arithmetic(model: paddle.nn.Layer, data: Any, data_cfg: Any, world_size: int,
+                        limit_train_batches: int | None) -> TrainingArithmetic | None:
+    """The model's training FLOPs an image at ``data.image_size`` (:mod:`paddletrain.models.flops`), logged, and
+    the images an epoch trains on all ranks; None (and a warning) for a model the count cannot run through."""
+    try:
+        per_image = training_flops_per_image(model, data.in_chans, int(data_cfg.image_size))
+    except Exception as exc:  # noqa: BLE001 (a plugin's model may take other inputs: the count is only a report)
+        log.warning("cannot count the model's arithmetic (%s: %s); summary.json will not have train/pflop",
+                    type(exc).__name__, exc)
+        return None
+    try:
+        images = len(data.train_loader.dataset)
+    except TypeError:  # a stream: its length is unknown
+        images = None
+    if images is not None and limit_train_batches is not None:
+        images = min(images, limit_train_batches * int(data_cfg.batch_size) * world_size)
+    log.info("Training arithmetic: %.1f MFLOP an image (convolutions and linear layers: forward, input and weight "
+             "gradients)%s", per_image / 1e6,
+             f", {per_image * images / 1e12:.2f} TFLOP an epoch of {images:,} images" if images else "")
+    return TrainingArithmetic(per_image, images)
 
 
 # Data keys that name local files or folders (the shards builder's own among them; URLs are left as they are).
@@ -320,7 +346,7 @@ def train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = (),
             exc.checkpoint = str(saved[0]) if saved and saved[0] else None
             raise
         if trainer.is_main:
-            write_summary(run_dir, metrics, trainer)
+            write_summary(run_dir, metrics, trainer, run.arithmetic)
         distributed.barrier()
         return metrics
 

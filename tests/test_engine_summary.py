@@ -10,6 +10,8 @@ import pytest
 from paddletrain.build import train
 from paddletrain.checkpoint import read_pointer
 from paddletrain.engine.summary import summary_table
+from paddletrain.models import create_model
+from paddletrain.models.flops import training_flops_per_image
 from tests.conftest import TINY, compose_fit
 
 
@@ -113,3 +115,16 @@ def test_summary_holds_balanced_accuracy_per_class_scores_and_the_confusion_matr
     text = (run_dir / "summary.json").read_text()
     assert len(text.splitlines()) < 120 and json.dumps(matrix[0], separators=(",", ":")) in text
     assert any("val/balanced_accuracy" in line for line in lines if line.startswith("Epoch 2/2"))
+
+
+def test_the_runs_training_arithmetic_is_its_models_count_times_the_images_it_trained(finished_run):
+    _, _, lines, summary = finished_run
+    # The default model (resnet20, 3 channels, 4 classes at 16 px) counted as comparisons' step profile counts it.
+    model = create_model("resnet20", num_classes=len(summary["val/classes"]), in_chans=3)
+    per_image = training_flops_per_image(model, 3, 16)
+    assert summary["train/mflop_per_image"] == pytest.approx(per_image / 1e6, abs=1e-3)
+    # Two epochs of the 64 training images.
+    assert summary["train/pflop"] == pytest.approx(per_image * 64 * 2 / 1e15)
+    assert any(line.startswith(f"Training arithmetic: {per_image / 1e6:.1f} MFLOP an image") for line in lines)
+    row = rf"\n  arithmetic +{per_image * 128 / 1e9:.3g} GFLOP \({per_image / 1e6:.1f} MFLOP an image, 2 epoch"
+    assert re.search(row, "\n".join(summary_table(summary)))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,17 +24,35 @@ SUMMARY_FILE = "summary.json"
 LAST_METRICS = ("train/loss", "val/loss", "val/top1", "val/top5", "val/balanced_accuracy", "val/mAP", "val/f1")
 
 
-def run_summary(run_dir: Path, metrics: dict[str, float], trainer: Any) -> dict[str, Any]:
+@dataclass(frozen=True)
+class TrainingArithmetic:
+    """A run's training FLOPs an image (:func:`paddletrain.models.flops.training_flops_per_image`) and the images
+    an epoch trains on all ranks (None: a stream of unknown length)."""
+
+    flops_per_image: int
+    images_per_epoch: int | None
+
+    def pflop(self, epochs: int) -> float | None:
+        """The arithmetic of ``epochs`` whole epochs, in PFLOP (10^15)."""
+        if self.images_per_epoch is None:
+            return None
+        return self.flops_per_image * self.images_per_epoch * epochs / 1e15
+
+
+def run_summary(run_dir: Path, metrics: dict[str, float], trainer: Any,
+                arithmetic: TrainingArithmetic | None = None) -> dict[str, Any]:
     """What ``summary.json`` holds.
 
     Flat keys (read by tests and tools): ``epochs``, ``global_step``, ``nonfinite_steps``, ``world_size``, every
     final metric, ``train/throughput`` and ``train/data_time_share`` of the whole fit (this process's: per rank),
     ``train/images`` and ``train/step_seconds`` (what the throughput divides), ``wall_seconds`` (the fit's wall
-    time, validation and checkpoints included). Nested: ``best`` (monitored metric, its value, 1-based epoch,
-    global step and checkpoint), ``last_checkpoint``, ``paths`` (run directory, log file, VisualDL directory), and
-    from the last validation ``val/classes`` (the class names, in class order), ``val/per_class`` (``{class name:
-    {precision, recall, f1, support}}``) and ``val/confusion_matrix`` (rows: true class, columns: predicted, in
-    class order; up to :data:`~paddletrain.metrics.MAX_CONFUSION_CLASSES` classes).
+    time, validation and checkpoints included), and with ``arithmetic`` ``train/mflop_per_image`` and
+    ``train/pflop`` (that times the images of the epochs trained: the training arithmetic of the run). Nested:
+    ``best`` (monitored metric, its value, 1-based epoch, global step and checkpoint), ``last_checkpoint``,
+    ``paths`` (run directory, log file, VisualDL directory), and from the last validation ``val/classes`` (the
+    class names, in class order), ``val/per_class`` (``{class name: {precision, recall, f1, support}}``) and
+    ``val/confusion_matrix`` (rows: true class, columns: predicted, in class order; up to
+    :data:`~paddletrain.metrics.MAX_CONFUSION_CLASSES` classes).
     """
     throughput = trainer.run_throughput
     summary: dict[str, Any] = {"epochs": trainer.epoch, "global_step": trainer.global_step,
@@ -45,6 +64,11 @@ def run_summary(run_dir: Path, metrics: dict[str, float], trainer: Any) -> dict[
     summary["train/images"] = throughput.images
     summary["train/step_seconds"] = throughput.seconds
     summary["wall_seconds"] = trainer.fit_seconds
+    if arithmetic is not None:
+        summary["train/mflop_per_image"] = round(arithmetic.flops_per_image / 1e6, 3)
+        pflop = arithmetic.pflop(trainer.epoch)
+        if pflop is not None:
+            summary["train/pflop"] = pflop
     if getattr(trainer, "resumed_from", None):
         summary["resumed_from"] = str(trainer.resumed_from)
     best, last = _checkpoints(trainer)
@@ -98,6 +122,14 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.1f} s" if seconds < 60 else format_duration(seconds)
 
 
+def _flop(count: float) -> str:
+    """``count`` FLOPs with the largest unit that keeps it at least 1 (PFLOP at most)."""
+    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9)):
+        if count >= scale:
+            return f"{count / scale:.3g} {unit}"
+    return f"{count / 1e6:.3g} MFLOP"
+
+
 def summary_table(summary: dict[str, Any]) -> list[str]:
     """The lines of the end-of-run table, from :func:`run_summary`'s dict."""
     steps = summary["global_step"]
@@ -115,6 +147,9 @@ def summary_table(summary: dict[str, Any]) -> list[str]:
                                      f"ranks; {detail})"))
         else:
             rows.append(("training", f"{figure:.1f} img/s ({detail})"))
+    if "train/pflop" in summary:
+        rows.append(("arithmetic", f"{_flop(summary['train/pflop'] * 1e15)} ({summary['train/mflop_per_image']:.1f} "
+                                   f"MFLOP an image, {summary['epochs']} epoch(s))"))
     best = summary.get("best")
     if best is not None:
         value = best["value"]
@@ -150,9 +185,10 @@ def summary_json(summary: dict[str, Any]) -> str:
     return text.replace(json.dumps(marker), "[\n" + rows + "\n  ]" if matrix else "[]", 1)
 
 
-def write_summary(run_dir: Path, metrics: dict[str, float], trainer: Any) -> dict[str, Any]:
+def write_summary(run_dir: Path, metrics: dict[str, float], trainer: Any,
+                  arithmetic: TrainingArithmetic | None = None) -> dict[str, Any]:
     """Write ``summary.json`` and log the end-of-run table; returns the summary."""
-    summary = run_summary(run_dir, metrics, trainer)
+    summary = run_summary(run_dir, metrics, trainer, arithmetic)
     (Path(run_dir) / SUMMARY_FILE).write_text(summary_json(summary))
     for line in summary_table(summary):
         log.info("%s", line)
