@@ -238,6 +238,9 @@ class DataConfig(CheckedOnConstruction):
     # Transform presets: "imagenet" (RandomResizedCrop + flip), "small" (pad-crop + flip), "none" (resize only).
     train_transform: str = allowed("small", choices=TRANSFORMS)
     eval_transform: str = allowed("small", choices=TRANSFORMS)
+    # The "small" preset's translation: pad each side by this many pixels, then crop image_size at random
+    # (4 as for CIFAR; airbench94 uses 2 on short schedules). 0 leaves the image where it is.
+    crop_padding: int = allowed(4, ge=0)
     hflip: bool = True
     # "random": each image mirrored with probability 1/2 each epoch; "alternating": mirrored on every other epoch
     # from a random start per image (airbench94; deterministic from seed, image and epoch).

@@ -282,3 +282,33 @@ def _flipped_array(image):
     from paddletrain.data.transforms import AlternatingFlip
 
     return np.asarray(AlternatingFlip()(image), np.float32).transpose(2, 0, 1)
+
+
+def _shift_of(moved: np.ndarray, image: np.ndarray, reach: int) -> tuple[int, int] | None:
+    """The (dy, dx) by which ``moved`` is ``image`` translated, zero-filled at the edges (None: no such shift)."""
+    side = image.shape[0]
+    for dy in range(-reach, reach + 1):
+        for dx in range(-reach, reach + 1):
+            expected = np.zeros_like(image)
+            expected[max(dy, 0):side + min(dy, 0), max(dx, 0):side + min(dx, 0)] = \
+                image[max(-dy, 0):side + min(-dy, 0), max(-dx, 0):side + min(-dx, 0)]
+            if np.array_equal(moved, expected):
+                return dy, dx
+    return None
+
+
+@pytest.mark.parametrize("padding", [0, 2, 4])
+def test_crop_padding_is_the_small_presets_reach_of_translation(padding):
+    cfg = DataConfig(image_size=12, hflip=False, crop_padding=padding, mean=[0.0], std=[1.0])
+    transform = build_transform(cfg, train=True, in_chans=1)
+    image = _random_image(12, 12, 0, seed=3)
+    shifts = {_shift_of(np.rint(_seeded(transform, image, s)[0] * 255).astype(np.uint8), image, padding)
+              for s in range(1500)}
+    assert None not in shifts
+    # Every shift within the padding turns up (1500 draws of at most 81 equally likely ones), none beyond it.
+    assert shifts == {(dy, dx) for dy in range(-padding, padding + 1) for dx in range(-padding, padding + 1)}
+
+
+def test_a_negative_crop_padding_is_refused_naming_the_key():
+    with pytest.raises(ConfigError, match="data.crop_padding"):
+        DataConfig(crop_padding=-1)

@@ -29,7 +29,6 @@ from paddletrain.registry import AUGMENTATIONS
 PRESETS = TRANSFORMS
 # The usual ImageNet evaluation ratio: resize to image_size / 0.875, then centre-crop image_size.
 DEFAULT_CROP_PCT = 0.875
-SMALL_IMAGE_PADDING = 4
 
 
 class ToPILImage:
@@ -250,8 +249,9 @@ def build_transform(cfg: Any, train: bool, in_chans: int = 3, crop: bool = True)
     elif preset == "imagenet":
         steps += [T.Resize(_eval_resize(cfg), interpolation=interpolation), T.CenterCrop(size)]
     elif preset == "small" and train:
-        steps += [ResizeIfNeeded(size, interpolation), T.Pad(SMALL_IMAGE_PADDING), T.RandomCrop(size),
-                  *_augmentations(cfg)]
+        padding = getattr(cfg, "crop_padding", 4)
+        translate = [T.Pad(padding), T.RandomCrop(size)] if padding else []
+        steps += [ResizeIfNeeded(size, interpolation), *translate, *_augmentations(cfg)]
     else:  # small eval, or "none": the network only needs the right size
         steps.append(ResizeIfNeeded(size, interpolation))
     steps += [a for a in augment if a.stage == "image"]
