@@ -8,7 +8,7 @@ Importing this package registers the built-in builders (:mod:`.resnet`, :mod:`.v
 """
 from __future__ import annotations
 
-from paddletrain.models import resnet, vision  # noqa: F401  (register the ResNet builders and model="vision")
+from paddletrain.models import convgroups, resnet, vision  # noqa: F401  (register the built-in builders)
 from paddletrain.models.factory import create_model
 from paddletrain.models.pretrained import LoadReport, PretrainedLoadError, load_pretrained
 from paddletrain.models.registry import (
