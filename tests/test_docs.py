@@ -93,6 +93,7 @@ RULES = [
     Rule("README.md", r"^pip install -e", SKIP, "installs into the environment the suite runs in (the command after "
                                                 "it, the default job, runs)"),
     Rule("README.md", r"^pytest -q$", SKIP, "the test suite itself"),
+    Rule("docs/testing.md", r"^pytest ", SKIP, "the test suite itself (its slow pass)"),
     Rule("docs/quickstart.md", r"^pip install -e", SKIP, "installs into the environment the suite runs in"),
     Rule("docs/quickstart.md", r"^apt-get install", SKIP, "installs a system package (the fast run makes its own "
                                                           "Fashion-MNIST files)"),
