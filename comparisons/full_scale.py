@@ -2,7 +2,8 @@
 
 Reads finished ``fit`` run directories (a sweep's directory, or a glob pattern, stands for the runs in it), nothing
 else: ``history.json`` (every validation with the run's wall time,
-:mod:`paddletrain.callbacks.history`), ``summary.json`` (throughput, world size, best checkpoint) and ``test.json``
+:mod:`paddletrain.callbacks.history`), ``summary.json`` (throughput, world size, best checkpoint, training
+arithmetic) and ``test.json``
 (the last line of ``python -m paddletrain.evaluate checkpoint=<run>:best split=test``, saved in the run
 directory). Writes one table row per run and, with ``picture=<file>.png``, validation top-1 against wall-clock
 minutes for every run, with each run's test top-1 marked where its best checkpoint was written. With two runs or
@@ -104,6 +105,8 @@ def table_row(run: dict[str, Any], cfg: FullScaleConfig) -> dict[str, Any]:
         "test/top1": _fmt(run["test"].get("test/top1")),
         "minutes": round(rows[-1]["wall_seconds"] / 60, 1) if rows else None,
         "images/s": round(float(summary.get("train/throughput", 0.0)) * world, 1),
+        # The training arithmetic fit recorded (paddletrain.models.flops); runs from before it was recorded: "".
+        "PFLOP": round(summary["train/pflop"], 3) if isinstance(summary.get("train/pflop"), (int, float)) else "",
         "continued": run["resumes"],
     }
     for target in cfg.targets:
@@ -149,6 +152,7 @@ def spread_row(rows: list[dict[str, Any]], cfg: FullScaleConfig) -> dict[str, An
     row["test/top1"] = spread("test/top1", 4)
     row["minutes"] = spread("minutes", 1)
     row["images/s"] = spread("images/s", 1)
+    row["PFLOP"] = spread("PFLOP", 3) if any(r.get("PFLOP") != "" for r in rows) else ""
     row["continued"] = sum(int(r.get("continued") or 0) for r in rows)
     for target in cfg.targets:
         row[f"min to {target:g}"] = spread(f"min to {target:g}", 1)

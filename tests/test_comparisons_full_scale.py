@@ -10,7 +10,8 @@ from comparisons.full_scale import FullScaleConfig, run_full_scale
 from paddletrain.errors import ConfigError
 
 
-def fake_run(root, name: str, seed: int, top1s: list[float], resumes: int = 0, test: float = 0.95):
+def fake_run(root, name: str, seed: int, top1s: list[float], resumes: int = 0, test: float = 0.95,
+             pflop: float | None = None):
     run = root / name
     (run / ".hydra").mkdir(parents=True)
     (run / ".hydra" / "overrides.yaml").write_text(f"- +experiment=fashion_mnist_949\n- trainer.seed={seed}\n")
@@ -21,15 +22,16 @@ def fake_run(root, name: str, seed: int, top1s: list[float], resumes: int = 0, t
             for i, top1 in enumerate(top1s)]
     (run / "history.json").write_text(json.dumps({"resumes": resumes, "rows": rows}))
     best = max(range(len(top1s)), key=top1s.__getitem__)
+    arithmetic = {} if pflop is None else {"train/pflop": pflop}
     (run / "summary.json").write_text(json.dumps({
-        "world_size": 2, "train/throughput": 300.0,
+        "world_size": 2, "train/throughput": 300.0, **arithmetic,
         "best": {"monitor": "val/top1", "value": top1s[best], "epoch": best + 1}}))
     (run / "test.json").write_text(json.dumps({"split": "test", "test/top1": test}))
     return run
 
 
 def test_rows_give_best_val_test_minutes_throughput_and_time_to_each_target(tmp_path):
-    first = fake_run(tmp_path, "seed0", 0, [0.85, 0.91, 0.935, 0.95, 0.948], test=0.9512)
+    first = fake_run(tmp_path, "seed0", 0, [0.85, 0.91, 0.935, 0.95, 0.948], test=0.9512, pflop=0.27612)
     second = fake_run(tmp_path, "seed1", 1, [0.80, 0.92, 0.93], resumes=1, test=0.93)
     picture = tmp_path / "curves.png"
     result = run_full_scale(FullScaleConfig(runs=[str(first), str(second)], picture=str(picture)))
@@ -40,6 +42,8 @@ def test_rows_give_best_val_test_minutes_throughput_and_time_to_each_target(tmp_
                               "+experiment=fashion_mnist_949 trainer.seed=0`")
     assert [one[f"min to {t}"] for t in ("0.9", "0.93", "0.94", "0.949")] == [4.0, 6.0, 8.0, 8.0]
     assert two["continued"] == 1 and two["min to 0.94"] == "not reached" and two["min to 0.93"] == 6.0
+    # The arithmetic fit recorded; a run from before it was recorded has none, and the spread says over how many.
+    assert (one["PFLOP"], two["PFLOP"], spread["PFLOP"]) == (0.276, "", "0.276 ± 0.000 (1 of 2)")
     assert spread["run"] == "mean ± sd of 2 runs" and spread["continued"] == 1
     with Image.open(picture) as image:
         assert image.format == "PNG" and image.size[0] >= 600
