@@ -1,7 +1,7 @@
 """``python -m comparisons <benchmark> [key=value ...] [out=results.json]`` from a checkout.
 
-Benchmarks: overhead, decode, recipes, full_scale, step_profile, mkl_dispatch, conv_input_grad, time_split, search,
-shards.
+Benchmarks: overhead, decode, recipes, full_scale, ablation, step_profile, mkl_dispatch, conv_input_grad,
+time_split, search, shards.
 
 Examples::
 
@@ -10,6 +10,7 @@ Examples::
     python -m comparisons decode images=256 image_size=224
     python -m comparisons recipes datasets=[fashion_mnist] seeds=[0,1,2] out=bench/recipes.json
     python -m comparisons full_scale runs=[outputs/fashion_mnist_949/seed0] picture=curves.png
+    python -m comparisons ablation root=ablation/fashion_mnist_fast
     python -m comparisons step_profile model=resnet20 width=2 batch_size=64 image_size=28 in_chans=1
     python -m comparisons mkl_dispatch rounds=3
     python -m comparisons conv_input_grad model=resnet20 width=2 batch_size=64 image_size=28
@@ -27,6 +28,7 @@ from paddletrain.cli import run_script
 
 
 def benchmarks() -> dict[str, tuple[type, Callable[[Any], dict[str, Any]]]]:
+    from comparisons.ablation import AblationConfig, run_ablation
     from comparisons.conv_input_grad import ConvInputGradConfig, run_conv_input_grad
     from comparisons.decode import DecodeBenchConfig, run_decode
     from comparisons.full_scale import FullScaleConfig, run_full_scale
@@ -43,6 +45,7 @@ def benchmarks() -> dict[str, tuple[type, Callable[[Any], dict[str, Any]]]]:
         "decode": (DecodeBenchConfig, run_decode),
         "recipes": (RecipesBenchConfig, run_recipes),
         "full_scale": (FullScaleConfig, run_full_scale),
+        "ablation": (AblationConfig, run_ablation),
         "step_profile": (StepProfileConfig, run_step_profile),
         "mkl_dispatch": (MklDispatchConfig, run_mkl_dispatch),
         "conv_input_grad": (ConvInputGradConfig, run_conv_input_grad),
@@ -62,6 +65,9 @@ ABOUT = {
                 "python -m comparisons recipes datasets=[fashion_mnist] seeds=[0,1,2] out=bench/recipes.json"),
     "full_scale": ("finished full-scale runs: val and test top-1, minutes, images/s, time-to-accuracy, a picture",
                    "python -m comparisons full_scale runs=[outputs/fashion_mnist_949/seed0] picture=curves.png"),
+    "ablation": ("a recipe's validation top-1 with each piece removed in turn (a sweep per variant, evaluate's "
+                 "records of each run), mean ± sd over seeds and the difference from the full recipe",
+                 "python -m comparisons ablation root=ablation/fashion_mnist_fast"),
     "step_profile": ("a training step's forward/backward/optimizer split and GFLOP/s against the measured peak",
                      "python -m comparisons step_profile model=resnet20 width=2 batch_size=64 image_size=28 "
                      "in_chans=1"),
