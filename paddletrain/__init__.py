@@ -13,12 +13,6 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-# Before any Paddle kernel runs: MKL's code path on AMD CPUs (2.3x faster resnet20 training on one; the module says
-# why). Reads /proc/cpuinfo and sets one environment variable; imports nothing heavy.
-from paddletrain.devices import set_mkl_cpu_type  # noqa: E402
-
-set_mkl_cpu_type()
-
 # Release 0.1's module paths (paddletrain.trainer, paddletrain.inference, ...) keep importing, with a warning.
 from paddletrain._moved import install as _install_moved_paths  # noqa: E402
 

@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from paddletrain.config import check_values
+from paddletrain.devices import mkl_note, use_fast_mkl
 from paddletrain.errors import ExitCode, StartRefused, UserError, ending_of, exit_with
 from paddletrain.job.processes import own_stop_signals, stop_request
 
@@ -239,6 +240,9 @@ def command_task(end: Ending = end_command) -> Callable[[Callable[[DictConfig], 
             _state.task_started = True
             if _state.set_full_error:
                 os.environ.pop("HYDRA_FULL_ERROR", None)
+            note = mkl_note()  # the log is set up now: say once what run_command set before Paddle's kernels
+            if note:
+                log.info("%s", note)
             try:
                 with stop_request.interruptible():
                     return task(cfg)
@@ -258,6 +262,7 @@ def run_command(main: Callable[[], Any]) -> NoReturn:
     :attr:`ExitCode.USER_ERROR`; ``HYDRA_FULL_ERROR=1`` in the environment keeps Hydra's own report.
     SIGTERM/SIGINT are handled from here on (:data:`paddletrain.job.processes.stop_request`).
     """
+    use_fast_mkl()  # before any Paddle kernel runs (paddletrain.devices)
     if os.environ.get("HYDRA_FULL_ERROR") != "1":
         # Hydra then raises its rejection instead of printing it over several lines.
         os.environ["HYDRA_FULL_ERROR"] = "1"
@@ -287,7 +292,11 @@ def run_script(main: Callable[[], int | None]) -> NoReturn:
     """The way out of a command line without Hydra (``python -m paddletrain.data``, ``bench``): ``main()`` returns
     its exit code (or exits itself); whatever it raises ends the command as a Hydra command's would
     (:func:`ending_of`: one line on stderr, after the traceback when unexpected). SIGTERM/SIGINT interrupt it at
-    once."""
+    once. MKL's code path is set first (:func:`paddletrain.devices.use_fast_mkl`), and said on stderr."""
+    use_fast_mkl()
+    note = mkl_note()
+    if note:
+        print(note, file=sys.stderr, flush=True)
     own_stop_signals()
     try:
         with stop_request.interruptible():
