@@ -43,7 +43,7 @@ from paddletrain.bench.common import (
     write_jpeg_folder,
 )
 from paddletrain.config import allowed
-from paddletrain.data.loaders import _shut_down_workers
+from paddletrain.data.loading.loaders import _shut_down_workers
 from paddletrain.deploy.decoding import Batch, _decode_each, _worker_cores, decoded_batches
 from paddletrain.errors import ConfigError
 from paddletrain.job.processes import call_with_worker_setup, stop_signals_held
@@ -182,7 +182,7 @@ def _arm(pipeline: Callable[..., Iterator[Batch]], chunks: list[list[str]], prep
 
 def run_decode(cfg: DecodeBenchConfig) -> dict[str, Any]:
     """Images/s of each arm (median over windows), split into start-up and steady state, and paired ratios."""
-    from paddletrain.deploy.predict import default_num_workers
+    from paddletrain.deploy.batch_prediction import default_num_workers
 
     check_options(cfg, "decode")
     if not cfg.arms:

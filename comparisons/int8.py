@@ -34,7 +34,7 @@ import numpy as np
 
 from paddletrain.bench.common import interleave, paired_ratio, timed
 from paddletrain.build import rebuild_checkpoint
-from paddletrain.deploy.export import export_checkpoint, reference_logits
+from paddletrain.deploy.exporter import export_checkpoint, reference_logits
 from paddletrain.deploy.predictor import OnnxPredictor, Predictor
 from paddletrain.deploy.quantize import ONNX_CALIBRATION, QUANT_ALGOS, simulated_logits
 
@@ -165,7 +165,7 @@ def _weights_only_rows(rebuilt: Any, args: argparse.Namespace, inputs: np.ndarra
     """The checkpoint's model with only the weights int8 rounds rounded (activations fp32): what weight rounding
     alone costs, and what bias correction (on the export's calibration images) gives back."""
     from paddletrain.deploy.bias_correction import weight_rounding_corrected, weights_rounded
-    from paddletrain.deploy.export import _calibration_set
+    from paddletrain.deploy.exporter import _calibration_set
     from paddletrain.deploy.quantize import calibration_files
 
     files = calibration_files(args.calibration) if args.calibration is not None else None

@@ -110,7 +110,7 @@ def _train_dataset(data_cfg: Any) -> Any:
     """The training split with the training transform (an image folder's train/ alone: it needs no val/)."""
     from paddletrain.config import DataConfig, component_options
     from paddletrain.data import build_datasets, build_transform
-    from paddletrain.data.imagefolder import ImageFolderDataset
+    from paddletrain.data.formats.imagefolder import ImageFolderDataset
 
     transform = build_transform(data_cfg, train=True)
     if data_cfg.name == "imagefolder":

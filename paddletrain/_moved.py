@@ -1,5 +1,6 @@
-"""Import paths of release 0.1 that moved into the wings (engine/, deploy/, metrics/): they keep working for one
-release, each with a ``DeprecationWarning`` naming the new path.
+"""Import paths that moved (release 0.1's into the wings engine/, deploy/, metrics/; release 0.2's into the data
+wing's sub-wings and to names with one meaning): they keep working for one release, each with a
+``DeprecationWarning`` naming the new path.
 
 ``import paddletrain.trainer`` (or ``from paddletrain.inference import Predictor``) gets a module object that hands
 every name on from its new home; nothing is copied, so ``paddletrain.trainer.Trainer is
@@ -38,7 +39,35 @@ MOVED_MODULES = {
     "paddletrain.native_output": "paddletrain.deploy.native_output",
     "paddletrain.tta": "paddletrain.models.tta",
     "paddletrain.metrics_multilabel": "paddletrain.metrics.multilabel",
-    "paddletrain.class_names": "paddletrain.data.class_names",
+    "paddletrain.class_names": "paddletrain.data.formats.class_names",
+    # Release 0.2: the data wing in sub-wings, and one meaning per module name.
+    "paddletrain.data.imagefolder": "paddletrain.data.formats.imagefolder",
+    "paddletrain.data.folder_scan": "paddletrain.data.formats.folder_scan",
+    "paddletrain.data.scancache": "paddletrain.data.formats.scancache",
+    "paddletrain.data.labellist": "paddletrain.data.formats.label_list",
+    "paddletrain.data.label_lists": "paddletrain.data.formats.label_list_file",
+    "paddletrain.data.mnist": "paddletrain.data.formats.mnist",
+    "paddletrain.data.cifar": "paddletrain.data.formats.cifar",
+    "paddletrain.data.shapes": "paddletrain.data.formats.shapes",
+    "paddletrain.data.unlabeled": "paddletrain.data.formats.unlabeled",
+    "paddletrain.data.images": "paddletrain.data.formats.images",
+    "paddletrain.data.class_names": "paddletrain.data.formats.class_names",
+    "paddletrain.data.index": "paddletrain.data.formats.sample_index",
+    "paddletrain.data.augment": "paddletrain.data.transforms.augment",
+    "paddletrain.data.mixup": "paddletrain.data.transforms.mixup",
+    "paddletrain.data.sampler": "paddletrain.data.sampling.sampler",
+    "paddletrain.data.balance": "paddletrain.data.sampling.balance",
+    "paddletrain.data.holdout": "paddletrain.data.sampling.holdout",
+    "paddletrain.data.loaders": "paddletrain.data.loading.loaders",
+    "paddletrain.data.bundle": "paddletrain.data.loading.bundle",
+    "paddletrain.data.check": "paddletrain.data.tools.check",
+    "paddletrain.data.split": "paddletrain.data.tools.split",
+    "paddletrain.deploy.export": "paddletrain.deploy.exporter",
+    "paddletrain.deploy.predict": "paddletrain.deploy.batch_prediction",
+    "paddletrain.deploy.ship": "paddletrain.deploy.shipping",
+    "paddletrain.bench.precision": "paddletrain.bench.precision_cost",
+    "paddletrain.bench.index": "paddletrain.bench.million_files",
+    "paddletrain.models.registry": "paddletrain.models._registry",
 }
 
 

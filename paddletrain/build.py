@@ -49,11 +49,11 @@ from paddletrain.config import (
     factory_options,
 )
 from paddletrain.data import DatasetError, build_datasets, build_transform, preprocessing_info
-from paddletrain.data.bundle import DataBundle, build_data
 from paddletrain.data.datasets import EVAL_SOURCES
-from paddletrain.data.label_lists import resolve_list_path
-from paddletrain.data.mixup import Mixup
-from paddletrain.data.transforms import eval_image_size
+from paddletrain.data.formats.label_list_file import resolve_list_path
+from paddletrain.data.loading.bundle import DataBundle, build_data
+from paddletrain.data.transforms.mixup import Mixup
+from paddletrain.data.transforms.presets import eval_image_size
 from paddletrain.distill import build_distiller
 from paddletrain.engine.callback import Callback
 from paddletrain.engine.limits import Limits

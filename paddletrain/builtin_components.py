@@ -7,7 +7,7 @@ imports this module once; a plugin's names come from :func:`paddletrain.plugins.
 from __future__ import annotations
 
 import paddletrain.callbacks  # noqa: F401  (callbacks)
-import paddletrain.data.augment  # noqa: F401  (augmentations)
+import paddletrain.data.transforms.augment  # noqa: F401  (augmentations)
 import paddletrain.losses  # noqa: F401  (losses)
 import paddletrain.models  # noqa: F401  (models)
 import paddletrain.optim  # noqa: F401  (optimizers, schedulers)

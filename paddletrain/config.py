@@ -157,13 +157,13 @@ class ShapesConfig(CheckedOnConstruction):
     seed: int = allowed(0, ge=0, le=MAX_SEED)
 
 
-# Mixup/CutMix draws: one per batch, per pair of samples, or per sample (paddletrain.data.mixup).
+# Mixup/CutMix draws: one per batch, per pair of samples, or per sample (paddletrain.data.transforms.mixup).
 MIX_MODES = ("batch", "pair", "elem")
 
 
 @dataclass
 class MixupConfig(CheckedOnConstruction):
-    """Mixup/CutMix on every training batch (paddletrain.data.mixup); off while both alphas are 0.
+    """Mixup/CutMix on every training batch (paddletrain.data.transforms.mixup); off while both alphas are 0.
 
     The soft targets are smoothed by ``loss.label_smoothing`` (one key for hard and mixed targets).
     """
@@ -182,9 +182,9 @@ class MixupConfig(CheckedOnConstruction):
     correct_lam: bool = True
 
 
-# Training samplers (data.sampler; null = random): paddletrain.data.sampler.
+# Training samplers (data.sampler; null = random): paddletrain.data.sampling.sampler.
 SAMPLERS = ("random", "class_balanced")
-# Transform presets (paddletrain.data.transforms) and the resampling filters PIL resizes with.
+# Transform presets (paddletrain.data.transforms.presets) and the resampling filters PIL resizes with.
 TRANSFORMS = ("imagenet", "small", "none")
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "box", "lanczos", "hamming")
 
@@ -501,7 +501,7 @@ class RuntimeConfig:
 class EvaluateConfig(FitConfig):
     checkpoint: str = MISSING
     # The split evaluated: "val", or "test" (the dataset's own validation split when data.holdout kept a
-    # validation split apart from the training split; see paddletrain.data.holdout).
+    # validation split apart from the training split; see paddletrain.data.sampling.holdout).
     split: str = allowed("val", choices=("val", "test"))
     tta: EvaluateTTAConfig = field(default_factory=EvaluateTTAConfig)
     weights: str = allowed("auto", choices=WEIGHTS)

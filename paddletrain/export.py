@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 
 from paddletrain._moved import forward_names
 from paddletrain.cli import checked_output_command, command_task, run_command
-from paddletrain.deploy.export import EXIT_PARITY_FAILED, ExportConfig, ExportResult, export_checkpoint
+from paddletrain.deploy.exporter import EXIT_PARITY_FAILED, ExportConfig, ExportResult, export_checkpoint
 
 log = logging.getLogger("paddletrain")
 
@@ -74,7 +74,7 @@ def main(cfg: DictConfig) -> None:
 
 
 # Release 0.1 kept the library here too (e.g. `from paddletrain.export import ...`): handed on for one release.
-__getattr__ = forward_names(__name__, "paddletrain.deploy.export")
+__getattr__ = forward_names(__name__, "paddletrain.deploy.exporter")
 
 if __name__ == "__main__":
     run_command(main)

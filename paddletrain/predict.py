@@ -37,8 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 from paddletrain._moved import forward_names
 from paddletrain.cli import command_task, run_command
 from paddletrain.config import check_values
-from paddletrain.deploy.inputs import resolve_inputs
-from paddletrain.deploy.predict import (
+from paddletrain.deploy.batch_prediction import (
     EXIT_SOME_FAILED,
     PredictConfig,
     check_output_file,
@@ -51,6 +50,7 @@ from paddletrain.deploy.predict import (
     predict_files,
     read_labelled_inputs,
 )
+from paddletrain.deploy.inputs import resolve_inputs
 from paddletrain.deploy.predictor import load_predictor
 from paddletrain.errors import UserError
 from paddletrain.job.processes import reclaim_stop_signals
@@ -112,7 +112,7 @@ def main(cfg: DictConfig) -> None:
 
 
 # Release 0.1 kept the library here too (e.g. `from paddletrain.predict import ...`): handed on for one release.
-__getattr__ = forward_names(__name__, "paddletrain.deploy.predict")
+__getattr__ = forward_names(__name__, "paddletrain.deploy.batch_prediction")
 
 if __name__ == "__main__":
     run_command(main)

@@ -31,7 +31,7 @@ from omegaconf import DictConfig
 
 from paddletrain._moved import forward_names
 from paddletrain.cli import checked_output_command, command_task, run_command
-from paddletrain.deploy.ship import PREPROCESS_TOLERANCE, REPORT_JSON, REPORT_MD, ShipConfig, compare_targets
+from paddletrain.deploy.shipping import PREPROCESS_TOLERANCE, REPORT_JSON, REPORT_MD, ShipConfig, compare_targets
 from paddletrain.errors import ExitCode, UserError
 
 log = logging.getLogger("paddletrain")
@@ -70,7 +70,7 @@ def main(cfg: DictConfig) -> None:
 
 
 # Release 0.1 kept the library here too (e.g. `from paddletrain.ship import ...`): handed on for one release.
-__getattr__ = forward_names(__name__, "paddletrain.deploy.ship")
+__getattr__ = forward_names(__name__, "paddletrain.deploy.shipping")
 
 if __name__ == "__main__":
     run_command(main)

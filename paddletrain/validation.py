@@ -30,8 +30,8 @@ from omegaconf import OmegaConf, open_dict, read_write
 import paddletrain.builtin_components  # noqa: F401  (registers the built-in names the config may use)
 from paddletrain.callbacks.instantiate import check_callback_entries
 from paddletrain.config import COMPONENT_GROUPS, SCHEMAS, EvaluateConfig, FitConfig, check_values, factory_options
-from paddletrain.data.mixup import Mixup
-from paddletrain.data.transforms import build_augmentations, check_transform_config
+from paddletrain.data.transforms.mixup import Mixup
+from paddletrain.data.transforms.presets import build_augmentations, check_transform_config
 from paddletrain.distill import check_distill_config
 from paddletrain.engine.resume import refuse_replacing_a_run
 from paddletrain.errors import ConfigError, StartRefused, UserError

@@ -17,7 +17,7 @@ from PIL import Image
 import paddletrain.fit  # noqa: F401  (registers the schemas)
 from paddletrain.config import DataConfig, factory_options
 from paddletrain.data import build_datasets, preprocessing_info
-from paddletrain.deploy.export import export_model
+from paddletrain.deploy.exporter import export_model
 from paddletrain.models import create_model
 from tests import forked
 

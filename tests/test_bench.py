@@ -17,7 +17,7 @@ from paddletrain.bench.data import DataBenchConfig, run_data
 from paddletrain.bench.inference import InferenceBenchConfig, run_inference
 from paddletrain.bench.report import table, to_markdown
 from paddletrain.bench.train import ThreadsBenchConfig, TrainBenchConfig, run_threads, run_train
-from paddletrain.deploy.export import TOLERANCE
+from paddletrain.deploy.exporter import TOLERANCE
 from paddletrain.deploy.predictor import cpu_bf16_support
 from paddletrain.errors import ConfigError, UserError
 
@@ -324,7 +324,7 @@ def test_cli_bad_option_is_one_clear_line(tmp_path):
 def test_precision_judges_each_predictor_and_the_mistakes_with_the_parity_measure(tmp_path):
     from PIL import Image
 
-    from paddletrain.bench.precision import PrecisionBenchConfig, run_precision
+    from paddletrain.bench.precision_cost import PrecisionBenchConfig, run_precision
 
     rng = np.random.default_rng(0)
     for i in range(6):
@@ -344,7 +344,7 @@ def test_precision_judges_each_predictor_and_the_mistakes_with_the_parity_measur
 
 
 def test_index_reports_parse_memory_workers_and_the_scan_cache():
-    from paddletrain.bench.index import IndexBenchConfig, run_index
+    from paddletrain.bench.million_files import IndexBenchConfig, run_index
 
     result = run_index(IndexBenchConfig(lines=3000, classes=10, repeats=1, workers=2, batch_size=256,
                                         folder_files=300, folder_classes=3))

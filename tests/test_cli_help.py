@@ -76,7 +76,7 @@ def test_bench_help_lists_every_benchmark_with_an_example(program, tmp_path, mon
 
 def test_the_two_suites_are_apart_and_the_maintainers_one_is_not_in_the_wheel():
     assert not set(user_bench.SUITE.load()) & set(maintainers.SUITE.load())
-    assert set(maintainers.SUITE.load()) == {"overhead", "decode", "recipes", "full_scale", "step_profile",
+    assert set(maintainers.SUITE.load()) == {"overhead", "decode", "recipes", "full_scale", "ablation", "step_profile",
                                              "mkl_dispatch", "conv_input_grad", "time_split", "search", "shards"}
     setup = configparser.ConfigParser()
     setup.read(Path(__file__).resolve().parents[1] / "setup.cfg")

@@ -70,7 +70,7 @@ def test_the_goal_carries_the_interval_of_its_window_ratios(fashion_root):
 def test_loader_windows_continue_across_epochs_and_reshuffle():
     import paddle
 
-    from paddletrain.data.sampler import ResumableBatchSampler
+    from paddletrain.data.sampling.sampler import ResumableBatchSampler
 
     class Numbers(paddle.io.Dataset):
         def __len__(self):

@@ -10,7 +10,8 @@ from paddle.vision import transforms as T
 from PIL import Image
 
 from paddletrain.config import DataConfig
-from paddletrain.data.augment import (
+from paddletrain.data.loading.loaders import build_loader
+from paddletrain.data.transforms.augment import (
     IMAGENET_POLICY,
     MAGNITUDE_SPACES,
     RAND_AUGMENT_OPS,
@@ -20,8 +21,7 @@ from paddletrain.data.augment import (
     TrivialAugment,
     apply_op,
 )
-from paddletrain.data.loaders import build_loader
-from paddletrain.data.transforms import ToNormalizedArray, ToPILImage, build_transform
+from paddletrain.data.transforms.presets import ToNormalizedArray, ToPILImage, build_transform
 from paddletrain.errors import ConfigError
 from paddletrain.registry import AUGMENTATIONS
 

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from paddletrain.data import check as check_module
 from paddletrain.data.__main__ import main
-from paddletrain.data.check import KINDS, balanced_weights, check_dataset, imbalance_ratio, inspect_image
+from paddletrain.data.tools import check as check_module
+from paddletrain.data.tools.check import KINDS, balanced_weights, check_dataset, imbalance_ratio, inspect_image
 from paddletrain.errors import ExitCode, UserError
 from tests.conftest import data_command, run_module
 

@@ -14,8 +14,8 @@ import pytest
 from paddle.vision.datasets import cifar as paddle_cifar
 
 from paddletrain.config import DataConfig
-from paddletrain.data.cifar import LAYOUTS, CifarDataset, safe_load
 from paddletrain.data.datasets import DatasetError, build_datasets
+from paddletrain.data.formats.cifar import LAYOUTS, CifarDataset, safe_load
 
 
 def _pickle(obj) -> bytes:

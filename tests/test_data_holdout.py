@@ -9,7 +9,7 @@ import pytest
 from paddletrain.build import build_data
 from paddletrain.config import DataConfig
 from paddletrain.data.datasets import DatasetError, DatasetSplits, build_datasets
-from paddletrain.data.holdout import SubsetDataset, hold_out, hold_out_by_config, holdout_indices
+from paddletrain.data.sampling.holdout import SubsetDataset, hold_out, hold_out_by_config, holdout_indices
 from paddletrain.errors import UserError
 from tests.conftest import TINY, compose_fit
 from tests.test_data_mnist import write_idx_split

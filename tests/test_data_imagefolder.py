@@ -9,7 +9,7 @@ from PIL import Image
 
 from paddletrain.config import DataConfig
 from paddletrain.data.datasets import BadSampleError, DatasetError, build_datasets
-from paddletrain.data.imagefolder import ImageFolderDataset, is_image_file
+from paddletrain.data.formats.imagefolder import ImageFolderDataset, is_image_file
 
 
 def _write(path: Path, size=(12, 9), color=(200, 10, 10), fmt=None, mode="RGB") -> Path:

@@ -7,8 +7,8 @@ import gc
 import numpy as np
 import pytest
 
-from paddletrain.bench.index import TinyReader, TupleListReader, worker_memory
-from paddletrain.data.index import SampleIndex
+from paddletrain.bench.million_files import TinyReader, TupleListReader, worker_memory
+from paddletrain.data.formats.sample_index import SampleIndex
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -12,8 +12,8 @@ from PIL import Image
 
 from paddletrain.config import DataConfig
 from paddletrain.data.datasets import DatasetError, build_datasets
-from paddletrain.data.index import SampleIndex
-from paddletrain.data.labellist import LabelListDataset, LineProblem, check_label_list, read_label_list
+from paddletrain.data.formats.label_list import LabelListDataset, LineProblem, check_label_list, read_label_list
+from paddletrain.data.formats.sample_index import SampleIndex
 from paddletrain.errors import ExitCode
 from tests.conftest import run_module
 

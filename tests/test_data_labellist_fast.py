@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from paddletrain.data import label_lists
 from paddletrain.data.datasets import DatasetError
-from paddletrain.data.labellist import read_label_list
+from paddletrain.data.formats import label_list_file as label_lists
+from paddletrain.data.formats.label_list import read_label_list
 
 GOOD = "a/2.jpg 2"
 # Lines that are fine, odd or bad in each way the reader checks; on line 1 every line takes the general way.

@@ -15,7 +15,7 @@ import pytest
 
 from paddletrain.config import DataConfig
 from paddletrain.data.datasets import BadSampleError, DatasetError
-from paddletrain.data.loaders import (
+from paddletrain.data.loading.loaders import (
     BadSample,
     SeededDataset,
     _BatchArrays,
@@ -24,8 +24,8 @@ from paddletrain.data.loaders import (
     build_loader,
     collate_checked,
 )
-from paddletrain.data.sampler import SampleKey
-from paddletrain.data.transforms import build_transform
+from paddletrain.data.sampling.sampler import SampleKey
+from paddletrain.data.transforms.presets import build_transform
 from paddletrain.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(60)
@@ -101,7 +101,7 @@ def test_persistent_workers_see_the_new_epoch():
 EXIT_WITH_LIVE_WORKERS = textwrap.dedent("""
     import numpy as np
     from paddletrain.config import DataConfig
-    from paddletrain.data.loaders import build_loader
+    from paddletrain.data.loading.loaders import build_loader
 
     class Images:
         classes = ["a", "b"]
@@ -237,7 +237,7 @@ def test_skip_policy_drops_logs_and_counts_bad_samples(num_workers, caplog):
     cfg = _cfg(num_workers=num_workers, bad_sample_policy="skip", max_bad_fraction=0.1)
     data = TinyDataset(n=24, bad={5, 17})
     loader = build_loader(data, cfg, train=True, seed=0)
-    with caplog.at_level(logging.WARNING, logger="paddletrain.data.loaders"):
+    with caplog.at_level(logging.WARNING, logger="paddletrain.data.loading.loaders"):
         batches = _batches(loader)
     images = np.concatenate([x for x, _ in batches])
     seen = sorted(int(v) for v in images[:, 0, 0, 0])  # untransformed pixels hold the index

@@ -8,7 +8,7 @@ import pytest
 from scipy import stats
 
 from paddletrain.checkpoint import load_checkpoint, save_checkpoint
-from paddletrain.data.mixup import MIX_MODES, Mixup
+from paddletrain.data.transforms.mixup import MIX_MODES, Mixup
 from paddletrain.errors import ConfigError, UserError
 
 

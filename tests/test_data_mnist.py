@@ -11,9 +11,9 @@ import pytest
 from paddle.vision.datasets import FashionMNIST
 
 from paddletrain.config import DataConfig
-from paddletrain.data import mnist
 from paddletrain.data.datasets import DatasetError, build_datasets
-from paddletrain.data.mnist import FASHION_MNIST_CLASSES, FILES, IDXDataset, read_idx
+from paddletrain.data.formats import mnist
+from paddletrain.data.formats.mnist import FASHION_MNIST_CLASSES, FILES, IDXDataset, read_idx
 
 
 def _idx_bytes(array: np.ndarray, magic: int) -> bytes:

@@ -7,8 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from paddletrain.data.loaders import CheckedDataLoader, SeededDataset
-from paddletrain.data.sampler import ResumableBatchSampler, SampleKey, WeightedBatchSampler
+from paddletrain.data.loading.loaders import CheckedDataLoader, SeededDataset
+from paddletrain.data.sampling.sampler import ResumableBatchSampler, SampleKey, WeightedBatchSampler
 
 
 def _order(sampler):
@@ -250,7 +250,7 @@ TARGETS = np.repeat(np.arange(3), COUNTS)
 
 
 def _balanced(batch_size=37, **kwargs):
-    from paddletrain.data.balance import class_balanced_weights
+    from paddletrain.data.sampling.balance import class_balanced_weights
 
     return WeightedBatchSampler(TARGETS, batch_size, class_balanced_weights(TARGETS), **kwargs)
 
@@ -328,7 +328,7 @@ def test_bad_sample_weights_are_refused(weights, match):
 
 def test_build_loader_picks_the_sampler_data_sampler_names():
     from paddletrain.config import DataConfig
-    from paddletrain.data.loaders import build_loader
+    from paddletrain.data.loading.loaders import build_loader
     from paddletrain.errors import ConfigError
 
     class Labelled:
@@ -350,9 +350,9 @@ def test_build_loader_picks_the_sampler_data_sampler_names():
 
 
 def test_class_counts_skip_unlabeled_images_and_refuse_labels_out_of_range():
-    from paddletrain.data.balance import class_balanced_weights, class_counts
     from paddletrain.data.datasets import DatasetError
-    from paddletrain.data.unlabeled import UNLABELED
+    from paddletrain.data.formats.unlabeled import UNLABELED
+    from paddletrain.data.sampling.balance import class_balanced_weights, class_counts
 
     targets = np.array([0, 2, 2, UNLABELED, 2])
     np.testing.assert_array_equal(class_counts(targets, 4), [1, 0, 3, 0])

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from paddletrain.config import DataConfig
-from paddletrain.data import folder_scan, scancache
-from paddletrain.data.imagefolder import ImageFolderDataset, build_imagefolder
-from paddletrain.data.index import SampleIndex
-from paddletrain.data.scancache import CACHE_DIR_ENV, load_scan, scan_cache_dir
+from paddletrain.data.formats import folder_scan, scancache
+from paddletrain.data.formats.imagefolder import ImageFolderDataset, build_imagefolder
+from paddletrain.data.formats.sample_index import SampleIndex
+from paddletrain.data.formats.scancache import CACHE_DIR_ENV, load_scan, scan_cache_dir
 
 HOUR_AGO_NS = time.time_ns() - 3600 * 10**9
 

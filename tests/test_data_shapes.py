@@ -8,7 +8,6 @@ import pytest
 from omegaconf import OmegaConf
 
 from paddletrain.config import DataConfig
-from paddletrain.data import shapes
 from paddletrain.data.datasets import (
     DatasetError,
     DatasetSplits,
@@ -16,7 +15,8 @@ from paddletrain.data.datasets import (
     list_datasets,
     register_dataset,
 )
-from paddletrain.data.shapes import CLASSES, ShapesDataset, preview
+from paddletrain.data.formats import shapes
+from paddletrain.data.formats.shapes import CLASSES, ShapesDataset, preview
 
 
 def _images(ds: ShapesDataset, indices) -> np.ndarray:

@@ -275,7 +275,7 @@ def test_a_run_over_http_killed_mid_epoch_continues_bitwise(shards, tmp_path):
 
 
 def test_class_balanced_sampling_draws_within_the_shards_windows(shards, tmp_path):
-    from paddletrain.data.balance import class_balanced_weights
+    from paddletrain.data.sampling.balance import class_balanced_weights
 
     cfg = compose_fit(["data=shards", *urls(str(shards)), f"data.cache_dir={tmp_path}", "data.sampler=class_balanced",
                        "data.batch_size=4", "data.num_workers=0", "data.shuffle_buffer=6", "data.image_size=12"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from paddletrain.data.sampler import ResumableBatchSampler, WeightedBatchSampler
+from paddletrain.data.sampling.sampler import ResumableBatchSampler, WeightedBatchSampler
 from paddletrain.data.shards.order import epoch_order, shard_starts, windows
 
 COUNTS = [7, 5, 9, 6, 8, 4, 10, 3]  # 52 samples in 8 shards

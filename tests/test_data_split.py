@@ -10,9 +10,9 @@ from PIL import Image
 
 from paddletrain.config import DataConfig
 from paddletrain.data.__main__ import main
-from paddletrain.data.check import check_dataset
 from paddletrain.data.datasets import build_datasets
-from paddletrain.data.split import split_folder, val_count
+from paddletrain.data.tools.check import check_dataset
+from paddletrain.data.tools.split import split_folder, val_count
 from paddletrain.errors import ExitCode, UserError
 from tests.conftest import data_command
 

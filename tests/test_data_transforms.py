@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 from paddletrain.config import DataConfig
-from paddletrain.data.transforms import PRESETS, ToNormalizedArray, build_transform, preprocessing_info
+from paddletrain.data.transforms.presets import PRESETS, ToNormalizedArray, build_transform, preprocessing_info
 from paddletrain.errors import ConfigError
 
 
@@ -229,7 +229,7 @@ def test_bad_augment_entries_name_the_entry_and_option(entry, line):
 
 
 def test_alternating_flip_mirrors_each_image_on_every_other_epoch_from_a_random_start():
-    from paddletrain.data.transforms import mirrored
+    from paddletrain.data.transforms.presets import mirrored
 
     starts = [mirrored(7, index, 0) for index in range(2000)]
     assert 0.45 < np.mean(starts) < 0.55  # a random start per image
@@ -241,8 +241,8 @@ def test_alternating_flip_mirrors_each_image_on_every_other_epoch_from_a_random_
 def test_alternating_flip_through_the_loader_is_the_same_for_any_worker_count_and_alternates():
     import paddle
 
-    from paddletrain.data.loaders import build_loader
-    from paddletrain.data.transforms import AlternatingFlip
+    from paddletrain.data.loading.loaders import build_loader
+    from paddletrain.data.transforms.presets import AlternatingFlip
 
     class Asymmetric(paddle.io.Dataset):  # a bright left column: its place tells whether an image was mirrored
         classes = ["a"]
@@ -279,7 +279,7 @@ def test_alternating_flip_through_the_loader_is_the_same_for_any_worker_count_an
 
 def _flipped_array(image):
     """The alternating flip alone, to a CHW float array of 0..255 (a module function: loader workers pickle it)."""
-    from paddletrain.data.transforms import AlternatingFlip
+    from paddletrain.data.transforms.presets import AlternatingFlip
 
     return np.asarray(AlternatingFlip()(image), np.float32).transpose(2, 0, 1)
 

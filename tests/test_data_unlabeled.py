@@ -9,9 +9,9 @@ from PIL import Image
 
 from paddletrain.config import DataConfig
 from paddletrain.data.datasets import DatasetError
-from paddletrain.data.loaders import build_loader
-from paddletrain.data.transforms import build_transform
-from paddletrain.data.unlabeled import UNLABELED, UnlabeledImageFolder, with_unlabeled
+from paddletrain.data.formats.unlabeled import UNLABELED, UnlabeledImageFolder, with_unlabeled
+from paddletrain.data.loading.loaders import build_loader
+from paddletrain.data.transforms.presets import build_transform
 
 
 def _image(path, value=0):

@@ -16,7 +16,7 @@ from PIL import Image
 import paddletrain
 from paddletrain.config import DataConfig
 from paddletrain.data import build_transform, preprocessing_info
-from paddletrain.deploy.export import TOLERANCE, compare_logits, export_model, export_onnx
+from paddletrain.deploy.exporter import TOLERANCE, compare_logits, export_model, export_onnx
 from paddletrain.deploy.predictor import (
     OnnxPredictor,
     Predictor,
@@ -276,7 +276,7 @@ def test_auto_reads_the_precision_the_export_records(both_models, tmp_path):
 PROGRAMDESC_EXPORT = """
 import sys
 import paddle
-from paddletrain.deploy.export import export_model
+from paddletrain.deploy.exporter import export_model
 from paddletrain.models import create_model
 paddle.seed(0)
 export_model(create_model("resnet20", num_classes=4).eval(), sys.argv[1], input_size=(3, 16, 16))

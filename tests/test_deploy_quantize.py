@@ -13,7 +13,7 @@ from PIL import Image
 from paddletrain.build import rebuild_checkpoint, train
 from paddletrain.checkpoint import find_latest
 from paddletrain.data import build_datasets
-from paddletrain.deploy.export import (
+from paddletrain.deploy.exporter import (
     ExportConfig,
     export_checkpoint,
     export_model,

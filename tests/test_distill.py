@@ -9,8 +9,8 @@ import paddle
 import pytest
 
 from paddletrain.checkpoint import save_checkpoint
-from paddletrain.data.loaders import CheckedDataLoader, SeededDataset
-from paddletrain.data.sampler import ResumableBatchSampler
+from paddletrain.data.loading.loaders import CheckedDataLoader, SeededDataset
+from paddletrain.data.sampling.sampler import ResumableBatchSampler
 from paddletrain.distill import DistillConfig, Distiller, distillation_loss, kd_loss, ssld_loss
 from paddletrain.engine.limits import Limits
 from paddletrain.engine.precision import Precision

@@ -196,7 +196,7 @@ GIVEN = [
     Given("docs/checkpoints.md", r"^from paddletrain\.checkpoint import save_checkpoint",
           _MODEL + "opt = paddle.optimizer.AdamW(parameters=model.parameters())\n"),
     Given("docs/checkpoints.md", r"CheckpointManager\(root", "root = 'runs/a/retained'\n"),
-    Given("docs/data.md", r"^from paddletrain\.data\.mixup import Mixup",
+    Given("docs/data.md", r"^from paddletrain\.data\.transforms\.mixup import Mixup",
           _MODEL.replace("num_classes=6", "num_classes=1000") + "seed, rank = 0, 0\n"
           "images = paddle.rand([4, 3, 32, 32])\n"
                    "labels = paddle.to_tensor([0, 1, 2, 3])\n"),
@@ -204,7 +204,7 @@ GIVEN = [
           "from paddletrain.models import create_model\n"
           "from paddletrain.models.pretrained import save_pretrained\n"
           "save_pretrained(create_model('resnet50'), 'resnet50.safetensors')\n"),
-    Given("docs/inference.md", r"^from paddletrain\.deploy\.export import export_model",
+    Given("docs/inference.md", r"^from paddletrain\.deploy\.exporter import export_model",
           _MODEL + "from paddletrain.config import DataConfig\nfrom paddletrain.data import preprocessing_info\n"
                    "info = preprocessing_info(DataConfig(image_size=224))\n"
                    "class_names = ['circle', 'ring', 'square', 'triangle', 'star', 'cross']\n"),

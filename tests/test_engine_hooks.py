@@ -5,8 +5,8 @@ import numpy as np
 import paddle
 
 from paddletrain.config import DataConfig
-from paddletrain.data.loaders import build_loader
-from paddletrain.data.mixup import Mixup
+from paddletrain.data.loading.loaders import build_loader
+from paddletrain.data.transforms.mixup import Mixup
 from paddletrain.engine.hooks import EpochSampler, PaddedLoader, SkippingSampler, Stateful, batch_sampler_of
 from paddletrain.engine.limits import Limits
 from paddletrain.engine.trainer import Trainer

@@ -100,7 +100,7 @@ def test_table_without_checkpoints_or_visualdl():
 
 def test_summary_holds_balanced_accuracy_per_class_scores_and_the_confusion_matrix(finished_run):
     run_dir, _, lines, summary = finished_run
-    from paddletrain.data.shapes import CLASSES
+    from paddletrain.data.formats.shapes import CLASSES
 
     matrix = summary["val/confusion_matrix"]
     assert len(matrix) == len(CLASSES) and all(len(row) == len(CLASSES) for row in matrix)

@@ -14,7 +14,7 @@ import pytest
 
 from paddletrain.callbacks import ModelCheckpoint
 from paddletrain.checkpoint import find_latest
-from paddletrain.data.mixup import Mixup
+from paddletrain.data.transforms.mixup import Mixup
 from paddletrain.engine.callback import Callback, CheckpointCallback
 from paddletrain.engine.limits import Limits
 from paddletrain.engine.precision import Precision

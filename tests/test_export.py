@@ -19,7 +19,8 @@ from PIL import Image
 from paddletrain.build import rebuild_checkpoint, train
 from paddletrain.checkpoint import find_latest, load_checkpoint, save_checkpoint
 from paddletrain.data import build_datasets
-from paddletrain.deploy.export import (
+from paddletrain.deploy.batch_prediction import PredictConfig
+from paddletrain.deploy.exporter import (
     TOLERANCE,
     ExportConfig,
     _check_images,
@@ -30,7 +31,6 @@ from paddletrain.deploy.export import (
     parse_batch,
     reference_logits,
 )
-from paddletrain.deploy.predict import PredictConfig
 from paddletrain.deploy.predictor import Predictor, cpu_bf16_support
 from paddletrain.errors import UserError
 from paddletrain.export import run

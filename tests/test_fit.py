@@ -14,10 +14,10 @@ from PIL import Image
 
 from paddletrain.build import build_run, train
 from paddletrain.callbacks import Callback
-from paddletrain.data.sampler import WeightedBatchSampler
+from paddletrain.data.sampling.sampler import WeightedBatchSampler
 from paddletrain.engine.trainer import Trainer
 from paddletrain.models import register_model
-from paddletrain.models.registry import list_models
+from paddletrain.models._registry import list_models
 from paddletrain.validation import validate_config
 from tests.conftest import TINY, compose_fit, run_module
 

@@ -5,7 +5,7 @@ cycle until the function runs), relative or absolute; imports under ``if TYPE_CH
 count. Importing a submodule runs its parent packages' ``__init__`` first, so those are edges too, except a
 module's own parent packages (already being initialised when it runs). Optional third-party dependencies
 imported inside functions are outside the graph. In particular a registry module (``paddletrain.registry``,
-``paddletrain.models.registry``, ``paddletrain.data.datasets``) cannot import a
+``paddletrain.models._registry``, ``paddletrain.data.datasets``) cannot import a
 module that registers into it: that module imports the registry, which would close a cycle.
 """
 from __future__ import annotations
@@ -100,7 +100,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_paddletrain_has_no_import_cycle():
     graph = import_graph(ROOT, "paddletrain")
-    assert {"paddletrain.registry", "paddletrain.models.resnet", "paddletrain.data.shapes"} <= set(graph)
+    assert {"paddletrain.registry", "paddletrain.models.resnet", "paddletrain.data.formats.shapes"} <= set(graph)
     cycle = find_cycle(graph)
     assert cycle is None, f"import cycle: {' -> '.join(reversed(cycle))}"
 
@@ -125,14 +125,14 @@ def test_job_imports_nothing_from_the_wings_above_it():
 
 def test_the_registries_are_below_what_registers_into_them():
     graph = import_graph(ROOT, "paddletrain")
-    assert "paddletrain.models.registry" in graph["paddletrain.models.resnet"]
-    assert "paddletrain.data.datasets" in graph["paddletrain.data.shapes"]
-    for registry in ("paddletrain.registry", "paddletrain.models.registry",
+    assert "paddletrain.models._registry" in graph["paddletrain.models.resnet"]
+    assert "paddletrain.data.datasets" in graph["paddletrain.data.formats.shapes"]
+    for registry in ("paddletrain.registry", "paddletrain.models._registry",
                      "paddletrain.data.datasets"):
         assert not graph[registry] & {"paddletrain.models.resnet", "paddletrain.models.vision",
-                                      "paddletrain.models.pretrained", "paddletrain.data.shapes",
-                                      "paddletrain.data.imagefolder", "paddletrain.optim", "paddletrain.losses",
-                                      "paddletrain.data.augment", "paddletrain.builtin_components"}, registry
+                                      "paddletrain.models.pretrained", "paddletrain.data.formats.shapes",
+                                      "paddletrain.data.formats.imagefolder", "paddletrain.optim", "paddletrain.losses",
+                                      "paddletrain.data.transforms.augment", "paddletrain.builtin_components"}, registry
 
 
 def _write(root: Path, files: dict[str, str]) -> None:
@@ -296,11 +296,21 @@ def test_ci_runs_the_readmes_commands_in_a_new_venv():
     assert test in ci.splitlines(), f".ci/run must run the README's test command: {test}"
 
 
-# Release 0.1's module paths, which users may have written; each must keep importing for one release.
+# Module paths of earlier releases, which users may have written; each must keep importing for one release.
 OLD_PATHS = {"paddletrain.trainer": "Trainer", "paddletrain.inference": "Predictor", "paddletrain.limits": "Limits",
              "paddletrain.precision": "Precision", "paddletrain.callbacks.base": "Callback",
              "paddletrain.metrics_multilabel": "MultiLabelMeter", "paddletrain.quantize": "quantize_paddle",
-             "paddletrain.tta": "TestTimeAugmentation", "paddletrain.class_names": "read_names_file"}
+             "paddletrain.tta": "TestTimeAugmentation", "paddletrain.class_names": "read_names_file",
+             # Release 0.2's: the data wing's sub-wings, and modules renamed so that each name has one meaning.
+             "paddletrain.data.imagefolder": "ImageFolderDataset", "paddletrain.data.labellist": "LabelListDataset",
+             "paddletrain.data.label_lists": "read_label_list", "paddletrain.data.index": "SampleIndex",
+             "paddletrain.data.augment": "RandomErasing", "paddletrain.data.mixup": "Mixup",
+             "paddletrain.data.sampler": "ResumableBatchSampler", "paddletrain.data.holdout": "hold_out_by_config",
+             "paddletrain.data.loaders": "build_loader", "paddletrain.data.bundle": "build_data",
+             "paddletrain.data.check": "check_dataset", "paddletrain.data.split": "split_folder",
+             "paddletrain.deploy.export": "export_model", "paddletrain.deploy.predict": "predict_files",
+             "paddletrain.deploy.ship": "ShipConfig", "paddletrain.bench.index": "run_index",
+             "paddletrain.models.registry": "register_model"}
 
 
 def test_the_old_import_paths_still_import_with_a_deprecation_warning():
@@ -328,10 +338,10 @@ def test_the_library_half_of_a_command_is_handed_on_from_its_old_place():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             from paddletrain.export import export_model
-        from paddletrain.deploy.export import export_model as moved
+        from paddletrain.deploy.exporter import export_model as moved
         assert export_model is moved
         print([str(w.message) for w in caught if w.category is DeprecationWarning])
     """)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "paddletrain.export.export_model moved to paddletrain.deploy.export.export_model" in result.stdout
+    assert "paddletrain.export.export_model moved to paddletrain.deploy.exporter.export_model" in result.stdout

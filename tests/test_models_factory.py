@@ -6,9 +6,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from paddletrain.config import ModelConfig, OptimConfig
-from paddletrain.models import registry
+from paddletrain.models import _registry as registry
+from paddletrain.models._registry import ModelOptionError
 from paddletrain.models.factory import FROZEN, build_model
-from paddletrain.models.registry import ModelOptionError
 from paddletrain.optim import build_optimizer
 from tests.test_models_registry import isolated_registry  # noqa: F401  (fixture)
 

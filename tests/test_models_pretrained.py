@@ -10,7 +10,7 @@ from safetensors.numpy import save_file
 
 from paddletrain.callbacks import BackboneFreeze
 from paddletrain.checkpoint import save_checkpoint
-from paddletrain.data.shapes import render_shape
+from paddletrain.data.formats.shapes import render_shape
 from paddletrain.engine.limits import Limits
 from paddletrain.engine.trainer import Trainer
 from paddletrain.models import BasicBlock, LoadReport, PretrainedLoadError, ResNet, create_model, load_pretrained

@@ -13,8 +13,8 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 from paddletrain.config import LossConfig
-from paddletrain.data.mixup import Mixup
-from paddletrain.deploy.export import TOLERANCE, compare_logits
+from paddletrain.data.transforms.mixup import Mixup
+from paddletrain.deploy.exporter import TOLERANCE, compare_logits
 from paddletrain.errors import ConfigError, ExitCode
 from paddletrain.losses import binary_cross_entropy, build_loss, loss_name
 from paddletrain.metrics.multilabel import MultiLabelMeter, average_precision, multilabel_report

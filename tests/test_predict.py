@@ -10,15 +10,15 @@ import pytest
 from omegaconf import OmegaConf
 from PIL import Image
 
-from paddletrain.deploy.export import export_model, export_onnx
-from paddletrain.deploy.inputs import resolve_inputs
-from paddletrain.deploy.predict import (
+from paddletrain.deploy.batch_prediction import (
     PredictConfig,
     batch_chunks,
     default_num_workers,
     default_predictor_threads,
     predict_files,
 )
+from paddletrain.deploy.exporter import export_model, export_onnx
+from paddletrain.deploy.inputs import resolve_inputs
 from paddletrain.deploy.predictor import Predictor, load_predictor, softmax
 from paddletrain.errors import UserError
 from paddletrain.models import create_model
@@ -231,7 +231,7 @@ def test_the_first_batch_is_small_so_prediction_starts_sooner_and_every_path_is_
     assert [len(c) for c in batch_chunks(paths[:5], 2)] == [1, 2, 2]
     # predict_files asks for the small first batch only when workers decode ahead and the batch is not fixed
     calls = []
-    monkeypatch.setattr("paddletrain.deploy.predict.batch_chunks",
+    monkeypatch.setattr("paddletrain.deploy.batch_prediction.batch_chunks",
                         lambda paths, size, small_first: calls.append(small_first) or batch_chunks(paths, size))
     predictor = Predictor(export_dir, device="cpu", cpu_threads=1)
     for workers in (0, 1):

@@ -12,12 +12,12 @@ import pytest
 from omegaconf import OmegaConf
 from PIL import Image
 
-import paddletrain.deploy.export as exporting
+import paddletrain.deploy.exporter as exporting
 from paddletrain.build import checkpoint_config, rebuild_checkpoint, train
 from paddletrain.checkpoint import find_latest, load_checkpoint
 from paddletrain.deploy.divergence import Prefix, find_divergence, layer_chain, relative_error
 from paddletrain.deploy.predictor import cpu_bf16_support
-from paddletrain.deploy.ship import TARGETS, ShipConfig, compare_targets, layer_tolerance
+from paddletrain.deploy.shipping import TARGETS, ShipConfig, compare_targets, layer_tolerance
 from paddletrain.errors import ExitCode, UserError
 from paddletrain.evaluate import evaluate
 from paddletrain.models import create_model
@@ -155,7 +155,7 @@ def test_a_target_that_drops_exits_3_and_names_its_first_diverging_layer(run_dir
     # Measured over training seeds 0-5 of this run: the broken target scored 0.0-0.5 against the checkpoint's 1.0
     # (a drop of 50-100 points, agreement 0-50%), and bisection named BROKEN every time.
     _break_layer(monkeypatch)
-    monkeypatch.setattr("paddletrain.deploy.ship.TARGETS", PADDLE_ONLY)
+    monkeypatch.setattr("paddletrain.deploy.shipping.TARGETS", PADDLE_ONLY)
     cfg = OmegaConf.merge(OmegaConf.structured(ShipConfig),
                           {"checkpoint": f"{run_dir}:best", "out_dir": str(tmp_path), **FAST})
     assert run(cfg) == ExitCode.BAD_RESULT
@@ -303,7 +303,7 @@ def test_a_preprocess_json_that_differs_from_training_fails_the_report(run_dir, 
 
     sound = compare_targets(f"{run_dir}:best", tmp_path / "sound", targets=())
     assert sound.preprocess_max_diff == 0.0 and sound.passed
-    monkeypatch.setattr("paddletrain.deploy.ship.rebuild_checkpoint", bgr_trained)
+    monkeypatch.setattr("paddletrain.deploy.shipping.rebuild_checkpoint", bgr_trained)
     report = compare_targets(f"{run_dir}:best", tmp_path / "bgr", targets=())
     assert report.preprocess_max_diff > 0.1 and not report.preprocessing_matches and not report.passed
     assert "FAIL: preprocessing" in (tmp_path / "bgr" / "report.md").read_text()

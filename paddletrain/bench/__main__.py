@@ -25,9 +25,9 @@ from paddletrain.cli import run_script
 def benchmarks() -> dict[str, tuple[type, Callable[[Any], dict[str, Any]]]]:
     from paddletrain.bench.augment import AugmentBenchConfig, run_augment
     from paddletrain.bench.data import DataBenchConfig, run_data
-    from paddletrain.bench.index import IndexBenchConfig, run_index
     from paddletrain.bench.inference import InferenceBenchConfig, run_inference
-    from paddletrain.bench.precision import PrecisionBenchConfig, run_precision
+    from paddletrain.bench.million_files import IndexBenchConfig, run_index
+    from paddletrain.bench.precision_cost import PrecisionBenchConfig, run_precision
     from paddletrain.bench.train import ThreadsBenchConfig, TrainBenchConfig, run_threads, run_train
 
     return {

@@ -60,7 +60,7 @@ def _data_config(cfg: DataBenchConfig, num_workers: int) -> Any:
 
 def _dataset(cfg: DataBenchConfig) -> Any:
     from paddletrain.data import build_transform
-    from paddletrain.data.imagefolder import ImageFolderDataset
+    from paddletrain.data.formats.imagefolder import ImageFolderDataset
 
     return ImageFolderDataset(cfg.root, "train", transform=build_transform(_data_config(cfg, 0), train=True))
 

@@ -1,14 +1,14 @@
 """Inference throughput and latency vs batch size: dygraph eval vs the exported Paddle Inference predictor.
 
 - ``dygraph``: ``model.eval()`` under ``paddle.no_grad()``, logits fetched to NumPy (as a predictor returns).
-- ``predictor_<precision>``: the model exported by ``paddletrain.deploy.export.export_model`` and run by
+- ``predictor_<precision>``: the model exported by ``paddletrain.deploy.exporter.export_model`` and run by
   ``paddletrain.deploy.predictor.Predictor`` (oneDNN on CPU unless ``use_mkldnn=false``) on the same arrays, once
   per precision: fp32, and bf16 where the CPU runs it natively (AVX512-BF16/AMX). ``<arm>_rel_error`` is
   its relative logit error against dygraph on that batch (the export parity check's measure): the price of bf16.
   ``precisions=[fp32,int8]`` adds the int8 export (calibrated on standard-normal inputs: a speed measurement, its
   logits mean nothing) and ``predictor_int8_vs_fp32``, its speed-up over the fp32 predictor, paired by window.
 All arms run on the same pinned threads, windows interleaved per batch size; latency is the median time of
-one batch, throughput images/s. ``predict``: ``paddletrain.deploy.predict.predict_files`` end to end (decode,
+one batch, throughput images/s. ``predict``: ``paddletrain.deploy.batch_prediction.predict_files`` end to end (decode,
 preprocess in workers, predict) on synthetic JPEGs vs the bare predictor on ready arrays of the same count,
 for each predictor precision (and for the onnxruntime predictor of the fp32 export, which ``predict`` picks for
 fp32 when onnxruntime is installed).
@@ -46,7 +46,7 @@ from paddletrain.bench.common import (
     write_jpeg_folder,
 )
 from paddletrain.config import allowed
-from paddletrain.deploy.export import compare_logits, export_model
+from paddletrain.deploy.exporter import compare_logits, export_model
 from paddletrain.deploy.predictor import PRECISIONS
 from paddletrain.errors import ConfigError
 from paddletrain.job.runtime import DEVICES
@@ -167,7 +167,7 @@ def batch_table(cfg: InferenceBenchConfig, model: paddle.nn.Layer,
 
 def predict_pipeline(cfg: InferenceBenchConfig, predictor: Any, workdir: Path) -> dict[str, Any]:
     """predict_files' images/s on JPEGs vs the bare predictor's on ready arrays, interleaved windows."""
-    from paddletrain.deploy.predict import default_num_workers, predict_files
+    from paddletrain.deploy.batch_prediction import default_num_workers, predict_files
 
     source = max(cfg.image_size, round(cfg.image_size / 0.875))
     root = write_jpeg_folder(workdir / "images", cfg.predict_images, source)
@@ -195,7 +195,7 @@ def predict_pipeline(cfg: InferenceBenchConfig, predictor: Any, workdir: Path) -
 _PROGRAMDESC_EXPORT = """
 import sys
 from paddletrain.bench.common import bench_model
-from paddletrain.deploy.export import export_model
+from paddletrain.deploy.exporter import export_model
 name, classes, size, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 export_model(bench_model(name, classes).eval(), out, input_size=(3, size, size))
 """
@@ -232,7 +232,7 @@ def runtime_table(cfg: InferenceBenchConfig, workdir: Path) -> list[dict[str, An
     Every (runtime, threads) arm of a batch size runs in the same interleaved windows, so load that comes and
     goes hits them alike; ``paddle_vs_onnx`` is the median of the per-window speed ratios (> 1: Paddle faster).
     """
-    from paddletrain.deploy.export import export_onnx
+    from paddletrain.deploy.exporter import export_onnx
     from paddletrain.deploy.predictor import OnnxPredictor, Predictor
 
     model = bench_model(cfg.runtimes_model, cfg.num_classes)
@@ -280,7 +280,7 @@ def _onnx_available() -> str | None:
 
 def _onnx_predictor(predictor: Any, workdir: Path) -> Any:
     """The onnxruntime predictor of ``predictor``'s export (converted here), with the same threads."""
-    from paddletrain.deploy.export import export_onnx
+    from paddletrain.deploy.exporter import export_onnx
     from paddletrain.deploy.predictor import OnnxPredictor
 
     copy = workdir / "onnx-export"

@@ -1,4 +1,6 @@
-"""Datasets, transform presets, deterministic resumable samplers and checked loaders.
+"""Data: datasets as users keep them (:mod:`.formats`, :mod:`.shards`), transforms and augmentation
+(:mod:`.transforms`), deterministic resumable sampling (:mod:`.sampling`), checked loaders (:mod:`.loading`) and
+the dataset tools (:mod:`.tools`); the dataset registry is :mod:`.datasets`.
 
 The public names load on first use (PEP 562), together with the built-in datasets (each dataset module registers
 its own builder; the registry, :mod:`paddletrain.data.datasets`, imports none of them). So the dataset tools
@@ -10,27 +12,28 @@ import importlib
 from typing import Any
 
 # Modules that register the built-in datasets.
-BUILTIN_DATASET_MODULES = ("cifar", "imagefolder", "labellist", "mnist", "shapes", "shards.dataset")
+BUILTIN_DATASET_MODULES = ("formats.cifar", "formats.imagefolder", "formats.label_list", "formats.mnist",
+                           "formats.shapes", "shards.dataset")
 
 # public name -> module that defines it
 _PUBLIC = {
     "BadSampleError": "paddletrain.data.datasets",
-    "CheckedDataLoader": "paddletrain.data.loaders",
+    "CheckedDataLoader": "paddletrain.data.loading.loaders",
     "DatasetError": "paddletrain.data.datasets",
     "DatasetSplits": "paddletrain.data.datasets",
-    "ImageFolderDataset": "paddletrain.data.imagefolder",
-    "LabelListDataset": "paddletrain.data.labellist",
-    "ResumableBatchSampler": "paddletrain.data.sampler",
-    "SampleIndex": "paddletrain.data.index",
-    "SampleKey": "paddletrain.data.sampler",
-    "SeededDataset": "paddletrain.data.loaders",
-    "ShapesDataset": "paddletrain.data.shapes",
+    "ImageFolderDataset": "paddletrain.data.formats.imagefolder",
+    "LabelListDataset": "paddletrain.data.formats.label_list",
+    "ResumableBatchSampler": "paddletrain.data.sampling.sampler",
+    "SampleIndex": "paddletrain.data.formats.sample_index",
+    "SampleKey": "paddletrain.data.sampling.sampler",
+    "SeededDataset": "paddletrain.data.loading.loaders",
+    "ShapesDataset": "paddletrain.data.formats.shapes",
     "UnknownDatasetError": "paddletrain.data.datasets",
     "build_datasets": "paddletrain.data.datasets",
-    "build_loader": "paddletrain.data.loaders",
-    "build_transform": "paddletrain.data.transforms",
+    "build_loader": "paddletrain.data.loading.loaders",
+    "build_transform": "paddletrain.data.transforms.presets",
     "list_datasets": "paddletrain.data.datasets",
-    "preprocessing_info": "paddletrain.data.transforms",
+    "preprocessing_info": "paddletrain.data.transforms.presets",
     "register_dataset": "paddletrain.data.datasets",
 }
 

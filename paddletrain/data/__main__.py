@@ -1,6 +1,7 @@
 """``python -m paddletrain.data check|split|pack``: the dataset tools' command line (thin: parse, call, print).
 
-The work is done by :func:`paddletrain.data.check.check_dataset`, :func:`paddletrain.data.split.split_folder` and
+The work is done by :func:`paddletrain.data.tools.check.check_dataset`,
+:func:`paddletrain.data.tools.split.split_folder` and
 :func:`paddletrain.data.shards.pack.pack`;
 this module only turns arguments into their calls, their results into text (or JSON) and the outcome into an
 :class:`~paddletrain.errors.ExitCode`: 0 clean (warnings allowed), 3 a check found errors, 2 a usage mistake (a
@@ -21,7 +22,7 @@ from paddletrain.console import install_warning_filters
 from paddletrain.errors import ExitCode, UserError
 
 if TYPE_CHECKING:
-    from paddletrain.data.check import CheckReport
+    from paddletrain.data.tools.check import CheckReport
 
 EXAMPLES = """\
 examples:
@@ -52,7 +53,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    from paddletrain.data.check import DEFAULT_MIN_SIZE, DEFAULT_TIMEOUT
+    from paddletrain.data.tools.check import DEFAULT_MIN_SIZE, DEFAULT_TIMEOUT
 
     parser = _Parser(prog="python -m paddletrain.data", description="Check, split or pack an image dataset.",
                      epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -147,7 +148,7 @@ def _print_check(report: CheckReport) -> None:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from paddletrain.data.check import check_dataset
+    from paddletrain.data.tools.check import check_dataset
 
     report = check_dataset(args.inputs, root=args.root, delimiter=args.delimiter, multilabel=args.multilabel,
                            class_names=args.class_names, min_size=args.min_size, workers=args.workers,
@@ -160,7 +161,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _split(args: argparse.Namespace) -> int:
-    from paddletrain.data.split import split_folder
+    from paddletrain.data.tools.split import split_folder
 
     result = split_folder(args.folder, val=args.val, seed=args.seed, out=args.out, force=args.force)
     total_val = sum(result.val_counts)

@@ -88,7 +88,8 @@ class DatasetSplits:
     """The train and validation datasets of one data config, with what the model needs to know of them.
 
     ``test`` is set when the validation split was held out of the training split (``data.holdout``,
-    :mod:`paddletrain.data.holdout`): it is then the dataset's own validation split, read by ``evaluate split=test``.
+    :mod:`paddletrain.data.sampling.holdout`): it is then the dataset's own validation split, read by ``evaluate
+    split=test``.
     """
 
     train: paddle.io.Dataset
@@ -168,7 +169,8 @@ def build_datasets(cfg: Any, train_transform: Transform = None, eval_transform: 
     keys); ``options`` are the builder's own keyword arguments (on the command line, the ``data`` keys the schema
     does not declare: :func:`paddletrain.config.factory_options`).
 
-    ``cfg.holdout`` is not applied here: :func:`paddletrain.data.holdout.hold_out_by_config` does it on what this
+    ``cfg.holdout`` is not applied here: :func:`paddletrain.data.sampling.holdout.hold_out_by_config` does it on what
+    this
     returns (``paddletrain.build.build_data`` calls both).
 
     Raises:

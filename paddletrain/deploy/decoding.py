@@ -44,7 +44,7 @@ _worker_blocks: dict[str, shared_memory.SharedMemory] = {}
 
 def _decode_each(paths: Sequence[str], preprocessing: Preprocessing) -> Iterator[tuple[str, np.ndarray | None, str]]:
     # Here, not at the top: paddletrain.data's __init__ loads Paddle (~4 s), which predict's start-up does without.
-    from paddletrain.data.images import ImageReadError, open_image
+    from paddletrain.data.formats.images import ImageReadError, open_image
 
     for path in paths:
         try:

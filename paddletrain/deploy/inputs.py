@@ -18,7 +18,7 @@ LIST_SUFFIXES = ("", ".txt", ".lst", ".list")
 
 def resolve_inputs(spec: str) -> list[str]:
     """The image paths ``spec`` names: a folder (recursive, image extensions), a list file, a glob or one image."""
-    from paddletrain.data.images import IMG_EXTENSIONS, is_image_file
+    from paddletrain.data.formats.images import IMG_EXTENSIONS, is_image_file
 
     path = Path(spec)
     if path.is_file():

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from paddletrain.data.class_names import read_names_file
+from paddletrain.data.formats.class_names import read_names_file
 from paddletrain.deploy.native_output import quiet_pass_statistics
 from paddletrain.devices import DEVICES
 from paddletrain.errors import UserError
@@ -122,7 +122,7 @@ class Preprocessing:
         # on use: importing this module must not load Paddle (predict's start-up, its decode workers)
         from paddle.vision import transforms as T
 
-        from paddletrain.data.transforms import ResizeIfNeeded, ToNormalizedArray, ToPILImage
+        from paddletrain.data.transforms.presets import ResizeIfNeeded, ToNormalizedArray, ToPILImage
 
         try:
             channels = int(info["input_size"][0])

@@ -1,6 +1,6 @@
 """int8 post-training quantization, next to export: calibration images, Paddle Inference int8, ONNX int8.
 
-Three steps, each its own function, composed by :func:`paddletrain.deploy.export.export_checkpoint`:
+Three steps, each its own function, composed by :func:`paddletrain.deploy.exporter.export_checkpoint`:
 
 1. :func:`calibration_files` and :func:`check_calibration_files`: the calibration source (a folder of images, a
    list file or a glob, read as ``paddletrain.predict`` reads its ``input=``) must name readable images of the
@@ -145,7 +145,7 @@ def check_calibration_files(files: Sequence[str], input_size: Sequence[int], spe
 def calibration_inputs(files: Sequence[str], preprocessing: Any) -> np.ndarray:
     """The files decoded and preprocessed (``preprocessing``: the export's :class:`~paddletrain.deploy.predictor.
     Preprocessing`) into one float32 NCHW array."""
-    from paddletrain.data.images import ImageReadError, open_image
+    from paddletrain.data.formats.images import ImageReadError, open_image
 
     inputs = []
     for path in files:

@@ -2,8 +2,9 @@
 batch transform. Each contract is a small runtime-checkable Protocol, so the Trainer tests for it with
 ``isinstance`` and any class with those methods qualifies, without deriving from anything.
 
-The data pipeline's own classes (:class:`~paddletrain.data.sampler.ResumableBatchSampler`,
-:class:`~paddletrain.data.loaders.CheckedDataLoader`, :class:`~paddletrain.data.mixup.Mixup`) fulfil all of them;
+The data pipeline's own classes (:class:`~paddletrain.data.sampling.sampler.ResumableBatchSampler`,
+:class:`~paddletrain.data.loading.loaders.CheckedDataLoader`, :class:`~paddletrain.data.transforms.mixup.Mixup`)
+fulfil all of them;
 a plain ``paddle.io.DataLoader`` or a list of batches fulfils none, and the Trainer then does without.
 """
 from __future__ import annotations

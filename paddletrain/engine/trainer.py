@@ -76,7 +76,7 @@ class Trainer:
             :class:`~paddletrain.errors.TrainingInterrupted`) and stop; a second signal, at least a second
             after the first, exits at once.
         batch_transform: ``batch_transform(images, labels) -> (images, targets)`` run on every training batch
-            before the forward pass (e.g. :class:`~paddletrain.data.mixup.Mixup`, whose soft targets the loss
+            before the forward pass (e.g. :class:`~paddletrain.data.transforms.mixup.Mixup`, whose soft targets the loss
             takes); metrics still count the original labels (:class:`~paddletrain.engine.hooks.BatchTransform`). A
             :class:`~paddletrain.engine.hooks.Stateful` one is saved in checkpoints (one entry per rank), so a resumed
             run draws what an uninterrupted one would.

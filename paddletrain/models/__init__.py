@@ -9,15 +9,15 @@ Importing this package registers the built-in builders (:mod:`.resnet`, :mod:`.v
 from __future__ import annotations
 
 from paddletrain.models import convgroups, resnet, vision  # noqa: F401  (register the built-in builders)
-from paddletrain.models.factory import create_model
-from paddletrain.models.pretrained import LoadReport, PretrainedLoadError, load_pretrained
-from paddletrain.models.registry import (
+from paddletrain.models._registry import (
     ModelOptionError,
     UnknownModelError,
     is_model,
     list_models,
     register_model,
 )
+from paddletrain.models.factory import create_model
+from paddletrain.models.pretrained import LoadReport, PretrainedLoadError, load_pretrained
 from paddletrain.models.resnet import BasicBlock, Bottleneck, ResNet
 
 __all__ = [

@@ -22,7 +22,7 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 
 from ..errors import ConfigError
-from .registry import register_model
+from ._registry import register_model
 from .resnet import GLOBAL_POOLS, conv3x3, widened
 
 __all__ = ["ConvGroup", "ConvGroupNet"]

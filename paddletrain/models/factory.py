@@ -12,8 +12,8 @@ from typing import Any
 import paddle
 from omegaconf import DictConfig
 
+from paddletrain.models._registry import ModelOptionError, model_builder
 from paddletrain.models.pretrained import load_pretrained
-from paddletrain.models.registry import ModelOptionError, model_builder
 from paddletrain.models.weights import describe
 
 __all__ = ["build_model", "create_model"]

@@ -26,8 +26,8 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 
 from ..errors import ConfigError
+from ._registry import ModelOptionError, check_model_options, register_model
 from .layers import DropPath, drop_path_rates
-from .registry import ModelOptionError, check_model_options, register_model
 
 __all__ = ["BasicBlock", "Bottleneck", "ResNet"]
 

@@ -18,7 +18,7 @@ import paddle.nn as nn
 import paddle.vision.models as vision_models
 
 from ..errors import ConfigError
-from .registry import register_model
+from ._registry import register_model
 
 __all__ = ["VisionModel", "list_vision_archs", "vision"]
 

@@ -23,10 +23,11 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 from paddletrain.config import DataConfig
-from paddletrain.data import build_loader, folder_scan, imagefolder, preprocessing_info
+from paddletrain.data import build_loader, preprocessing_info
 from paddletrain.data.datasets import BadSampleError, DatasetError
-from paddletrain.data.imagefolder import ImageFolderDataset
-from paddletrain.data.images import IMG_EXTENSIONS, ImageReadError, open_image, to_mode
+from paddletrain.data.formats import folder_scan, imagefolder
+from paddletrain.data.formats.imagefolder import ImageFolderDataset
+from paddletrain.data.formats.images import IMG_EXTENSIONS, ImageReadError, open_image, to_mode
 from paddletrain.deploy.decoding import load_batch
 from paddletrain.deploy.predictor import Preprocessing
 from tests.conftest import run_module

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 from paddletrain.checkpoint import find_latest
-from paddletrain.data.loaders import build_loader
+from paddletrain.data.loading.loaders import build_loader
 from paddletrain.errors import ExitCode
 from paddletrain.job.distributed import RankOutcome, lost_peers
 from paddletrain.job.launcher import NodeSpec, decide

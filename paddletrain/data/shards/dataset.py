@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from paddletrain.data.class_names import read_names_file
 from paddletrain.data.datasets import (
     BadSampleError,
     DatasetError,
@@ -34,9 +33,10 @@ from paddletrain.data.datasets import (
     Transform,
     register_dataset,
 )
-from paddletrain.data.images import ImageReadError, decode_image
-from paddletrain.data.index import SampleIndex
-from paddletrain.data.scancache import cache_root
+from paddletrain.data.formats.class_names import read_names_file
+from paddletrain.data.formats.images import ImageReadError, decode_image
+from paddletrain.data.formats.sample_index import SampleIndex
+from paddletrain.data.formats.scancache import cache_root
 from paddletrain.data.shards import order as shard_order
 from paddletrain.data.shards.cache import ShardCache, ShardChecksumError
 from paddletrain.data.shards.index import MAX_INDEX_BYTES, ShardEntry, ShardIndex, ShardIndexError

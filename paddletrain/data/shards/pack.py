@@ -31,10 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-from paddletrain.data import folder_scan
-from paddletrain.data.class_names import read_names_file
 from paddletrain.data.errors import DatasetError
-from paddletrain.data.label_lists import read_label_list
+from paddletrain.data.formats import folder_scan
+from paddletrain.data.formats.class_names import read_names_file
+from paddletrain.data.formats.label_list_file import read_label_list
 from paddletrain.data.shards.cache import file_sha256
 from paddletrain.data.shards.index import ShardEntry, ShardIndex
 from paddletrain.data.shards.layout import IMAGE_EXTENSIONS, member_bytes, member_info, scan_shard, write_member

@@ -1,7 +1,8 @@
 """A cache of image-folder scans, so that a second start on an unchanged folder skips the walk.
 
 Scanning ImageNet's 1.28 M files costs a ``scandir`` of each of its 1000 class directories and seconds of
-Python; the result (a :class:`~paddletrain.data.index.SampleIndex` plus what the scan report and the class list
+Python; the result (a :class:`~paddletrain.data.formats.sample_index.SampleIndex` plus what the scan report and the
+class list
 need) is kept as one ``.npz`` per resolved root and split in :func:`scan_cache_dir`.
 
 A cached scan is used only while every directory the scan listed still has the same
@@ -37,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from paddletrain.data.index import SampleIndex
+from paddletrain.data.formats.sample_index import SampleIndex
 
 __all__ = ["CACHE_DIR_ENV", "cache_root", "load_scan", "save_scan", "scan_cache_dir"]
 

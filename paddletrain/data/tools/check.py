@@ -3,10 +3,11 @@
 ``python -m paddletrain.data check`` (:mod:`paddletrain.data.__main__`) prints :func:`check_dataset`'s report. The
 inputs are read by the loader's own readers, so the check accepts and refuses exactly what training does:
 
-- an image folder by :func:`~paddletrain.data.folder_scan.scan_split` (the confined scan of ``data=imagefolder``),
+- an image folder by :func:`~paddletrain.data.formats.folder_scan.scan_split` (the confined scan of
+``data=imagefolder``),
   a root ``root/{train,val}/<class>/...`` as its two splits, or a single split folder ``<folder>/<class>/...``;
-- label lists by :func:`~paddletrain.data.labellist.check_label_list` (every bad line, not only the first);
-- every image by :func:`~paddletrain.data.images.open_image` and ``to_mode(image, "RGB")``, as a training sample
+- label lists by :func:`~paddletrain.data.formats.label_list.check_label_list` (every bad line, not only the first);
+- every image by :func:`~paddletrain.data.formats.images.open_image` and ``to_mode(image, "RGB")``, as a training sample
   is decoded, in worker processes, each decode bounded in time. No image stays in memory: a file leaves behind a
   16-byte BLAKE2b digest of its bytes (for leaks and duplicates) and its problems.
 
@@ -32,10 +33,10 @@ import numpy as np
 from PIL import UnidentifiedImageError
 from tqdm import tqdm
 
-from paddletrain.data import folder_scan
-from paddletrain.data.class_names import read_names_file
 from paddletrain.data.errors import DatasetError
-from paddletrain.data.images import (
+from paddletrain.data.formats import folder_scan
+from paddletrain.data.formats.class_names import read_names_file
+from paddletrain.data.formats.images import (
     IMG_EXTENSIONS,
     SIXTEEN_BIT_MODES,
     ImageReadError,
@@ -43,7 +44,7 @@ from paddletrain.data.images import (
     open_regular,
     to_mode,
 )
-from paddletrain.data.label_lists import LINE_PROBLEM_KINDS, check_label_list
+from paddletrain.data.formats.label_list_file import LINE_PROBLEM_KINDS, check_label_list
 from paddletrain.errors import ExitCode, UserError
 
 __all__ = ["DEFAULT_MIN_SIZE", "KINDS", "CheckReport", "Kind", "Problem", "SplitReport", "check_dataset",

@@ -18,7 +18,7 @@ import numpy as np
 from PIL import Image
 
 from paddletrain.data.datasets import BadSampleError, DatasetError, ImageDataset, Transform
-from paddletrain.data.images import ImageReadError, is_image_file, open_image
+from paddletrain.data.formats.images import ImageReadError, is_image_file, open_image
 
 log = logging.getLogger("paddletrain")
 

@@ -121,7 +121,7 @@ class PredictSummary:
 def check_output_location(output: str, input_spec: str) -> None:
     """Refuse an ``output`` that is the ``input`` list file, or an image file inside the ``input`` folder (it
     would be read as an input by the next run over that folder)."""
-    from paddletrain.data.images import is_image_file  # on use: importing predict must not load Paddle
+    from paddletrain.data.formats.images import is_image_file  # on use: importing predict must not load Paddle
 
     out, spec = Path(output), Path(input_spec)
     if spec.is_file() and out.exists() and os.path.samefile(out, spec):
@@ -206,8 +206,10 @@ def read_labelled_inputs(spec: str, data_root: str, delimiter: str = " ",
                          multilabel: bool = False) -> dict[str, int] | dict[str, list[int]]:
     """The images of the label list ``spec`` (paths relative to ``data_root``) and their class indices (a list of
     them per image for a ``multilabel`` list), checked as training checks its lists
-    (:func:`paddletrain.data.labellist.read_label_list`)."""
-    from paddletrain.data.label_lists import read_label_list  # on use: importing predict must not load Paddle
+    (:func:`paddletrain.data.formats.label_list.read_label_list`)."""
+    from paddletrain.data.formats.label_list_file import (
+        read_label_list,  # on use: importing predict must not load Paddle
+    )
 
     index = read_label_list(spec, data_root, key="input", delimiter=delimiter, multilabel=multilabel).index
     if multilabel:
@@ -364,8 +366,8 @@ def export_for_prediction(cfg: DictConfig) -> Path | None:
     (in paddletrain's cache, keyed by the checkpoint's manifest, the format and the weights); None when the check
     fails."""
     from paddletrain.checkpoint.locate import locate_checkpoint  # on use: importing predict must not load Paddle
-    from paddletrain.data.scancache import cache_root
-    from paddletrain.deploy.export import export_checkpoint
+    from paddletrain.data.formats.scancache import cache_root
+    from paddletrain.deploy.exporter import export_checkpoint
 
     fmt = cfg.backend
     if fmt == "auto":  # give the export a model.onnx when the runtime predict would then choose is onnxruntime

@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
-from paddletrain.data.balance import class_balanced_weights, class_counts, dataset_targets
 from paddletrain.data.datasets import build_datasets
-from paddletrain.data.holdout import hold_out_by_config
-from paddletrain.data.loaders import build_loader
-from paddletrain.data.transforms import build_transform
-from paddletrain.data.unlabeled import with_unlabeled
+from paddletrain.data.formats.unlabeled import with_unlabeled
+from paddletrain.data.loading.loaders import build_loader
+from paddletrain.data.sampling.balance import class_balanced_weights, class_counts, dataset_targets
+from paddletrain.data.sampling.holdout import hold_out_by_config
+from paddletrain.data.transforms.presets import build_transform
 from paddletrain.errors import UserError
 
 log = logging.getLogger("paddletrain")

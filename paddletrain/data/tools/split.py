@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from paddletrain.data import folder_scan
+from paddletrain.data.formats import folder_scan
 from paddletrain.errors import UserError
 
 __all__ = ["LIST_FILES", "SplitResult", "split_folder", "val_count"]

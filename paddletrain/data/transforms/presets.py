@@ -20,9 +20,9 @@ from paddle.vision import transforms as T
 from PIL import Image
 
 from paddletrain.config import TRANSFORMS
-from paddletrain.data.augment import RandAugment
-from paddletrain.data.images import to_mode
-from paddletrain.data.sampler import current_sample
+from paddletrain.data.formats.images import to_mode
+from paddletrain.data.sampling.sampler import current_sample
+from paddletrain.data.transforms.augment import RandAugment
 from paddletrain.errors import ConfigError
 from paddletrain.registry import AUGMENTATIONS
 
@@ -34,7 +34,7 @@ DEFAULT_CROP_PCT = 0.875
 class ToPILImage:
     """Convert a uint8 HWC/HW array or any PIL image to a PIL image with ``in_chans`` channels.
 
-    16-bit images (and uint16 arrays) are scaled to 8 bits by :func:`paddletrain.data.images.to_mode`.
+    16-bit images (and uint16 arrays) are scaled to 8 bits by :func:`paddletrain.data.formats.images.to_mode`.
     """
 
     def __init__(self, in_chans: int) -> None:
@@ -122,7 +122,7 @@ def _augmentations(cfg: Any) -> list:
     if cfg.hflip:
         alternating = getattr(cfg, "hflip_mode", "random") == "alternating"
         steps.append(AlternatingFlip() if alternating else T.RandomHorizontalFlip())
-    if cfg.auto_augment:  # RandAugment rand-m9-n2-mstd0.5 (paddletrain.data.augment)
+    if cfg.auto_augment:  # RandAugment rand-m9-n2-mstd0.5 (paddletrain.data.transforms.augment)
         steps.append(RandAugment())
     if cfg.color_jitter > 0:
         steps.append(T.ColorJitter(cfg.color_jitter, cfg.color_jitter, cfg.color_jitter))
@@ -134,7 +134,7 @@ class AlternatingFlip:
     per image, instead of at random each epoch; so two consecutive epochs show every image both ways.
 
     Whether image ``i`` is mirrored in epoch ``e`` is a pure function of the loader's seed, ``i`` and ``e``
-    (:func:`mirrored`), read from the sample :class:`~paddletrain.data.loaders.SeededDataset` is transforming,
+    (:func:`mirrored`), read from the sample :class:`~paddletrain.data.loading.loaders.SeededDataset` is transforming,
     so it is the same for any worker count and after a resume. Outside such a loader (no sample known) it flips at
     random, like ``RandomHorizontalFlip``. ``data.hflip_mode=alternating`` puts it in place of the random flip.
     """

@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from paddletrain.data.class_names import read_names_file
 from paddletrain.data.datasets import (
     BadSampleError,
     DatasetError,
@@ -34,9 +33,9 @@ from paddletrain.data.datasets import (
     register_dataset,
     require_root,
 )
-from paddletrain.data.images import ImageReadError, open_image
-from paddletrain.data.index import SampleIndex
-from paddletrain.data.label_lists import (
+from paddletrain.data.formats.class_names import read_names_file
+from paddletrain.data.formats.images import ImageReadError, open_image
+from paddletrain.data.formats.label_list_file import (
     BAD_LINE_POLICIES,
     LINE_PROBLEM_KINDS,
     LabelList,
@@ -46,6 +45,7 @@ from paddletrain.data.label_lists import (
     read_label_list,
     resolve_list_path,
 )
+from paddletrain.data.formats.sample_index import SampleIndex
 
 __all__ = ["BAD_LINE_POLICIES", "LINE_PROBLEM_KINDS", "LabelList", "LabelListDataset", "LineProblem", "ListCheck",
            "build_labellist", "check_label_list", "read_label_list", "resolve_list_path"]

@@ -1,9 +1,11 @@
 """A million files: the sample index at ImageNet's size, without any image.
 
-- ``parse``: :func:`~paddletrain.data.labellist.read_label_list` of a generated PaddleClas list of ``lines`` lines
+- ``parse``: :func:`~paddletrain.data.formats.label_list.read_label_list` of a generated PaddleClas list of ``lines``
+lines
   (``check_files=False``), and the existence checks (``check_files=True``) on a generated folder of
   ``folder_files`` empty files, given per million lines.
-- ``memory``: the :class:`~paddletrain.data.index.SampleIndex` of that list in bytes, against the Python list of
+- ``memory``: the :class:`~paddletrain.data.formats.sample_index.SampleIndex` of that list in bytes, against the
+Python list of
   ``(path, label)`` tuples a torchvision-style dataset keeps (its list, tuples, strings and integers).
 - ``workers``: one epoch through :func:`~paddletrain.data.build_loader` with ``workers`` worker processes over
   each of the two, with a reader that returns a tiny constant image after looking its path up (so the only
@@ -31,7 +33,7 @@ import numpy as np
 from paddletrain.bench.common import check_options, environment, finished
 from paddletrain.config import allowed
 from paddletrain.data.datasets import ImageDataset
-from paddletrain.data.labellist import LabelListDataset
+from paddletrain.data.formats.label_list import LabelListDataset
 
 # ImageNet-1k's training set.
 IMAGENET_TRAIN = 1_281_167
@@ -171,8 +173,8 @@ def _epoch_rows(index: Any, classes: list[str], cfg: IndexBenchConfig) -> list[d
 
 def _scan_rows(root: Path, cfg: IndexBenchConfig) -> list[dict[str, Any]]:
     """ImageFolderDataset's start on the generated folder: scanned, scanned and cached, from the cache."""
-    from paddletrain.data.imagefolder import ImageFolderDataset
-    from paddletrain.data.scancache import CACHE_DIR_ENV
+    from paddletrain.data.formats.imagefolder import ImageFolderDataset
+    from paddletrain.data.formats.scancache import CACHE_DIR_ENV
 
     os.environ[CACHE_DIR_ENV] = str(root.parent / "cache")
     first, _ = _timed(lambda: ImageFolderDataset(root, "train"))  # scans and writes the cache
@@ -193,7 +195,7 @@ def _scan_rows(root: Path, cfg: IndexBenchConfig) -> list[dict[str, Any]]:
 
 def run_index(cfg: IndexBenchConfig) -> dict[str, Any]:
     """Parse time, index memory, worker memory over an epoch and the scan cache, at ImageNet's size."""
-    from paddletrain.data.label_lists import read_label_list
+    from paddletrain.data.formats.label_list_file import read_label_list
 
     check_options(cfg, "index")
     env = environment()

@@ -1,7 +1,7 @@
 """``bench precision``: what an inference precision costs in logits, on your weights and your images.
 
 The model is exported once and run by the Predictor in each precision; every predictor is judged against fp32
-dygraph with the export parity check's own measure (:func:`paddletrain.deploy.export.compare_logits`). Beside them,
+dygraph with the export parity check's own measure (:func:`paddletrain.deploy.exporter.compare_logits`). Beside them,
 rows for mistakes the parity check exists to catch (batch norm in train mode, BGR input, unnormalised input),
 so the tolerance can be read against both::
 
@@ -24,7 +24,7 @@ from PIL import Image
 from paddletrain.bench.common import check_options, environment, finished
 from paddletrain.config import DataConfig, allowed
 from paddletrain.data import preprocessing_info
-from paddletrain.deploy.export import TOLERANCE, compare_logits, export_model, reference_logits
+from paddletrain.deploy.exporter import TOLERANCE, compare_logits, export_model, reference_logits
 from paddletrain.deploy.predictor import PRECISIONS, Predictor, check_precision_runs_on, cpu_bf16_support
 from paddletrain.errors import ConfigError
 from paddletrain.job.runtime import setup_runtime

@@ -1,9 +1,9 @@
 """The scan of an image folder, root/<split>/<class>/<image>, bounded and confined, with nothing of a framework:
-the dataset (:mod:`paddletrain.data.imagefolder`) and the dataset doctor (``python -m paddletrain.data check``)
+the dataset (:mod:`paddletrain.data.formats.imagefolder`) and the dataset doctor (``python -m paddletrain.data check``)
 share it.
 
 Nothing outside ``data.root`` is read, no directory is walked twice, only regular files become samples, and
-whatever is skipped is counted by reason (:class:`ScanReport`); the module :mod:`~paddletrain.data.imagefolder`
+whatever is skipped is counted by reason (:class:`ScanReport`); the module :mod:`~paddletrain.data.formats.imagefolder`
 says why each rule is there.
 """
 from __future__ import annotations
@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from paddletrain.data.class_names import read_names_file
 from paddletrain.data.errors import DatasetError
-from paddletrain.data.images import file_kind, is_image_file
+from paddletrain.data.formats.class_names import read_names_file
+from paddletrain.data.formats.images import file_kind, is_image_file
 
 log = logging.getLogger("paddletrain")
 

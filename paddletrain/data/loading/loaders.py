@@ -35,17 +35,17 @@ from typing import Any
 import numpy as np
 import paddle
 
-from paddletrain.data.balance import class_balanced_weights, dataset_targets
 from paddletrain.data.datasets import BadSampleError, DatasetError
 from paddletrain.data.errors import SourceUnavailableError
-from paddletrain.data.sampler import (
+from paddletrain.data.formats.unlabeled import UNLABELED
+from paddletrain.data.sampling.balance import class_balanced_weights, dataset_targets
+from paddletrain.data.sampling.sampler import (
     CurrentSample,
     ResumableBatchSampler,
     SampleKey,
     WeightedBatchSampler,
     set_current_sample,
 )
-from paddletrain.data.unlabeled import UNLABELED
 from paddletrain.errors import ConfigError
 from paddletrain.job.processes import call_with_worker_setup, stop_signals_held
 
@@ -163,7 +163,7 @@ class SeededDataset(paddle.io.Dataset):
             if saved is not None:
                 random.setstate(saved[0])
                 np.random.set_state(saved[1])
-        # UNLABELED marks an extra image for label-free distillation (paddletrain.data.unlabeled).
+        # UNLABELED marks an extra image for label-free distillation (paddletrain.data.formats.unlabeled).
         if self.num_classes is not None and not self.multilabel and not 0 <= label < self.num_classes \
                 and label != UNLABELED:
             return BadSample(key.index, key.batch, self.describe(key.index),
@@ -435,7 +435,7 @@ def build_loader(dataset: Any, cfg: Any, train: bool, seed: int, num_replicas: i
     """A loader over ``dataset`` configured by a ``DataConfig``.
 
     Train: shuffled by ``(seed, epoch)`` (``data.sampler=class_balanced``: drawn with replacement by
-    ``sample_weights``, by default :func:`~paddletrain.data.balance.class_balanced_weights` of the dataset's
+    ``sample_weights``, by default :func:`~paddletrain.data.sampling.balance.class_balanced_weights` of the dataset's
     targets), ``cfg.drop_last``, ``cfg.batch_size``, each image ``cfg.num_repeats``
     times (repeated augmentation). Eval: dataset order, every
     sample exactly once per rank shard (never dropped), ``cfg.eval_batch_size`` (default ``batch_size``).

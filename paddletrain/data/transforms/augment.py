@@ -4,14 +4,14 @@ Every class here is registered in :data:`paddletrain.registry.AUGMENTATIONS` and
 Each one says where it runs in the transform pipeline through its ``stage`` attribute:
 
 - ``"image"``: a PIL image ("RGB" or "L") in, a PIL image of the same size and mode out; it runs after the
-  crop and flip and before :class:`~paddletrain.data.transforms.ToNormalizedArray` (RandAugment,
+  crop and flip and before :class:`~paddletrain.data.transforms.presets.ToNormalizedArray` (RandAugment,
   AutoAugment, TrivialAugment).
 - ``"array"``: a normalised float32 CHW array in and out; it runs after ``ToNormalizedArray``
   (RandomErasing, as in timm: erasing with zeros then means "the dataset mean", and the random fills are
   drawn from the normalised pixels' distribution).
 
 All random draws come from python ``random`` and ``numpy.random``, which the loader reseeds per batch from
-(seed, epoch, rank, batch) (see :class:`~paddletrain.data.loaders.SeededDataset`), so augmentation is
+(seed, epoch, rank, batch) (see :class:`~paddletrain.data.loading.loaders.SeededDataset`), so augmentation is
 identical for any worker count and after a resume.
 
 The image operations are PIL primitives: paddle.vision has no posterize, solarize, equalize, autocontrast,

@@ -1,7 +1,7 @@
 """A batch sampler whose order is a pure function of (seed, epoch), and that can resume mid-epoch.
 
 Each yielded batch is a list of :class:`SampleKey` ``(index, epoch, batch, rank, position)``. Carrying the
-epoch, rank and batch number to the dataset lets :class:`paddletrain.data.loaders.SeededDataset` seed
+epoch, rank and batch number to the dataset lets :class:`paddletrain.data.loading.loaders.SeededDataset` seed
 augmentation per batch in any worker process (persistent or not); the batch number also lets the loader
 record exactly how many batches the consumer has received, which the sampler itself cannot know while
 workers prefetch ahead of it.
@@ -33,7 +33,8 @@ class SampleKey(NamedTuple):
     position: int = 0  # within the batch; 0 marks the sample that seeds the batch's augmentation
 
 
-# The sample a transform is running on, set by paddletrain.data.loaders.SeededDataset around its transform: what a
+# The sample a transform is running on, set by paddletrain.data.loading.loaders.SeededDataset around its transform:
+# what a
 # deterministic augmentation reads (AlternatingFlip). Per thread; None outside a SeededDataset.
 _current = threading.local()
 
@@ -47,7 +48,7 @@ class CurrentSample(NamedTuple):
 
 
 def current_sample() -> CurrentSample | None:
-    """The sample :class:`~paddletrain.data.loaders.SeededDataset` is transforming in this thread, if any."""
+    """The sample :class:`~paddletrain.data.loading.loaders.SeededDataset` is transforming in this thread, if any."""
     return getattr(_current, "sample", None)
 
 
@@ -257,7 +258,8 @@ class WeightedBatchSampler(ResumableBatchSampler):
     does; the draw is then repeated, padded, sharded (rank ``r`` takes every ``num_replicas``-th entry from ``r``:
     the ranks' shares are disjoint positions of one draw), batched and resumed exactly like the permutation of
     the parent class. With ``1 / count`` of each sample's class as its weight
-    (:func:`paddletrain.data.balance.class_balanced_weights`) every class is drawn equally often in expectation.
+    (:func:`paddletrain.data.sampling.balance.class_balanced_weights`) every class is drawn equally often in
+    expectation.
     """
 
     def __init__(self, dataset: Sized, batch_size: int, weights: np.ndarray, *, drop_last: bool = False,

@@ -1,7 +1,7 @@
 """What ships: every runtime target exported from one checkpoint and measured against it.
 
 :func:`compare_targets` exports each target this machine can run (:data:`TARGETS`: Paddle Inference fp32, bf16 and
-int8; ONNX fp32 and int8) through :func:`paddletrain.deploy.export.export_checkpoint`, evaluates each on the whole
+int8; ONNX fp32 and int8) through :func:`paddletrain.deploy.exporter.export_checkpoint`, evaluates each on the whole
 validation set next to the checkpoint's dygraph model on the same preprocessed inputs, and reports top-1 (mAP for
 a multi-label model), agreement, logit error, latency, throughput and size (:class:`ShipReport`). A target that
 disagrees gets a layer-by-layer comparison (:mod:`~paddletrain.deploy.divergence`). The command is
@@ -26,9 +26,9 @@ from paddletrain.build import rebuild_checkpoint
 from paddletrain.checkpoint.locate import locate_checkpoint
 from paddletrain.config import RuntimeConfig, allowed, check_field, cli_schema
 from paddletrain.data import DatasetError, ImageFolderDataset, LabelListDataset, SampleIndex
-from paddletrain.data.folder_scan import scan_split
-from paddletrain.data.label_lists import read_label_list
-from paddletrain.deploy import export as exporting
+from paddletrain.data.formats.folder_scan import scan_split
+from paddletrain.data.formats.label_list_file import read_label_list
+from paddletrain.deploy import exporter as exporting
 from paddletrain.deploy.divergence import Divergence, find_divergence
 from paddletrain.deploy.native_output import stdout_to_stderr
 from paddletrain.deploy.predictor import (
@@ -123,7 +123,7 @@ def _importable(module: str) -> bool:
 
 @dataclass(frozen=True)
 class Target:
-    """A way to ship the model: a format and precision of :func:`paddletrain.deploy.export.export_checkpoint`, and the
+    """A way to ship the model: a format and precision of :func:`paddletrain.deploy.exporter.export_checkpoint`, and the
     runtime that runs it (``format``: ``paddle`` = Paddle Inference, ``onnx`` = onnxruntime).
 
     ``unavailable`` says why this machine cannot run it (None: it can), so a skipped target always has a reason.

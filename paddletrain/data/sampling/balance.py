@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from paddletrain.data.datasets import DatasetError
-from paddletrain.data.unlabeled import UNLABELED
+from paddletrain.data.formats.unlabeled import UNLABELED
 
 
 def dataset_targets(dataset: Any) -> np.ndarray | None:

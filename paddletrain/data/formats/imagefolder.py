@@ -38,7 +38,7 @@ from paddletrain.data.datasets import (
     register_dataset,
     require_root,
 )
-from paddletrain.data.folder_scan import (
+from paddletrain.data.formats.folder_scan import (
     ScanReport,
     SplitContents,
     SplitScan,
@@ -50,9 +50,9 @@ from paddletrain.data.folder_scan import (
     scan_split,
     split_dir_of,
 )
-from paddletrain.data.images import IMG_EXTENSIONS, ImageReadError, is_image_file, open_image
-from paddletrain.data.index import SampleIndex
-from paddletrain.data.scancache import load_scan, save_scan
+from paddletrain.data.formats.images import IMG_EXTENSIONS, ImageReadError, is_image_file, open_image
+from paddletrain.data.formats.sample_index import SampleIndex
+from paddletrain.data.formats.scancache import load_scan, save_scan
 
 __all__ = ["IMG_EXTENSIONS", "ImageFolderDataset", "ScanReport", "SplitContents", "build_imagefolder", "class_dirs",
            "is_image_file", "read_class_names", "scan_split"]
@@ -68,7 +68,7 @@ class ImageFolderDataset(ImageDataset):
     directories, non-regular files and symlinks leaving ``root`` (or leading into the other split) are skipped
     and counted in ``scan_report``, which is logged as one line per split. ``class_names`` optionally names a
     text file with one display name per class (in sorted directory order) that replaces the directory names in
-    ``classes``. Images are decoded by :func:`paddletrain.data.images.open_image` and converted to RGB
+    ``classes``. Images are decoded by :func:`paddletrain.data.formats.images.open_image` and converted to RGB
     (``in_chans=3``) or grayscale (``in_chans=1``); a file that fails raises ``BadSampleError`` naming it.
     """
 
@@ -122,7 +122,7 @@ class ImageFolderDataset(ImageDataset):
         """Scan the split (and cache the result when ``cache`` and the scan allows it): class directories of
         ``root/train``, the split's index, its report."""
         # Stamps of the directories whose listings the class list and the split's layout come from, each taken
-        # before it is listed (see paddletrain.data.scancache).
+        # before it is listed (see paddletrain.data.formats.scancache).
         top = {rel: os.lstat(self.root / rel) for rel in ("", "train")}
         names = class_dirs(train_dir)
         if not names:

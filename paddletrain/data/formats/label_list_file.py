@@ -1,5 +1,5 @@
 """Reading and checking PaddleClas label lists (``<path> <label>`` a line, or multi-hot rows), with nothing of a
-framework: the dataset (:mod:`paddletrain.data.labellist`) and the dataset doctor (``python -m paddletrain.data
+framework: the dataset (:mod:`paddletrain.data.formats.label_list`) and the dataset doctor (``python -m paddletrain.data
 check``) share it. Every line is checked and every problem named by its kind (:data:`LINE_PROBLEM_KINDS`).
 """
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from paddletrain.data.errors import DatasetError
-from paddletrain.data.images import file_kind
-from paddletrain.data.index import SampleIndex
+from paddletrain.data.formats.images import file_kind
+from paddletrain.data.formats.sample_index import SampleIndex
 
 log = logging.getLogger("paddletrain")
 

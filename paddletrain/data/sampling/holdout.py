@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import paddle
 
-from paddletrain.data.balance import dataset_targets
 from paddletrain.data.datasets import DatasetError, DatasetSplits
-from paddletrain.data.split import val_count
+from paddletrain.data.sampling.balance import dataset_targets
+from paddletrain.data.tools.split import val_count
 
 __all__ = ["SubsetDataset", "hold_out", "hold_out_by_config", "holdout_indices", "train_subset"]
 
