@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # Release 0.1's module paths (paddletrain.trainer, paddletrain.inference, ...) keep importing, with a warning.
 from paddletrain._moved import install as _install_moved_paths  # noqa: E402

@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-# old module -> new module. Removed in the release after the next.
+# old module -> new module: deprecated in 0.2.0, removed in 0.3.0.
 MOVED_MODULES = {
     "paddletrain.trainer": "paddletrain.engine.trainer",
     "paddletrain.limits": "paddletrain.engine.limits",
@@ -72,7 +72,7 @@ MOVED_MODULES = {
 
 
 def _warn(old: str, new: str) -> None:
-    warnings.warn(f"{old} moved to {new}; the old path goes in the release after the next", DeprecationWarning,
+    warnings.warn(f"{old} moved to {new}; the old path is deprecated since 0.2.0 and goes in 0.3.0", DeprecationWarning,
                   stacklevel=3)
 
 
