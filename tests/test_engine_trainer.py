@@ -537,3 +537,18 @@ def test_a_plain_dataloader_is_refused_mid_epoch_naming_the_loader_that_resumes(
         trainer.fit(loader, ckpt_path=checkpoint)
     assert "\n" not in str(refused.value)
     assert trainer.global_step == 3  # restored, then refused before any step
+
+
+def test_the_trainers_state_lives_in_named_objects_and_its_old_names_read_them():
+    """settings, progress, results and the loop's own state: a few instance attributes, and trainer.epoch (what
+    callbacks read) is trainer.progress.epoch; state_dict hands the progress over whole."""
+    model = paddle.nn.Linear(4, 3)
+    trainer = Trainer(model, paddle.optimizer.SGD(0.1, parameters=model.parameters()), num_classes=3, rank=0)
+    trainer.fit([(paddle.rand([2, 4]), paddle.to_tensor([0, 1]))] * 3)
+    assert len(vars(trainer)) <= 25
+    assert {"settings", "progress", "results", "loop"} <= set(vars(trainer))
+    assert trainer.global_step == trainer.progress.global_step == 3
+    trainer.epoch = 5
+    assert trainer.progress.epoch == 5 and trainer.settings.num_classes == trainer.num_classes == 3
+    assert trainer.metrics is trainer.results.metrics
+    assert trainer.state_dict()["progress"]["epoch"] == 5

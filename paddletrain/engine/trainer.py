@@ -6,12 +6,14 @@ scheduler, precision and callbacks and hands them over.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -46,6 +48,73 @@ _ACTIVATIONS: dict[str, Callable[[paddle.Tensor], paddle.Tensor]] = {
     "sigmoid": paddle.nn.functional.sigmoid,
     "none": lambda logits: logits,
 }
+
+
+@dataclass
+class TrainerSettings:
+    """What the Trainer is told about the run besides the objects it drives (its constructor's plain values)."""
+
+    num_classes: int | None = None
+    class_names: list[str] | None = None
+    run_dir: str | None = None
+    hparams: dict[str, Any] | None = None
+    checkpoint_extras: dict[str, Any] = field(default_factory=dict)
+    rank: int = 0
+    world_size: int = 1
+    sync_bn: bool = False
+    find_unused_parameters: bool = False
+    handle_signals: bool = True
+
+
+@dataclass
+class FitResults:
+    """What fitting and validating produced: the last metrics, the last validation's per-class report, meter and
+    image count, the throughput of the epoch and of the fit, the fit's wall time, the checkpoint it resumed."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    val_report: ClassReport | None = None
+    val_samples: int = 0  # images the last validation scored (all ranks)
+    val_meter: Any | None = None
+    epoch_throughput: Throughput = field(default_factory=Throughput)
+    run_throughput: Throughput = field(default_factory=Throughput)
+    fit_seconds: float = 0.0  # everything: steps, validation, checkpoints
+    resumed_from: str | None = None
+
+
+@dataclass
+class LoopState:
+    """The running loop's own state: its loader, parameters and batch counts, the epoch's meter, the stop flag
+    callbacks set, the run of non-finite steps, and a mid-epoch checkpoint's training meter waiting for its
+    epoch."""
+
+    train_loader: Iterable | None = None
+    parameters: list[Any] = field(default_factory=list)  # the model's, for clipping and the AMP step
+    num_train_batches: int | None = None
+    num_val_batches: int | None = None
+    train_meter: ClassificationMeter | None = None
+    is_setup: bool = False
+    should_stop: bool = False
+    consecutive_nonfinite: int = 0
+    resumed_train_meter: dict[str, Any] | None = None
+
+
+class _Held:
+    """A Trainer attribute kept in one of its state objects (``settings``, ``progress``, ``results``, ``loop``):
+    ``trainer.epoch`` reads and writes ``trainer.progress.epoch``, so callbacks keep their names."""
+
+    def __init__(self, holder: str) -> None:
+        self.holder = holder
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, trainer: Any, owner: type | None = None) -> Any:
+        if trainer is None:
+            return self
+        return getattr(getattr(trainer, self.holder), self.name)
+
+    def __set__(self, trainer: Any, value: Any) -> None:
+        setattr(getattr(trainer, self.holder), self.name, value)
 
 
 class Trainer:
@@ -128,49 +197,52 @@ class Trainer:
             callbacks, key=lambda c: isinstance(c, CheckpointCallback) and c.runs_last)
         # Frozen: to change a limit between fits, assign dataclasses.replace(trainer.limits, ...).
         self.limits = limits if limits is not None else Limits()
-        self.num_classes = num_classes
-        self.class_names = list(class_names) if class_names is not None else None
-        self.run_dir = run_dir
-        self.hparams = hparams
-        self.checkpoint_extras = dict(checkpoint_extras or {})
-        self.rank = rank
-        self.world_size = world_size
-        self.sync_bn = sync_bn
-        self.find_unused_parameters = find_unused_parameters
         self.batch_transform = batch_transform
         self.distiller = distiller
         self.meters = meters
-        # The meter of the last validation, for reports beyond its metrics (e.g. per-class tables).
-        self.val_meter: Any | None = None
-        self._is_setup = False
         self.logger = log
+        # The state, in named objects; the attributes below (trainer.epoch, trainer.metrics, ...) read them.
+        self.settings = TrainerSettings(
+            num_classes=num_classes, class_names=list(class_names) if class_names is not None else None,
+            run_dir=run_dir, hparams=hparams, checkpoint_extras=dict(checkpoint_extras or {}), rank=rank,
+            world_size=world_size, sync_bn=sync_bn, find_unused_parameters=find_unused_parameters,
+            handle_signals=handle_signals)
+        # The position to continue from is (epoch, batch_in_epoch); epoch_finished marks that the epoch's
+        # validation and end hooks have run.
+        self.progress = Progress()
+        self.results = FitResults()
+        self.loop = LoopState()
 
-        # Progress: the position to continue from is (epoch, batch_in_epoch); epoch_finished marks that the
-        # epoch's validation and end hooks have run.
-        self.epoch = 0
-        self.batch_in_epoch = 0
-        self.epoch_finished = False
-        self.global_step = 0
-        self.should_stop = False
-        self.metrics: dict[str, float] = {}
-        # Per-class results of the last validation (all ranks), beside its scalars in `metrics`.
-        self.val_report: ClassReport | None = None
-        self.val_samples = 0  # images the last validation scored (all ranks)
-        self.nonfinite_steps = 0
-        self.consecutive_nonfinite = 0
-        self.num_train_batches: int | None = None
-        self.train_loader: Iterable | None = None
-        self.handle_signals = handle_signals
-        self.resumed_from: str | None = None
-        self._train_meter: ClassificationMeter | None = None
-        # Training throughput (paddletrain.metrics.Throughput) of the current epoch and of this fit so far.
-        self.epoch_throughput = Throughput()
-        self.run_throughput = Throughput()
-        # Wall time of the last fit (everything: steps, validation, checkpoints), beside the step time above.
-        self.fit_seconds = 0.0
-        self.num_val_batches: int | None = None
-        # A mid-epoch checkpoint's training meter, restored into the continuing epoch's meter (then cleared).
-        self.resumed_train_meter: dict[str, Any] | None = None
+    # The state objects' fields under the names callbacks and scripts use.
+    num_classes = _Held("settings")
+    class_names = _Held("settings")
+    run_dir = _Held("settings")
+    hparams = _Held("settings")
+    checkpoint_extras = _Held("settings")
+    rank = _Held("settings")
+    world_size = _Held("settings")
+    sync_bn = _Held("settings")
+    find_unused_parameters = _Held("settings")
+    handle_signals = _Held("settings")
+    epoch = _Held("progress")
+    batch_in_epoch = _Held("progress")
+    epoch_finished = _Held("progress")
+    global_step = _Held("progress")
+    nonfinite_steps = _Held("progress")
+    metrics = _Held("results")
+    val_report = _Held("results")
+    val_samples = _Held("results")
+    val_meter = _Held("results")
+    epoch_throughput = _Held("results")
+    run_throughput = _Held("results")
+    fit_seconds = _Held("results")
+    resumed_from = _Held("results")
+    train_loader = _Held("loop")
+    num_train_batches = _Held("loop")
+    num_val_batches = _Held("loop")
+    should_stop = _Held("loop")
+    consecutive_nonfinite = _Held("loop")
+    resumed_train_meter = _Held("loop")
 
     # ------------------------------------------------------------------ properties
     @property
@@ -241,9 +313,9 @@ class Trainer:
     def setup(self) -> None:
         """Prepare the model once, before the first step or restore: the precision's casts (O2), then the
         data-parallel wrapper in a launched job (which must wrap the cast model)."""
-        if self._is_setup:
+        if self.loop.is_setup:
             return
-        self._is_setup = True
+        self.loop.is_setup = True
         self.model, self.optimizer = self.precision.setup(self.model, self.optimizer)
         if self.world_size > 1 and not isinstance(self.model, paddle.DataParallel):
             self.model = distributed.wrap(self.model, find_unused_parameters=self.find_unused_parameters,
@@ -260,7 +332,7 @@ class Trainer:
         self._required_optimizer()  # before any hook runs: nothing is half-started
         self.setup()
         # Walking the layer tree every step costs ~0.2-0.5 ms (measured): list the parameters once.
-        self._parameters = list(self.module.parameters())
+        self.loop.parameters = list(self.module.parameters())
         self.train_loader = train_loader
         self.num_train_batches = count_batches(train_loader, self.limits.limit_train_batches)
         self.call_hook("setup")
@@ -345,7 +417,7 @@ class Trainer:
 
     def _train_batches(self, loader: Iterable) -> tuple[dict[str, float], bool]:
         """Train over the epoch's remaining batches; returns the epoch's metrics and whether all batches ran."""
-        meter = self._train_meter = self.new_meter("train")
+        meter = self.loop.train_meter = self.new_meter("train")
         if self.resumed_train_meter is not None:
             meter.load_state_dict(self.resumed_train_meter)
             self.resumed_train_meter = None
@@ -405,7 +477,7 @@ class Trainer:
     def _optimizer_step(self) -> tuple[bool, bool]:
         """Unscale, check, clip and step; the scheduler advances only when the optimizer really stepped."""
         self.call_hook("on_before_optimizer_step", self.optimizer)
-        result = self.precision.step(self.optimizer, self._parameters, clip_norm=self.limits.grad_clip_norm)
+        result = self.precision.step(self.optimizer, self.loop.parameters, clip_norm=self.limits.grad_clip_norm)
         if result.stepped:
             self.global_step += 1
             self.consecutive_nonfinite = 0
@@ -508,9 +580,7 @@ class Trainer:
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly (:func:`paddletrain.engine.state.save_state`): weights, optimizer,
         scheduler, precision, callbacks, progress, RNGs, the sampler's position."""
-        progress = Progress(epoch=self.epoch, batch_in_epoch=self.batch_in_epoch, epoch_finished=self.epoch_finished,
-                            global_step=self.global_step, nonfinite_steps=self.nonfinite_steps)
-        return save_state(self._state_parts(), progress, self.metrics, self._train_meter)
+        return save_state(self._state_parts(), dataclasses.replace(self.progress), self.metrics, self.loop.train_meter)
 
     def checkpoint_state(self) -> dict[str, Any]:
         """What a checkpoint holds: :meth:`state_dict`, the ``checkpoint_extras``, and whatever each callback's
@@ -525,11 +595,9 @@ class Trainer:
         """Restore what :meth:`state_dict` produced (:func:`paddletrain.engine.state.load_state`: every value is
         checked before anything changes; one that does not fit raises ``StateValueError`` naming its key)."""
         loaded = load_state(self._state_parts(), state)
-        progress = loaded.progress
-        self.epoch, self.batch_in_epoch = progress.epoch, progress.batch_in_epoch
-        self.global_step, self.nonfinite_steps = progress.global_step, progress.nonfinite_steps
+        self.progress = loaded.progress
         self.metrics.update(loaded.metrics)
-        self.resumed_train_meter = loaded.train_meter
+        self.loop.resumed_train_meter = loaded.train_meter
 
     def restore(self, checkpoint: Any) -> None:
         """Load a checkpoint (a directory, or a :class:`~paddletrain.checkpoint.Checkpoint`) into the trainer;
