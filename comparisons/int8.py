@@ -33,10 +33,10 @@ from typing import Any
 import numpy as np
 
 from paddletrain.bench.common import interleave, paired_ratio, timed
-from paddletrain.build import rebuild_checkpoint
 from paddletrain.deploy.exporter import export_checkpoint, reference_logits
 from paddletrain.deploy.predictor import OnnxPredictor, Predictor
 from paddletrain.deploy.quantize import ONNX_CALIBRATION, QUANT_ALGOS, simulated_logits
+from paddletrain.rebuild import rebuild_checkpoint
 
 
 def _inputs(rebuilt: Any, limit: int, train_images: int) -> tuple[np.ndarray, np.ndarray]:

@@ -478,7 +478,7 @@ class FitConfig:
 
 # The weights of a checkpoint that evaluate, export, predict and ship use: "auto" = the averaged ones (an EMA) when
 # the run validated with them (its best checkpoint was chosen on them), else the trained ones; "averaged" insists
-# on the average; "raw" = the trained weights (paddletrain.build.checkpoint_weights).
+# on the average; "raw" = the trained weights (paddletrain.rebuild.checkpoint_weights).
 WEIGHTS = ("auto", "averaged", "raw")
 
 

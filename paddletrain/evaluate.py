@@ -18,7 +18,7 @@ metrics (``val/loss``, ``val/top1``, ...), and ``val/per_class`` / ``val/confusi
 training split (``data.holdout``); the keys are then ``test/top1``, ...
 (:meth:`paddletrain.metrics.ClassReport.to_dict`). Nothing is written into the working directory.
 
-The work is :func:`paddletrain.build.evaluated_checkpoint` and :func:`paddletrain.build.build_evaluation`.
+The work is :func:`paddletrain.rebuild.evaluated_checkpoint` and :func:`paddletrain.rebuild.build_evaluation`.
 """
 from __future__ import annotations
 
@@ -29,10 +29,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from paddletrain.build import build_evaluation, evaluated_checkpoint
 from paddletrain.checkpoint import Checkpoint
 from paddletrain.cli import command_task, run_command
 from paddletrain.config import register_configs
+from paddletrain.rebuild import build_evaluation, evaluated_checkpoint
 
 log = logging.getLogger("paddletrain")
 

@@ -5,8 +5,8 @@ import pytest
 from omegaconf import OmegaConf
 
 import paddletrain
-from paddletrain.build import checkpoint_config, checkpoint_weights
 from paddletrain.errors import UserError
+from paddletrain.rebuild import checkpoint_config, checkpoint_weights
 from tests.conftest import compose_fit
 
 

@@ -10,7 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 from PIL import Image
 
-from paddletrain.build import rebuild_checkpoint, train
+from paddletrain.build import train
 from paddletrain.checkpoint import find_latest
 from paddletrain.data import build_datasets
 from paddletrain.deploy.exporter import (
@@ -32,6 +32,7 @@ from paddletrain.deploy.quantize import (
 )
 from paddletrain.errors import UserError
 from paddletrain.export import run
+from paddletrain.rebuild import rebuild_checkpoint
 from tests.conftest import TINY, compose_fit, run_module
 
 # Margins for int8 against fp32 on the test model's 64 validation images, measured over 5 seeds of the fixture's

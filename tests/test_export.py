@@ -16,7 +16,7 @@ import pytest
 from omegaconf import OmegaConf
 from PIL import Image
 
-from paddletrain.build import rebuild_checkpoint, train
+from paddletrain.build import train
 from paddletrain.checkpoint import find_latest, load_checkpoint, save_checkpoint
 from paddletrain.data import build_datasets
 from paddletrain.deploy.batch_prediction import PredictConfig
@@ -36,6 +36,7 @@ from paddletrain.errors import UserError
 from paddletrain.export import run
 from paddletrain.models import create_model
 from paddletrain.predict import run as predict
+from paddletrain.rebuild import rebuild_checkpoint
 from tests.conftest import TINY, command_code, compose_fit, run_module
 
 HAS_GPU = paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0

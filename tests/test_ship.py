@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 import paddletrain.deploy.exporter as exporting
-from paddletrain.build import checkpoint_config, rebuild_checkpoint, train
+from paddletrain.build import train
 from paddletrain.checkpoint import find_latest, load_checkpoint
 from paddletrain.deploy.divergence import Prefix, find_divergence, layer_chain, relative_error
 from paddletrain.deploy.predictor import cpu_bf16_support
@@ -21,6 +21,7 @@ from paddletrain.deploy.shipping import TARGETS, ShipConfig, compare_targets, la
 from paddletrain.errors import ExitCode, UserError
 from paddletrain.evaluate import evaluate
 from paddletrain.models import create_model
+from paddletrain.rebuild import checkpoint_config, rebuild_checkpoint
 from paddletrain.ship import run
 from tests.conftest import command_code, compose_fit, run_module, write_multilabel_squares
 

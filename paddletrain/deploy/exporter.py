@@ -22,7 +22,6 @@ import numpy as np
 import paddle
 from omegaconf import MISSING
 
-from paddletrain.build import RebuiltCheckpoint, rebuild_checkpoint
 from paddletrain.config import RuntimeConfig, allowed, check_field, cli_schema
 from paddletrain.deploy.native_output import stdout_to_stderr
 from paddletrain.deploy.predictor import (
@@ -54,6 +53,7 @@ from paddletrain.deploy.quantize import (
 )
 from paddletrain.errors import ExitCode, UserError
 from paddletrain.job.runtime import set_cpu_threads
+from paddletrain.rebuild import RebuiltCheckpoint, rebuild_checkpoint
 
 log = logging.getLogger("paddletrain")
 
@@ -261,7 +261,7 @@ def export_model(model: paddle.nn.Layer, out_dir: str | Path, input_size: tuple[
             :func:`paddletrain.deploy.quantize.reduce_range_for`); recorded in ``preprocess.json``'s ``"quantization"``.
         quant_bias_correction: ``precision="int8"`` only: correct the output means of layers whose weights are
             rounded to int8 (:mod:`paddletrain.deploy.bias_correction`); recorded there as ``"bias_correction"``.
-        weights: which of a checkpoint's weights ``model`` holds (:class:`paddletrain.build.CheckpointWeights`'s
+        weights: which of a checkpoint's weights ``model`` holds (:class:`paddletrain.rebuild.CheckpointWeights`'s
             record), written into ``preprocess.json`` beside ``"tta": null`` (an export runs one view).
 
     Returns:
@@ -306,7 +306,7 @@ def export_model(model: paddle.nn.Layer, out_dir: str | Path, input_size: tuple[
         "labels": list(labels) if labels is not None else None,
         "paddle_version": paddle.__version__,
     }
-    if weights is not None:  # which of a checkpoint's weights (paddletrain.build.CheckpointWeights.record); no TTA
+    if weights is not None:  # which of a checkpoint's weights (paddletrain.rebuild.CheckpointWeights.record); no TTA
         meta.update(weights, tta=None)
     if precision == "int8":  # the Predictor reads keep_ends (paddletrain.deploy.predictor.int8_op_types)
         meta["quantization"] = {"algo": quant_algo, "keep_ends": bool(quant_keep_ends),
@@ -527,7 +527,7 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path, format: s
     corrects the Paddle model for its int8 weight rounding (:mod:`paddletrain.deploy.bias_correction`). Its parity
     is judged by agreement and accuracy drop (``quant_min_agreement``, ``quant_max_accuracy_drop``;
     :func:`judge_quantized`). ``weights``: which of the checkpoint's weights (``"auto"``: the averaged ones when
-    its run validated with them; :func:`paddletrain.build.checkpoint_weights`), recorded in ``preprocess.json``.
+    its run validated with them; :func:`paddletrain.rebuild.checkpoint_weights`), recorded in ``preprocess.json``.
     """
     for key, value in (("format", format), ("num_check_images", num_check_images), ("device", device),
                        ("cpu_threads", cpu_threads), ("calibration_images", calibration_images),

@@ -22,7 +22,6 @@ import numpy as np
 import paddle
 from omegaconf import MISSING
 
-from paddletrain.build import rebuild_checkpoint
 from paddletrain.checkpoint.locate import locate_checkpoint
 from paddletrain.config import RuntimeConfig, allowed, check_field, cli_schema
 from paddletrain.data import DatasetError, ImageFolderDataset, LabelListDataset, SampleIndex
@@ -46,6 +45,7 @@ from paddletrain.errors import UserError
 from paddletrain.job.runtime import set_cpu_threads
 from paddletrain.metrics import topk_correct
 from paddletrain.metrics.multilabel import multilabel_report
+from paddletrain.rebuild import rebuild_checkpoint
 
 log = logging.getLogger("paddletrain")
 
