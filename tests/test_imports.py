@@ -345,3 +345,18 @@ def test_the_library_half_of_a_command_is_handed_on_from_its_old_place():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "paddletrain.export.export_model moved to paddletrain.deploy.exporter.export_model" in result.stdout
+
+
+def test_reading_a_run_back_moved_out_of_build_and_its_names_are_handed_on():
+    code = textwrap.dedent("""
+        import warnings
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            from paddletrain.build import rebuild_checkpoint
+        from paddletrain.rebuild import rebuild_checkpoint as moved
+        assert rebuild_checkpoint is moved
+        print([str(w.message) for w in caught if w.category is DeprecationWarning])
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "paddletrain.build.rebuild_checkpoint moved to paddletrain.rebuild.rebuild_checkpoint" in result.stdout
