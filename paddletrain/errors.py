@@ -65,6 +65,14 @@ class ConfigError(UserError):
     """A configuration value is invalid; the message names the key, the value and what is allowed."""
 
 
+class FaultAfterWhichRunContinues(UserError):
+    """A fault outside the user's code or config that stops a run (a data server that stays away): ``fit`` saves
+    the steps trained since the last checkpoint, as a stop signal does, names the checkpoint in ``saved`` and
+    prints the command that continues."""
+
+    saved: str | None = None
+
+
 class StartRefused(BaseException):
     """A Hydra callback's refusal to start a run (a bad value, a busy run directory), carrying the ``error``.
 

@@ -8,7 +8,10 @@ standard library's ``http.server``. Faults, set on the running server:
 - ``fail_status``: answer every request with this status (500: a server error, retried; 404: refused at once), or
   only the requests for the names in ``failing`` when it is not empty;
 - ``ignore_ranges``: answer a ``Range`` request with the whole file (200), as servers without range support do;
-- ``corrupt``: ``{file name: offset}``: flip the byte at ``offset`` of that file in every response.
+- ``corrupt``: ``{file name: offset}``: flip the byte at ``offset`` of that file in every response;
+- ``drop_half``: cut every response to a GET after half of the bytes it was asked for (ranges included): True for
+  every file, or a suffix (``".tar"``) for the files whose names end with it;
+- ``bytes_per_second``: send bodies at about this rate (a slow server; 0: at once).
 
 ``requests`` counts the GETs per file name, ``starts`` lists the first byte each GET asked for.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import http.server
 import threading
+import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -79,6 +83,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         body = data[start:]
         self.server.starts[name].append(start)
         cut, left = self.server.drop_after.get(name), self.server.drops_left.get(name)
+        half = self.server.drop_half
+        if half is True or (isinstance(half, str) and name.endswith(half)):  # every time, whatever drops_left says
+            cut, left = start + max(1, (len(data) - start) // 2), None
         if cut is not None and cut > start and (left is None or left > 0):
             if left is not None:
                 self.server.drops_left[name] = left - 1
@@ -86,6 +93,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.wfile.flush()
             self.close_connection = True
             self.connection.shutdown(2)
+            return
+        if self.server.bytes_per_second:
+            step = max(1, self.server.bytes_per_second // 20)
+            for at in range(0, len(body), step):
+                self.wfile.write(body[at:at + step])
+                self.wfile.flush()
+                time.sleep(step / self.server.bytes_per_second)
             return
         self.wfile.write(body)
 
@@ -104,6 +118,8 @@ class FaultyServer(http.server.ThreadingHTTPServer):
         self.failing: set[str] = set()
         self.ignore_ranges = False
         self.corrupt: dict[str, int] = {}
+        self.drop_half: bool | str = False
+        self.bytes_per_second = 0
         self.requests: Counter = Counter()
         self.starts: defaultdict[str, list[int]] = defaultdict(list)  # each GET's first byte, per file
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)

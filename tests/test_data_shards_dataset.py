@@ -2,7 +2,9 @@
 real HTTP server, cached, resumed bitwise mid-epoch, and refusing what is wrong (paddletrain.data.shards.dataset)."""
 from __future__ import annotations
 
+import re
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -311,3 +313,57 @@ def test_training_on_the_photos_over_http_resumes_mid_epoch_bitwise(tmp_path):
                                               "trainer.resume=auto"], cwd=tmp_path, timeout=600)
         assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert_same_weights(model_state(runs["straight"]), model_state(runs["stopped"]))
+
+
+def test_a_server_that_drops_every_read_half_way_ends_the_run_in_bounded_time_saying_so(shards, tmp_path):
+    """The fault as a user met it: every response cut half-way, ranges included. Each retry is logged, the run
+    ends in one line naming the URL and the byte reached, with the command that continues, and no sample asks
+    the server again for a shard whose fetch gave up."""
+    with FaultyServer(shards) as server:
+        server.drop_half = ".tar"  # the index is read; every shard is cut
+        started = time.monotonic()
+        result = fit(tmp_path / "run", *urls(server.url), f"data.cache_dir={tmp_path}/c", "data.retries=2",
+                     "data.num_workers=1", ok=False)
+        seconds = time.monotonic() - started
+        requests = dict(server.requests)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output[-3000:]
+    assert seconds < 90, seconds
+    assert re.search(r"shard server: reading http://127\.0\.0\.1:\d+/train-00000\d\.tar failed at byte \d+ of \d+ "
+                     r"\(the connection closed before the end\); attempt 2 of 3", output), output[-3000:]
+    last = [line for line in output.splitlines() if "cannot read" in line][-1]
+    assert re.search(r"cannot read http://127\.0\.0\.1:\d+/train-00000\d\.tar: stopped at byte \d+ of \d+ after 3 "
+                     r"attempts", last), last
+    assert "continue with: python -m paddletrain.fit" in last and "trainer.resume=auto" in last
+    assert "Traceback" not in output
+    # Three attempts a shard at most, whichever process asked (the reader or the fetch-ahead).
+    assert requests and max(requests.values()) <= 3, requests
+
+
+def test_a_run_its_server_stopped_saves_what_it_trained_and_its_printed_command_finishes_it_exactly(shards, tmp_path):
+    """Nothing trained is lost to a server that stays away: the steps are saved as a stop signal saves them, and
+    the printed command, run once the server is back, ends on the weights of an undisturbed run."""
+    import shlex
+
+    straight = tmp_path / "straight"
+    fit(straight, *urls(str(shards)), f"data.cache_dir={tmp_path}/unused")
+    run = tmp_path / "stopped"
+    with FaultyServer(shards) as server:
+        # A shard the epoch reads after its first steps fails; fetched when first read (no fetch-ahead).
+        server.fail_status, server.failing = 503, {"train-000001.tar"}
+        stopped = fit(run, *urls(server.url), f"data.cache_dir={tmp_path}/cache", "data.retries=1",
+                      "data.fetch_ahead=0", ok=False)
+        output = stopped.stdout + stopped.stderr
+        assert stopped.returncode == 2, output[-3000:]
+        last = output.strip().splitlines()[-1]
+        assert "cannot read" in last and "train-000001.tar" in last and "Traceback" not in output
+        saved = re.search(r"the steps trained are saved in (\S+);", last).group(1)
+        saved_step = load_checkpoint(saved).state["progress"]["global_step"]
+        assert 0 < saved_step < 3 * STEPS_PER_EPOCH
+        command = shlex.split(last.split("continue with: ", 1)[1])
+        assert command[:3] == ["python", "-m", "paddletrain.fit"] and "trainer.resume=auto" in command
+        server.fail_status = 0  # the server is back
+        continued = run_module("paddletrain.fit", command[3:], cwd=tmp_path)
+        assert continued.returncode == 0, (continued.stdout + continued.stderr)[-3000:]
+        assert f"Resumed from {saved}" in continued.stdout + continued.stderr
+    assert_same_weights(model_state(straight), model_state(run))

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import io
+import logging
 import time
 
 import pytest
 
 from paddletrain.data.errors import DatasetError, SourceUnavailableError
+from paddletrain.data.shards import source
 from paddletrain.data.shards.source import (
     FetchPolicy,
     ShardFetchError,
@@ -145,3 +147,40 @@ def test_small_files_are_read_locally_or_over_http(served, tmp_path):
         read_bytes(str(tmp_path / "shard.tar"), max_bytes=10)
     assert exists(f"{server.url}/shard.tar", FAST) and not exists(f"{server.url}/other.tar", FAST)
     assert exists(str(tmp_path / "shard.tar")) and not exists(str(tmp_path / "other.tar"))
+
+
+def test_each_retry_is_logged_at_most_once_a_shard_every_few_seconds(served, caplog):
+    server, payload = served
+    server.drop_after["shard.tar"] = 300_000
+    server.drops_left["shard.tar"] = 1
+    with caplog.at_level(logging.WARNING, logger="paddletrain"):
+        fetch(f"{server.url}/shard.tar", io.BytesIO(), max_bytes=10 << 20, policy=FAST)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("shard server:")]
+    assert lines == [f"shard server: reading {server.url}/shard.tar failed at byte 300000 of {len(payload)} "
+                     f"(the connection closed before the end); attempt 2 of {FAST.retries + 1} in "
+                     f"{FAST.backoff:.1f} s"]
+    # A server that drops half-way every time, ranges included: attempts come fast, lines at most every 5 s.
+    server.drop_half = True
+    caplog.clear()
+    source._said.clear()  # the line above was the last said about this URL
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="paddletrain"), pytest.raises(ShardFetchError) as error:
+        fetch(f"{server.url}/shard.tar", io.BytesIO(), max_bytes=10 << 20,
+              policy=FetchPolicy(retries=8, backoff=0.05, backoff_max=0.2))
+    seconds = time.monotonic() - started
+    said = [r for r in caplog.records if r.getMessage().startswith("shard server:")]
+    assert 1 <= len(said) <= seconds / source.SAY_EVERY + 1
+    assert "after 9 attempts" in str(error.value) and server.requests["shard.tar"] == 2 + 9
+
+
+def test_a_slow_server_is_read_to_the_end_with_its_progress_seen(served, caplog, monkeypatch):
+    server, payload = served
+    monkeypatch.setattr(source, "SLOW_READ_SECONDS", 0.2)
+    monkeypatch.setattr(source, "SAY_EVERY", 0.3)
+    server.bytes_per_second = 1 << 20  # the 1 MiB shard in about a second: never cut, its progress logged
+    out = io.BytesIO()
+    with caplog.at_level(logging.WARNING, logger="paddletrain"):
+        fetch(f"{server.url}/shard.tar", out, max_bytes=10 << 20, policy=FetchPolicy(timeout=2, retries=0))
+    assert out.getvalue() == payload and server.requests["shard.tar"] == 1
+    slow = [r.getMessage() for r in caplog.records if "slowly" in r.getMessage()]
+    assert slow and all(f"reading {server.url}/shard.tar slowly, byte" in line and "KiB/s" in line for line in slow)

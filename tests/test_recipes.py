@@ -183,12 +183,13 @@ def test_recipe_trains_a_few_steps_on_the_ants_and_bees_images(name, tmp_path):
     _fit_recipe(name, HYMENOPTERA, tmp_path)
 
 
-def test_the_fashion_mnist_recipe_validates_on_a_holdout_and_its_seed_changes_nothing_else(tmp_path):
-    runs = [compose_recipe("fashion_mnist_949", f"trainer.seed={seed}", f"data.root={tmp_path}") for seed in (0, 1)]
+@pytest.mark.parametrize("recipe", ["fashion_mnist_949", "fashion_mnist_fast"])
+def test_the_fashion_mnist_recipes_validate_on_a_holdout_and_their_seed_changes_nothing_else(recipe, tmp_path):
+    runs = [compose_recipe(recipe, f"trainer.seed={seed}", f"data.root={tmp_path}") for seed in (0, 1)]
     validate_config(runs[0])
     first, second = (OmegaConf.to_container(cfg, resolve=False) for cfg in runs)
     assert first["data"]["holdout"] == 0.1 and first["data"]["holdout_seed"] == 0  # the test set is read once
-    assert first["model"]["width"] == 2 and first["trainer"]["devices"] == 2
+    assert first["trainer"]["devices"] == 2
     differing = {(group, key) for group in first if isinstance(first[group], dict)
                  for key in first[group] if first[group][key] != second[group][key]}
     differing |= {group for group in first if not isinstance(first[group], dict) and first[group] != second[group]}

@@ -12,7 +12,7 @@ import paddle
 from paddletrain.checkpoint import CheckpointManager, check_writable
 from paddletrain.checkpoint.untrusted import check_inside
 from paddletrain.engine.callback import MODES, CheckpointCallback, StepOutput
-from paddletrain.errors import ConfigError, TrainingInterrupted
+from paddletrain.errors import ConfigError, FaultAfterWhichRunContinues, TrainingInterrupted
 from paddletrain.job import distributed
 from paddletrain.registry import CALLBACKS
 
@@ -104,6 +104,11 @@ class ModelCheckpoint(CheckpointCallback):
         # A signal stops training on a step boundary: save there so `trainer.resume=auto` continues exactly.
         if isinstance(exception, TrainingInterrupted):
             self.save(trainer, metric=None)
+        elif isinstance(exception, FaultAfterWhichRunContinues) and trainer.world_size == 1:
+            # A fault between steps (the data source): the steps trained so far are saved as a stop would save
+            # them. With several ranks the others are inside a step, so the save could not meet them.
+            saved = self.save(trainer, metric=None)
+            exception.saved = str(saved) if saved is not None else None
 
     def save(self, trainer: Trainer, metric: float | None) -> Path | None:
         """Write one checkpoint now; refuses (and logs) when a parameter is NaN/inf so good ones survive."""

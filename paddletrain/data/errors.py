@@ -1,7 +1,7 @@
 """What goes wrong with data, as user errors that name the path, key or sample at fault (no framework needed)."""
 from __future__ import annotations
 
-from paddletrain.errors import UserError
+from paddletrain.errors import FaultAfterWhichRunContinues, UserError
 from paddletrain.registry import UnknownNameError
 
 
@@ -13,9 +13,9 @@ class UnknownDatasetError(DatasetError, UnknownNameError):
     """No builder is registered under ``data.name`` (a :class:`~paddletrain.errors.ConfigError` too)."""
 
 
-class SourceUnavailableError(DatasetError):
+class SourceUnavailableError(DatasetError, FaultAfterWhichRunContinues):
     """The data's source cannot be read at all (a server that stays away): not a bad sample, so no
-    ``data.bad_sample_policy`` skips it; the run stops, naming the source."""
+    ``data.bad_sample_policy`` skips it; the run stops, naming the source, after saving what it trained."""
 
 
 class BadSampleError(DatasetError):

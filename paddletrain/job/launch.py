@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from paddletrain.errors import ExitCode, TrainingInterrupted, ending_of, exit_with
+from paddletrain.errors import ExitCode, FaultAfterWhichRunContinues, TrainingInterrupted, ending_of, exit_with
 from paddletrain.job import distributed, slurm
 from paddletrain.job.launcher import Launcher, NodeSpec
 from paddletrain.job.processes import stop_request
@@ -108,6 +108,9 @@ def end_run(exc: BaseException, run_dir: Path, saves_checkpoints: bool, continue
                stop_line(TrainingInterrupted(stop_request.signum), saves_checkpoints, continue_with))
     if code == ExitCode.UNEXPECTED:
         log.error("Unexpected error", exc_info=exc)
+    if isinstance(exc, FaultAfterWhichRunContinues):
+        saved = f"; the steps trained are saved in {exc.saved}" if exc.saved else ""
+        finish(code, f"{message}{saved}; once that is mended, continue with: {continue_with}")
     finish(code, message, run_dir=run_dir if code == ExitCode.USER_ERROR else None)
 
 

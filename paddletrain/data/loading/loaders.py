@@ -248,9 +248,9 @@ class CheckedDataLoader(paddle.io.DataLoader):
         raw = self._load_in_this_thread() if self.num_workers == 0 else self._start_workers()
         try:
             for images, labels, _indices, batch, problems in raw:
-                self.batch_sampler.position = int(batch) + 1
-                if problems:
+                if problems:  # a batch that stops the run is not delivered: a save continues before it
                     self._handle_problems(problems)
+                self.batch_sampler.position = int(batch) + 1
                 if images is not None:
                     yield [images, labels]
         finally:

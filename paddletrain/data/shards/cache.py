@@ -29,12 +29,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from paddletrain.data.errors import DatasetError
-from paddletrain.data.shards.source import FetchPolicy, TooLargeError, fetch
+from paddletrain.data.shards.source import FetchPolicy, ShardFetchError, TooLargeError, fetch
 
 log = logging.getLogger("paddletrain")
 
 _SUFFIX = ".tar"
 _PART = ".part"
+# Beside an entry whose fetch retried all it may in this run: the error, so no other process asks again.
+_GAVE_UP = ".gave-up"
 # Fetches take one of this many lock files, by their entry's name: the cache never holds more lock files than
 # that, and two shards rarely wait for each other.
 LOCK_STRIPES = 64
@@ -62,6 +64,8 @@ class ShardCache:
         self.directory = Path(directory).expanduser()
         self.max_bytes = int(max_bytes)
         self.policy = policy or FetchPolicy()
+        # Failures recorded before this run started (a server since mended) are not this run's to repeat.
+        self.created = time.time()
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -87,31 +91,43 @@ class ShardCache:
             if target.exists():  # another process fetched it while this one waited
                 _touch(target)
                 return target
-            limit = self.max_bytes
-            if size is not None and size > limit:
-                raise DatasetError(f"shard {url} is {size} bytes, more than the whole cache "
-                                   f"(data.cache_max_gb={self.max_bytes / 1024**3:g}); raise it")
-            self._make_room(size or 0)
-            part = target.with_name(f"{target.name}{_PART}.{os.getpid()}")
+            gave_up = target.with_name(target.name + _GAVE_UP)
+            if gave_up.exists() and gave_up.stat().st_mtime >= self.created:
+                # A process of this run (a reader, the fetch-ahead, a rank) retried all it may: not again.
+                raise ShardFetchError(gave_up.read_text(errors="replace"))
             try:
-                started = time.monotonic()
-                try:
-                    with open(part, "wb") as out:
-                        got = fetch(url, out, max_bytes=min(limit, size) if size is not None else limit,
-                                    policy=self.policy)
-                except TooLargeError:
-                    if size is None:
-                        raise DatasetError(f"shard {url} is larger than the whole cache (data.cache_max_gb="
-                                           f"{self.max_bytes / 1024**3:g}); raise it") from None
-                    raise ShardChecksumError(f"shard {url} has more than the {size} bytes its index says: refused "
-                                             "(was it rewritten after the index?)") from None
-                self._check(url, part, got, sha256, size)
-                os.replace(part, target)
-                log.debug("cached %s (%d bytes, %.2f s)", url, got, time.monotonic() - started)
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    part.unlink()
-            self._make_room(0)
+                return self._fetch_into(target, url, sha256, size)
+            except ShardFetchError as exc:
+                gave_up.write_text(str(exc))
+                raise
+
+    def _fetch_into(self, target: Path, url: str, sha256: str | None, size: int | None) -> Path:
+        """Copy ``url`` into the cache at ``target`` (under its lock), checked against ``sha256`` and ``size``."""
+        limit = self.max_bytes
+        if size is not None and size > limit:
+            raise DatasetError(f"shard {url} is {size} bytes, more than the whole cache "
+                               f"(data.cache_max_gb={self.max_bytes / 1024**3:g}); raise it")
+        self._make_room(size or 0)
+        part = target.with_name(f"{target.name}{_PART}.{os.getpid()}")
+        try:
+            started = time.monotonic()
+            try:
+                with open(part, "wb") as out:
+                    got = fetch(url, out, max_bytes=min(limit, size) if size is not None else limit,
+                                policy=self.policy)
+            except TooLargeError:
+                if size is None:
+                    raise DatasetError(f"shard {url} is larger than the whole cache (data.cache_max_gb="
+                                       f"{self.max_bytes / 1024**3:g}); raise it") from None
+                raise ShardChecksumError(f"shard {url} has more than the {size} bytes its index says: refused "
+                                         "(was it rewritten after the index?)") from None
+            self._check(url, part, got, sha256, size)
+            os.replace(part, target)
+            log.debug("cached %s (%d bytes, %.2f s)", url, got, time.monotonic() - started)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                part.unlink()
+        self._make_room(0)
         return target
 
     @staticmethod

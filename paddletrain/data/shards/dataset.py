@@ -97,6 +97,8 @@ class ShardDataset(ImageDataset):
         self._open: OrderedDict[int, int] = OrderedDict()  # shard number -> file descriptor
         self._pid = os.getpid()
         self._refused: dict[int, str] = {}
+        # Shards whose fetch gave up, with why: their other samples fail at once rather than fetch again.
+        self._unreachable: dict[int, str] = {}
 
     @property
     def multilabel(self) -> bool:
@@ -163,6 +165,8 @@ class ShardDataset(ImageDataset):
             self._pid = os.getpid()
         if shard in self._refused:
             raise BadSampleError(self._refused[shard], index, self.describe(index))
+        if shard in self._unreachable:  # its fetch gave up: the shard's other samples do not ask again
+            raise ShardFetchError(self._unreachable[shard])
         fd = self._open.get(shard)
         if fd is None:
             fd = self._open_shard(shard, index)
@@ -181,6 +185,9 @@ class ShardDataset(ImageDataset):
             except ShardChecksumError as exc:  # every sample of the shard is refused, by data.bad_sample_policy
                 self._refused[shard] = str(exc)
                 raise BadSampleError(str(exc), index, self.describe(index)) from None
+            except ShardFetchError as exc:  # the fetch retried all it may (data.retries, data.deadline)
+                self._unreachable[shard] = str(exc)
+                raise
             except FileNotFoundError as exc:  # a local shard gone, or a copy evicted between the check and the open
                 if not is_remote(url) or attempt == 2:
                     raise BadSampleError(f"cannot open shard {url}: {exc}", index, self.describe(index)) from None
@@ -263,7 +270,7 @@ def build_shards(cfg: Any, train_transform: Transform, eval_transform: Transform
                  urls: str | list[str] | None = None, val_urls: str | list[str] | None = None,
                  index: str | None = None, val_index: str | None = None, cache_dir: str | None = None,
                  cache_max_gb: float = 20.0, shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER, in_chans: int = 3,
-                 timeout: float = 30.0, retries: int = 5, deadline: float = 600.0,
+                 timeout: float = 15.0, retries: int = 5, deadline: float = 120.0,
                  max_member_mb: float = DEFAULT_MAX_MEMBER_BYTES / 1024**2,
                  fetch_ahead: int = DEFAULT_FETCH_AHEAD) -> DatasetSplits:
     """``data.name=shards``: ``data.urls`` (training) and ``data.val_urls`` (validation), each a brace pattern

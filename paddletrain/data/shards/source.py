@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import http.client
 import io
+import logging
 import re
 import time
 import urllib.error
@@ -30,6 +31,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from paddletrain.data.errors import DatasetError, SourceUnavailableError
+
+log = logging.getLogger("paddletrain")
 
 # A pattern expanding to more names than this is a mistake, not a data set.
 MAX_URLS = 1_000_000
@@ -131,9 +134,9 @@ def sibling(url: str, name: str) -> str:
 class FetchPolicy:
     """How long and how often an HTTP read is tried (``data.timeout``, ``data.retries``, ``data.deadline``)."""
 
-    timeout: float = 30.0
+    timeout: float = 15.0
     retries: int = 5
-    deadline: float = 600.0
+    deadline: float = 120.0
     backoff: float = 0.5
     backoff_max: float = 30.0
 
@@ -166,17 +169,20 @@ def fetch(url: str, out: BinaryIO, *, max_bytes: int, policy: FetchPolicy = Fetc
         except _ClientError as exc:
             raise ShardFetchError(f"cannot read {url}: {exc}") from None
         except (OSError, http.client.HTTPException) as exc:  # dropped, refused, timed out (an OSError), 5xx
-            last = f"{type(exc).__name__}: {exc}"
+            last = ("the connection closed before the end" if isinstance(exc, http.client.IncompleteRead)
+                    else f"{type(exc).__name__}: {exc}")
             progress.got = out.tell()
         got, total = progress.got, progress.total
         attempt += 1
         elapsed = time.monotonic() - started
         pause = min(policy.backoff * 2 ** (attempt - 1), policy.backoff_max)
+        of = f" of {total}" if total is not None else ""
         if attempt > policy.retries or elapsed + pause > policy.deadline:
-            of = f" of {total}" if total is not None else ""
             raise ShardFetchError(f"cannot read {url}: stopped at byte {got}{of} after {attempt} attempts in "
                                   f"{elapsed:.1f} s ({last}); check that the server is up, or raise data.retries / "
                                   "data.deadline") from None
+        _say(url, f"shard server: reading {url} failed at byte {got}{of} ({last}); attempt {attempt + 1} of "
+                  f"{policy.retries + 1} in {pause:.1f} s")
         time.sleep(pause)
 
 
@@ -186,10 +192,26 @@ class _Progress:
 
     got: int = 0
     total: int | None = None
+    first: int = 0  # the byte the current attempt started at
+
+
+# A read still going after this many seconds logs its progress; at most one line per URL in SAY_EVERY seconds.
+SLOW_READ_SECONDS = 10.0
+SAY_EVERY = 5.0
+_said: dict[str, float] = {}
+
+
+def _say(url: str, line: str) -> None:
+    """Log ``line`` about ``url`` unless a line about it was logged less than :data:`SAY_EVERY` seconds ago."""
+    now = time.monotonic()
+    if now - _said.get(url, -SAY_EVERY) >= SAY_EVERY:
+        _said[url] = now
+        log.warning("%s", line)
 
 
 def _fetch_once(url: str, out: BinaryIO, progress: _Progress, max_bytes: int, timeout: float) -> None:
     got, total = progress.got, progress.total
+    progress.first = got
     headers = {"Range": f"bytes={got}-"} if got else {}
     request = urllib.request.Request(url, headers=headers)
     try:
@@ -204,13 +226,14 @@ def _fetch_once(url: str, out: BinaryIO, progress: _Progress, max_bytes: int, ti
         if got and response.status != 206:  # the server ignored the range: start again
             out.seek(0)
             out.truncate()
-            got = 0
+            got = progress.first = 0
         length = response.headers.get("Content-Length")
         if length is not None and length.isdigit():
             size = got + int(length)
             if size > max_bytes:
                 raise _TooLarge(f"{size} bytes, more than the bound of {max_bytes}")
             progress.total = total = size
+        started = time.monotonic()
         while True:
             chunk = response.read(1 << 20)
             if not chunk:
@@ -218,6 +241,11 @@ def _fetch_once(url: str, out: BinaryIO, progress: _Progress, max_bytes: int, ti
             out.write(chunk)
             got += len(chunk)
             progress.got = got
+            seconds = time.monotonic() - started
+            if seconds > SLOW_READ_SECONDS:  # a slow server: its progress is seen, not waited on in silence
+                of = f" of {total}" if total is not None else ""
+                rate = (got - progress.first) / 1024 / seconds
+                _say(url, f"shard server: reading {url} slowly, byte {got}{of} ({rate:.0f} KiB/s)")
             if got > max_bytes:
                 raise _TooLarge(f"more than the bound of {max_bytes} bytes")
     if total is not None and got < total:
