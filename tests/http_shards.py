@@ -11,7 +11,10 @@ standard library's ``http.server``. Faults, set on the running server:
 - ``corrupt``: ``{file name: offset}``: flip the byte at ``offset`` of that file in every response;
 - ``drop_half``: cut every response to a GET after half of the bytes it was asked for (ranges included): True for
   every file, or a suffix (``".tar"``) for the files whose names end with it;
-- ``bytes_per_second``: send bodies at about this rate (a slow server; 0: at once).
+- ``bytes_per_second``: send bodies at about this rate (a slow server; 0: at once);
+- ``fail_first``: ``{file name: n}``: answer the first n GETs of that file with 500, then serve it;
+- ``hang_after``: ``{file name: byte}``: send that many bytes of the file, then stop answering (the connection
+  stays open until the server shuts down).
 
 ``requests`` counts the GETs per file name, ``starts`` lists the first byte each GET asked for.
 """
@@ -61,6 +64,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
 
     def do_GET(self) -> None:  # noqa: N802
+        name = self.path.split("?", 1)[0].lstrip("/")
+        if self.server.fail_first.get(name, 0) > 0:
+            self.server.fail_first[name] -= 1
+            self.server.requests[name] += 1
+            self.send_error(500)
+            return
         found = self._served()
         if found is None:
             return
@@ -94,6 +103,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
             self.connection.shutdown(2)
             return
+        if name in self.server.hang_after:
+            self.wfile.write(body[:max(0, self.server.hang_after[name] - start)])
+            self.wfile.flush()
+            self.server.closing.wait()  # silent until the server shuts down
+            return
         if self.server.bytes_per_second:
             step = max(1, self.server.bytes_per_second // 20)
             for at in range(0, len(body), step):
@@ -119,6 +133,9 @@ class FaultyServer(http.server.ThreadingHTTPServer):
         self.ignore_ranges = False
         self.corrupt: dict[str, int] = {}
         self.drop_half: bool | str = False
+        self.fail_first: dict[str, int] = {}
+        self.hang_after: dict[str, int] = {}
+        self.closing = threading.Event()
         self.bytes_per_second = 0
         self.requests: Counter = Counter()
         self.starts: defaultdict[str, list[int]] = defaultdict(list)  # each GET's first byte, per file
@@ -136,5 +153,6 @@ class FaultyServer(http.server.ThreadingHTTPServer):
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.closing.set()
         self.shutdown()
         self.server_close()

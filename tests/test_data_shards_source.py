@@ -184,3 +184,29 @@ def test_a_slow_server_is_read_to_the_end_with_its_progress_seen(served, caplog,
     assert out.getvalue() == payload and server.requests["shard.tar"] == 1
     slow = [r.getMessage() for r in caplog.records if "slowly" in r.getMessage()]
     assert slow and all(f"reading {server.url}/shard.tar slowly, byte" in line and "KiB/s" in line for line in slow)
+
+
+def test_a_server_error_then_success_is_retried_once_and_said(served, caplog):
+    server, payload = served
+    server.fail_first["shard.tar"] = 1
+    out = io.BytesIO()
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="paddletrain"):
+        fetch(f"{server.url}/shard.tar", out, max_bytes=10 << 20, policy=FAST)
+    assert out.getvalue() == payload and server.requests["shard.tar"] == 2
+    assert time.monotonic() - started < 2
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("shard server:")]
+    assert len(said) == 1 and "failed at byte 0 (OSError: HTTP 500" in said[0] and "attempt 2 of 4" in said[0]
+
+
+def test_a_server_that_stops_answering_mid_read_is_timed_out_from_the_byte_reached(served, caplog):
+    server, _ = served
+    server.hang_after["shard.tar"] = 300_000
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="paddletrain"), \
+            pytest.raises(ShardFetchError, match=r"stopped at byte 300000 of 1048576 after 2 attempts .*timed out"):
+        fetch(f"{server.url}/shard.tar", io.BytesIO(), max_bytes=10 << 20,
+              policy=FetchPolicy(timeout=0.5, retries=1, backoff=0.01))
+    assert time.monotonic() - started < 5
+    assert server.starts["shard.tar"] == [0, 300_000]  # the retry asked for the rest only
+    assert any("failed at byte 300000 of 1048576" in r.getMessage() for r in caplog.records)

@@ -235,7 +235,7 @@ def _fetch_once(url: str, out: BinaryIO, progress: _Progress, max_bytes: int, ti
             progress.total = total = size
         started = time.monotonic()
         while True:
-            chunk = response.read(1 << 20)
+            chunk = response.read1(1 << 20)  # what has arrived: a read that times out keeps the bytes before it
             if not chunk:
                 break
             out.write(chunk)
