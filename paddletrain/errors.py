@@ -31,6 +31,9 @@ class ExitCode(enum.IntEnum):
     # A distributed job stopped making progress: a collective waited, or a rank made no step, for longer than
     # trainer.collective_timeout; the line names the ranks that did not arrive and where the others waited.
     TIMED_OUT = 5
+    # A data loader worker process died (killed, often by the out-of-memory killer, or crashed in a decoder): the
+    # line names it, its signal and the likely cause; fit saved the steps trained and prints how to continue.
+    WORKER_LOST = 6
     # Stopped on request, after saving when checkpointing is enabled: 128 + the signal, the shell's convention.
     INTERRUPTED_SIGINT = 128 + signal.SIGINT  # 130
     INTERRUPTED_SIGTERM = 128 + signal.SIGTERM  # 143
@@ -71,6 +74,10 @@ class FaultAfterWhichRunContinues(UserError):
     prints the command that continues."""
 
     saved: str | None = None
+
+
+class DataWorkerLost(FaultAfterWhichRunContinues):
+    """A data loader worker process died; the message names it, its signal and the likely cause."""
 
 
 class StartRefused(BaseException):
@@ -144,6 +151,8 @@ def ending_of(exc: BaseException) -> tuple[int, str]:
         return exc.exit_code, f"Stopped by {signal.Signals(exc.signum).name}"
     if isinstance(exc, RankLostError):
         return ExitCode.RANK_LOST, str(exc)
+    if isinstance(exc, DataWorkerLost):
+        return ExitCode.WORKER_LOST, str(exc)
     if isinstance(exc, UserError):
         return ExitCode.USER_ERROR, str(exc)
     if isinstance(exc, NonFiniteLossError):

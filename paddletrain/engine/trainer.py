@@ -35,7 +35,7 @@ from paddletrain.engine.precision import Precision
 from paddletrain.engine.state import Progress, StateParts, load_state, opened, restoring, save_state
 from paddletrain.errors import NonFiniteLossError, TrainingInterrupted, UserError
 from paddletrain.job import distributed
-from paddletrain.job.processes import stop_request
+from paddletrain.job.processes import raise_if_worker_lost, stop_request
 from paddletrain.losses import cross_entropy
 from paddletrain.metrics import ClassificationMeter, ClassReport, Throughput
 
@@ -376,7 +376,11 @@ class Trainer:
         return stop_request.handling(plan)
 
     def _check_stop(self) -> None:
-        """Raise :class:`TrainingInterrupted` when any rank received a stop signal (all ranks agree on the step)."""
+        """Raise :class:`TrainingInterrupted` when any rank received a stop signal (all ranks agree on the step),
+        and a loader worker's death noticed since the last step (:func:`paddletrain.job.processes.
+        raise_if_worker_lost`; one process: with several, each rank's collective notices its peer's end)."""
+        if self.world_size == 1:
+            raise_if_worker_lost()
         signum = None
         if self.handle_signals:
             stop_request.say_unsaid()

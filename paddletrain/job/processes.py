@@ -18,6 +18,7 @@ import ctypes.util
 import functools
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -25,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from paddletrain.errors import TrainingInterrupted
+from paddletrain.errors import DataWorkerLost, TrainingInterrupted
 
 log = logging.getLogger("paddletrain")
 
@@ -310,3 +311,76 @@ class _WorkerSetup:
         die_with_parent(signal.SIGKILL, self.parent_pid)
         if self.init_fn is not None:
             self.init_fn(*args)
+
+
+# Paddle's words when a worker process dies: "DataLoader process (pid 123) exited is killed by signal: Killed".
+_LOST_WORKER = re.compile(r"DataLoader (?:worker|process) \(pid\s*(\d+)\) exited is killed by signal: ([^\n.]+)")
+_SIGNAL_NAMES = {signal.strsignal(s): s.name for s in signal.Signals if signal.strsignal(s)}
+
+
+def lost_worker(error: BaseException) -> DataWorkerLost | None:
+    """Paddle's error for a loader worker that died, said in a person's terms (which worker, which signal, the
+    likely cause); None for any other error."""
+    found = _LOST_WORKER.search(str(error))
+    if found is None:
+        return None
+    pid, said = found.group(1), found.group(2).strip()
+    name = _SIGNAL_NAMES.get(said, said)
+    if name == "SIGKILL":
+        cause = ("most likely by the out-of-memory killer: lower data.num_workers or data.batch_size (or free the "
+                 "machine's memory)")
+    elif name in ("SIGSEGV", "SIGBUS", "SIGABRT"):
+        cause = ("it crashed, most likely decoding an image: `python -m paddletrain.data check` finds the files a "
+                 "decoder fails on")
+    else:
+        cause = "by something outside this run"
+    return DataWorkerLost(f"a data loader worker (pid {pid}) was killed by {name}, {cause}")
+
+
+class _WorkerWatch:
+    """A loader worker's death, noticed by Paddle's SIGCHLD handler (which raises wherever the main thread happens
+    to be: inside an optimizer step, a checkpoint's fsync) and kept here instead, to be raised where the state is
+    whole: the Trainer's next step boundary (:func:`raise_if_worker_lost`) or the loader's next batch."""
+
+    lost: DataWorkerLost | None = None
+    installed = False
+
+    @classmethod
+    def install(cls) -> None:
+        """Put the watch around Paddle's SIGCHLD handler (after Paddle set it; the main thread only)."""
+        if cls.installed or threading.current_thread() is not threading.main_thread():
+            return
+        paddles = signal.getsignal(signal.SIGCHLD)
+        if not callable(paddles):
+            return
+
+        def on_child_exit(signum: int, frame: Any) -> None:
+            try:
+                paddles(signum, frame)
+            except SystemError as exc:
+                lost = lost_worker(exc)
+                if lost is None:
+                    raise
+                cls.lost = cls.lost or lost
+
+        signal.signal(signal.SIGCHLD, on_child_exit)
+        cls.installed = True
+
+
+def watch_loader_workers() -> None:
+    """Keep a loader worker's death for :func:`take_lost_worker` rather than let Paddle raise it anywhere (call
+    once its multi-process loader has started, from the main thread)."""
+    _WorkerWatch.install()
+
+
+def take_lost_worker() -> DataWorkerLost | None:
+    """The :class:`~paddletrain.errors.DataWorkerLost` of a loader worker that died since the last call, if any."""
+    lost, _WorkerWatch.lost = _WorkerWatch.lost, None
+    return lost
+
+
+def raise_if_worker_lost() -> None:
+    """Raise :func:`take_lost_worker`'s error, if there is one (the Trainer calls it at every step boundary)."""
+    lost = take_lost_worker()
+    if lost is not None:
+        raise lost

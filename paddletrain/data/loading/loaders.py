@@ -47,7 +47,13 @@ from paddletrain.data.sampling.sampler import (
     set_current_sample,
 )
 from paddletrain.errors import ConfigError
-from paddletrain.job.processes import call_with_worker_setup, stop_signals_held
+from paddletrain.job.processes import (
+    call_with_worker_setup,
+    lost_worker,
+    stop_signals_held,
+    take_lost_worker,
+    watch_loader_workers,
+)
 
 log = logging.getLogger(__name__)
 
@@ -246,6 +252,8 @@ class CheckedDataLoader(paddle.io.DataLoader):
     def __iter__(self) -> Iterator[list[paddle.Tensor]]:
         self.bad_samples = 0
         raw = self._load_in_this_thread() if self.num_workers == 0 else self._start_workers()
+        if self.num_workers:
+            raw = _naming_lost_workers(raw)
         try:
             for images, labels, _indices, batch, problems in raw:
                 if problems:  # a batch that stops the run is not delivered: a save continues before it
@@ -262,6 +270,7 @@ class CheckedDataLoader(paddle.io.DataLoader):
         self.worker_init_fn = call_with_worker_setup(self.user_worker_init_fn, os.getpid())
         with stop_signals_held(), _gc_frozen_for_fork():
             iterator = super().__iter__()
+        watch_loader_workers()
         _RUNNING_WORKERS.add(iterator)
         return iterator
 
@@ -330,6 +339,17 @@ def _gc_frozen_for_fork() -> Iterator[None]:
 WORKER_SHUTDOWN_TIMEOUT = 5.0
 
 
+def _naming_lost_workers(batches: Iterator[list]) -> Iterator[list]:
+    """``batches``, ending in :func:`lost_worker`'s error (no traceback chained) when a worker died."""
+    try:
+        yield from batches
+    except Exception as exc:
+        lost = lost_worker(exc) or take_lost_worker()
+        if lost is None:
+            raise
+        raise lost from None
+
+
 def _shut_down_workers(iterator: Any) -> None:
     """Stop a paddle multi-process iterator's workers now.
 
@@ -340,7 +360,10 @@ def _shut_down_workers(iterator: Any) -> None:
     """
     shutdown = getattr(iterator, "_try_shutdown_all", None)
     if shutdown is not None:
-        shutdown(WORKER_SHUTDOWN_TIMEOUT)
+        try:
+            shutdown(WORKER_SHUTDOWN_TIMEOUT)
+        except (SystemError, RuntimeError) as exc:  # a worker already gone: said where it was noticed
+            log.debug("loader workers shut down with %s", exc)
 
 
 # Multi-process iterators whose workers may still run; weak, so that an iterator's collection still shuts it down.

@@ -1,0 +1,60 @@
+"""A loader worker killed as the out-of-memory killer kills (SIGKILL): said in a person's terms, nothing trained lost,
+the printed command continues exactly (paddletrain.data.loading.loaders.lost_worker)."""
+from __future__ import annotations
+
+import re
+import shlex
+import signal
+import time
+
+import numpy as np
+import psutil
+
+from paddletrain.checkpoint import find_latest, load_checkpoint
+from paddletrain.errors import ExitCode
+from tests.conftest import run_module
+from tests.reliability.procs import Run
+
+# Long enough for a kill between its first checkpoint and its end; persistent workers live across epochs.
+JOB = ("trainer.max_epochs=6", "data.num_workers=2", "data.persistent_workers=true", "data.shapes.num_train=256",
+       "callbacks.checkpoint.every_n_steps=2")
+
+
+def _weights(run_dir) -> dict[str, np.ndarray]:
+    state = load_checkpoint(find_latest(run_dir / "checkpoints")).state
+    return {k: np.asarray(v.numpy() if hasattr(v, "numpy") else v) for k, v in state["model"].items()}
+
+
+def test_a_killed_loader_worker_stops_the_run_in_one_line_having_saved_and_its_command_continues_exactly(tmp_path):
+    straight = tmp_path / "straight"
+    run = Run(tmp_path, *JOB, name="killed")
+    try:
+        run.wait_for(r"Epoch 1/6")
+        run.watch()
+        # The training and the validation loaders' workers (persistent): all killed, as a machine out of memory may.
+        workers = [p for p in psutil.Process(run.proc.pid).children() if p.is_running()]
+        assert len(workers) >= 2, workers
+        for worker in workers:
+            worker.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        code = run.wait(60)
+        output = run.output
+        assert code == ExitCode.WORKER_LOST, output[-3000:]
+        assert time.monotonic() - killed < 30
+        assert "Traceback" not in output and "Exception ignored" not in output, output[-3000:]
+        last = output.strip().splitlines()[-1]
+        named = re.search(r"a data loader worker \(pid (\d+)\) was killed by SIGKILL, most likely by the "
+                          r"out-of-memory killer: lower data.num_workers or data.batch_size", last)
+        assert named and int(named.group(1)) in {w.pid for w in workers}, last
+        saved = re.search(r"the steps trained are saved in (\S+);", last).group(1)
+        assert load_checkpoint(saved).state["progress"]["global_step"] > 0
+        command = shlex.split(last.split("continue with: ", 1)[1])
+        assert command[:3] == ["python", "-m", "paddletrain.fit"]
+    finally:
+        run.kill()
+    continued = run_module("paddletrain.fit", command[3:], cwd=tmp_path)
+    assert continued.returncode == 0, (continued.stdout + continued.stderr)[-3000:]
+    undisturbed = run_module("paddletrain.fit", [*run.args[:-1], f"hydra.run.dir={straight}"], cwd=tmp_path)
+    assert undisturbed.returncode == 0, (undisturbed.stdout + undisturbed.stderr)[-3000:]
+    a, b = _weights(run.run_dir), _weights(straight)
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
