@@ -141,7 +141,11 @@ _RUN_PLUMBING = ("hydra", "name", "tags", "imports", "trainer.resume", "trainer.
                  "data.download", "data.num_workers", "data.use_shared_memory", "data.persistent_workers",
                  "callbacks.progress_bar", "callbacks.visualdl", "callbacks.checkpoint",
                  "trainer.distill.unlabeled_root", "trainer.distill.trust_pickle", "trainer.max_restarts",
-                 "trainer.collective_timeout", "callbacks.optuna_pruning")
+                 "trainer.collective_timeout", "callbacks.optuna_pruning",
+                 # where and how the run executes: the same run on 1 or 2 devices is one point of a comparison
+                 "trainer.devices", "trainer.num_nodes", "trainer.cluster", "trainer.find_unused_parameters",
+                 "data.eval_batch_size", "data.cache_dir", "data.cache_max_gb", "data.fetch_ahead", "data.timeout",
+                 "data.retries", "data.deadline")
 _ABSENT = object()
 
 

@@ -57,3 +57,15 @@ def test_weights_auto_takes_the_average_a_run_validated_with_and_raw_the_trained
     assert checkpoint_weights(state).record == {"weights": "raw"}
     with pytest.raises(UserError, match="weights=averaged: cp holds no averaged weights"):
         checkpoint_weights(state, "averaged", source="cp")
+
+
+def test_the_hparams_leave_out_every_key_that_only_says_where_or_how_the_run_executes():
+    from paddletrain.build import run_hparams
+
+    cfg = compose_fit(["trainer.devices=2", "trainer.num_nodes=1", "data.eval_batch_size=64", "optim.lr=0.05",
+                       "data.num_workers=1", "trainer.cpu_threads=1"])
+    picked = run_hparams(cfg, ["trainer.devices=2", "trainer.num_nodes=1", "data.eval_batch_size=64",
+                               "optim.lr=0.05", "data.num_workers=1", "trainer.cpu_threads=1"])
+    assert list(picked)[0] == "optim.lr"  # the first key the command line set that is a hyper-parameter
+    assert not {"trainer.devices", "trainer.num_nodes", "data.eval_batch_size", "data.num_workers",
+                "trainer.cpu_threads"} & set(picked)
