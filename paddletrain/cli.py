@@ -31,7 +31,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 from paddletrain.config import check_values
 from paddletrain.devices import mkl_note, use_fast_mkl
 from paddletrain.errors import ExitCode, StartRefused, UserError, ending_of, exit_with
-from paddletrain.job.processes import own_stop_signals, stop_request
+from paddletrain.job.processes import join_pools, own_stop_signals, stop_request
 
 log = logging.getLogger(__name__)
 
@@ -248,6 +248,8 @@ def command_task(end: Ending = end_command) -> Callable[[Callable[[DictConfig], 
                     return task(cfg)
             except (Exception, KeyboardInterrupt) as exc:
                 end(exc, cfg)
+            finally:
+                join_pools()  # decode workers left to exit on their own: before the interpreter shuts down
 
         return wrapped
 
@@ -303,6 +305,8 @@ def run_script(main: Callable[[], int | None]) -> NoReturn:
             code = main()
     except (Exception, KeyboardInterrupt) as exc:
         _end_unlogged(exc)
+    finally:
+        join_pools()
     sys.exit(ExitCode.OK if code is None else code)
 
 

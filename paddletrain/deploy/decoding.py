@@ -26,7 +26,7 @@ from multiprocessing import shared_memory
 import numpy as np
 
 from paddletrain.deploy.predictor import Preprocessing
-from paddletrain.job.processes import die_with_parent, ignore_stop_signals
+from paddletrain.job.processes import die_with_parent, ignore_stop_signals, join_later
 
 log = logging.getLogger("paddletrain")
 
@@ -193,6 +193,7 @@ def decoded_batches(chunks: list[list[str]], preprocessing: Preprocessing, num_w
             # Queued work is dropped; the workers exit on their own (the executor's thread reaps them). A worker
             # still writing into a block keeps its own mapping, so unlinking the blocks now is safe.
             pool.shutdown(wait=False, cancel_futures=True)
+            join_later(pool)  # joined when the command ends (paddletrain.cli), not now
         if blocks is not None:
             blocks.close()
 

@@ -384,3 +384,21 @@ def raise_if_worker_lost() -> None:
     lost = take_lost_worker()
     if lost is not None:
         raise lost
+
+
+# Process pools whose workers were left to exit on their own (a caller that must not wait for them), joined before
+# the interpreter shuts down: its own join of an executor's thread can fail on a closed descriptor and print a
+# traceback after a command that succeeded.
+_POOLS_TO_JOIN: list[Any] = []
+
+
+def join_later(pool: Any) -> None:
+    """Let ``pool`` (a ``concurrent.futures`` executor shut down with ``wait=False``) finish; joined by
+    :func:`join_pools`."""
+    _POOLS_TO_JOIN.append(pool)
+
+
+def join_pools() -> None:
+    """Wait for the pools :func:`join_later` was given (every command calls it on its way out)."""
+    while _POOLS_TO_JOIN:
+        _POOLS_TO_JOIN.pop().shutdown(wait=True, cancel_futures=True)
