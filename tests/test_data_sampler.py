@@ -361,3 +361,48 @@ def test_class_counts_skip_unlabeled_images_and_refuse_labels_out_of_range():
     with pytest.raises(DatasetError, match="needs a label for every training image; 1 have none"):
         class_balanced_weights(targets)
     np.testing.assert_allclose(class_balanced_weights(np.array([1, 1, 0])), [0.5, 0.5, 1.0])
+
+
+class _OrderedDataset:
+    """A dataset that orders its own epochs (as tar shards do, reading locally): a reversed permutation."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def epoch_order(self, seed: int, epoch: int) -> np.ndarray:
+        return np.random.default_rng([seed, epoch]).permutation(self.n)[::-1].copy()
+
+
+@pytest.mark.parametrize("dataset", [list(range(37)), _OrderedDataset(37)], ids=["map-style", "self-ordered"])
+@pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2), (2, 3)])
+def test_a_mid_epoch_position_continued_on_another_number_of_ranks_deals_each_remaining_sample_once(
+        dataset, before, after):
+    """What docs/distributed.md says: the rest of the epoch is dealt to the new ranks; the samples already trained
+    on are not seen again and every other one is seen once (label lists are map-style; shards order themselves)."""
+    batch = 12 // before  # the global batch of 12 kept: the batch per rank changes with the ranks
+    old = [ResumableBatchSampler(dataset, batch, shuffle=True, seed=5, num_replicas=before, rank=r)
+           for r in range(before)]
+    for sampler in old:
+        sampler.set_epoch(1)
+    seen_before = []
+    for sampler in old:
+        batches = iter(sampler)
+        for _ in range(2):  # two batches trained on every rank
+            seen_before += [key.index for key in next(batches)]
+        sampler.position = 2
+    state = old[0].state_dict()
+    new = [ResumableBatchSampler(dataset, 12 // after, shuffle=True, seed=5, num_replicas=after, rank=r)
+           for r in range(after)]
+    seen_after = []
+    for sampler in new:
+        sampler.set_epoch(1)
+        sampler.load_state_dict(state)
+        seen_after += [key.index for keys in sampler for key in keys]
+    assert not set(seen_before) & set(seen_after)
+    remaining = len(dataset) - len(set(seen_before))
+    # Each remaining sample once; the last batches may pad with repeats to fill every rank, as any epoch does.
+    assert set(seen_before) | set(seen_after) == set(range(len(dataset)))
+    assert len(seen_after) - remaining < after

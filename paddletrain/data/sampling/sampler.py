@@ -12,6 +12,7 @@ sampling); sharding, repeats, skipping and resuming are the same.
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 from collections.abc import Iterator, Sized
 from typing import Any, NamedTuple
@@ -21,6 +22,8 @@ from paddle.io import DistributedBatchSampler
 
 from paddletrain.checkpoint.untrusted import StateValueError, checked_int, checked_mapping, required, show
 from paddletrain.errors import UserError
+
+log = logging.getLogger("paddletrain")
 
 
 class SampleKey(NamedTuple):
@@ -233,6 +236,10 @@ class ResumableBatchSampler(DistributedBatchSampler):
                 and self.num_repeats == 1 and "consumed" in state:
             # Another number of ranks: deal the rest of the epoch's order to them (see the class docstring).
             consumed = checked_int(state["consumed"], "consumed", maximum=len(self.dataset))
+            if self.rank == 0:
+                log.info("Continuing epoch %d mid-way (batch %d) on %d rank(s), the checkpoint's %d: the %d samples of "
+                         "its order not yet trained on are dealt to the ranks, each once", epoch + 1, position,
+                         self.nranks, state["num_replicas"], len(self.dataset) - consumed)
             self.seed, self.epoch = seed, epoch
             self._offset, self._offset_batches = consumed, position
             self.skip_batches(position)
