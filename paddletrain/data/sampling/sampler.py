@@ -236,7 +236,7 @@ class ResumableBatchSampler(DistributedBatchSampler):
                 and self.num_repeats == 1 and "consumed" in state:
             # Another number of ranks: deal the rest of the epoch's order to them (see the class docstring).
             consumed = checked_int(state["consumed"], "consumed", maximum=len(self.dataset))
-            if self.rank == 0:
+            if self.local_rank == 0:
                 log.info("Continuing epoch %d mid-way (batch %d) on %d rank(s), the checkpoint's %d: the %d samples of "
                          "its order not yet trained on are dealt to the ranks, each once", epoch + 1, position,
                          self.nranks, state["num_replicas"], len(self.dataset) - consumed)
