@@ -275,3 +275,15 @@ def test_a_proposal_equal_to_a_finished_trial_reuses_its_outcome_and_is_not_coun
     assert duplicates and all(t.params == first.params and t.value == 0.7 and t.user_attrs[DUPLICATE_ATTR] == 0
                               for t in duplicates)
     assert spent(study) == 1  # the duplicates trained nothing and do not count against n_trials
+
+
+@pytest.mark.slow  # three short trials in two sweeps (about a minute)
+def test_an_extended_seeded_search_trains_new_parameters_as_the_issue_ran_it(tmp_path):
+    """`n_trials=2`, then the same command with `n_trials=3`: the third trial was the first's twin, bit for bit."""
+    space = ["optim.lr=tag(log,interval(1e-4,3e-2))", "hydra.sweeper.seed=3", "hydra.sweeper.pruner=none"]
+    for n_trials in (2, 3):
+        result = _sweep(tmp_path, *space, f"hydra.sweeper.n_trials={n_trials}")
+        assert result.returncode == 0, result.stderr[-3000:]
+    trials = _study(tmp_path)["trials"]
+    trained = [t["params"]["optim.lr"] for t in trials if t["state"] == "COMPLETE" and not t.get("duplicate_of")]
+    assert len(trained) == 3 and len(set(trained)) == 3, trials

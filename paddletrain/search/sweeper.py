@@ -41,7 +41,7 @@ from paddletrain.errors import ConfigError, ExitCode
 from paddletrain.job.processes import STOP_WITH_PARENT_ENV
 from paddletrain.job.rundir import wait_until_free
 from paddletrain.search.pruning import OptunaPruning, make_pruner, pruned_record
-from paddletrain.search.report import RUN_DIR_ATTR, RunConfig, write_reports
+from paddletrain.search.report import DUPLICATE_ATTR, RUN_DIR_ATTR, RunConfig, write_reports
 from paddletrain.search.space import SearchSpace, check_against_schema, check_in_config, grid_of, parse_space
 from paddletrain.search.storage import Heartbeat, claiming, open_storage, retry_callback, storage_url
 
@@ -301,7 +301,6 @@ def objective_value(run_dir: Path, monitor: str) -> float | None:
 
 # Proposals in a row that may repeat a finished trial's parameters before the last one is run anyway.
 MAX_DUPLICATE_ASKS = 5
-DUPLICATE_ATTR = "duplicate_of"
 
 
 def continued_seed(seed: int, trials: int) -> int:
