@@ -378,9 +378,8 @@ class Trainer:
     def _check_stop(self) -> None:
         """Raise :class:`TrainingInterrupted` when any rank received a stop signal (all ranks agree on the step),
         and a loader worker's death noticed since the last step (:func:`paddletrain.job.processes.
-        raise_if_worker_lost`; one process: with several, each rank's collective notices its peer's end)."""
-        if self.world_size == 1:
-            raise_if_worker_lost()
+        raise_if_worker_lost`)."""
+        raise_if_worker_lost()  # with several ranks this one stops, and its peers report it lost
         signum = None
         if self.handle_signals:
             stop_request.say_unsaid()

@@ -344,6 +344,9 @@ class _WorkerWatch:
 
     lost: DataWorkerLost | None = None
     installed = False
+    # The main thread waits in a loader (a batch, persistent workers' reset): a death is raised there at once,
+    # since Paddle may otherwise wait for the dead worker for ever; anywhere else it waits for a step boundary.
+    in_loader = False
 
     @classmethod
     def install(cls) -> None:
@@ -361,6 +364,8 @@ class _WorkerWatch:
                 lost = lost_worker(exc)
                 if lost is None:
                     raise
+                if cls.in_loader:
+                    raise lost from None
                 cls.lost = cls.lost or lost
 
         signal.signal(signal.SIGCHLD, on_child_exit)
@@ -371,6 +376,16 @@ def watch_loader_workers() -> None:
     """Keep a loader worker's death for :func:`take_lost_worker` rather than let Paddle raise it anywhere (call
     once its multi-process loader has started, from the main thread)."""
     _WorkerWatch.install()
+
+
+@contextlib.contextmanager
+def waiting_in_loader() -> Iterator[None]:
+    """While the main thread waits for a loader, a worker's death is raised at once (:class:`_WorkerWatch`)."""
+    _WorkerWatch.in_loader, before = True, _WorkerWatch.in_loader
+    try:
+        yield
+    finally:
+        _WorkerWatch.in_loader = before
 
 
 def take_lost_worker() -> DataWorkerLost | None:

@@ -58,3 +58,36 @@ def test_a_killed_loader_worker_stops_the_run_in_one_line_having_saved_and_its_c
     assert undisturbed.returncode == 0, (undisturbed.stdout + undisturbed.stderr)[-3000:]
     a, b = _weights(run.run_dir), _weights(straight)
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_evaluate_says_a_killed_loader_worker_in_one_line_instead_of_scoring_part_of_the_split(tmp_path):
+    """Paddle's reader ends an iteration quietly once it finds a dead worker: evaluate would score part of the
+    split as if it were all of it."""
+    import subprocess
+    import sys
+
+    from tests.conftest import fit_tiny
+
+    run_dir, _ = fit_tiny(tmp_path)
+    args = [f"checkpoint={run_dir}:last", "data.shapes.num_val=6000", "data.num_workers=2",
+            "data.eval_batch_size=8"]
+    proc = subprocess.Popen([sys.executable, "-m", "paddletrain.evaluate", *args], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        workers: list = []
+        while time.monotonic() < deadline and len(workers) < 2 and proc.poll() is None:
+            workers = [p for p in psutil.Process(proc.pid).children() if "python" in p.name()]
+            time.sleep(0.05)
+        assert len(workers) >= 2, "expected two loader workers"
+        time.sleep(0.5)
+        for worker in workers:
+            worker.send_signal(signal.SIGKILL)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == ExitCode.WORKER_LOST, (out + err)[-3000:]
+    said = out + err
+    assert "Traceback" not in said and "Exception ignored" not in said, said[-3000:]
+    assert len(re.findall(r"a data loader worker \(pid \d+\) was killed by SIGKILL", said)) == 1, said[-3000:]

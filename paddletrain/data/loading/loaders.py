@@ -52,6 +52,7 @@ from paddletrain.job.processes import (
     lost_worker,
     stop_signals_held,
     take_lost_worker,
+    waiting_in_loader,
     watch_loader_workers,
 )
 
@@ -251,9 +252,8 @@ class CheckedDataLoader(paddle.io.DataLoader):
 
     def __iter__(self) -> Iterator[list[paddle.Tensor]]:
         self.bad_samples = 0
-        raw = self._load_in_this_thread() if self.num_workers == 0 else self._start_workers()
-        if self.num_workers:
-            raw = _naming_lost_workers(raw)
+        workers = self._start_workers() if self.num_workers else None
+        raw = self._load_in_this_thread() if workers is None else _naming_lost_workers(workers)
         try:
             for images, labels, _indices, batch, problems in raw:
                 if problems:  # a batch that stops the run is not delivered: a save continues before it
@@ -262,13 +262,13 @@ class CheckedDataLoader(paddle.io.DataLoader):
                 if images is not None:
                     yield [images, labels]
         finally:
-            if self.num_workers and not self._persistent_workers:
-                _shut_down_workers(raw)
+            if workers is not None and not self._persistent_workers:
+                _shut_down_workers(workers)
 
     def _start_workers(self) -> Iterator[list]:
         # Paddle reads worker_init_fn when it starts the workers; the parent to die with is this process.
         self.worker_init_fn = call_with_worker_setup(self.user_worker_init_fn, os.getpid())
-        with stop_signals_held(), _gc_frozen_for_fork():
+        with stop_signals_held(), _gc_frozen_for_fork(), waiting_in_loader():  # persistent workers reset here
             iterator = super().__iter__()
         watch_loader_workers()
         _RUNNING_WORKERS.add(iterator)
@@ -341,13 +341,26 @@ WORKER_SHUTDOWN_TIMEOUT = 5.0
 
 def _naming_lost_workers(batches: Iterator[list]) -> Iterator[list]:
     """``batches``, ending in :func:`lost_worker`'s error (no traceback chained) when a worker died."""
-    try:
-        yield from batches
-    except Exception as exc:
-        lost = lost_worker(exc) or take_lost_worker()
-        if lost is None:
-            raise
-        raise lost from None
+    batches = iter(batches)
+    while True:
+        lost = take_lost_worker()  # noticed while the batch before was trained on
+        if lost is not None:
+            raise lost
+        try:
+            with waiting_in_loader():
+                batch = next(batches)
+        except StopIteration:
+            break
+        except Exception as exc:
+            lost = lost_worker(exc) or take_lost_worker()
+            if lost is None:
+                raise
+            raise lost from None
+        yield batch
+    # Paddle's reader ends the iteration quietly once it finds a dead worker: not a whole epoch, so say why.
+    lost = take_lost_worker()
+    if lost is not None:
+        raise lost
 
 
 def _shut_down_workers(iterator: Any) -> None:
