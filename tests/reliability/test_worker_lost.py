@@ -91,3 +91,37 @@ def test_evaluate_says_a_killed_loader_worker_in_one_line_instead_of_scoring_par
     said = out + err
     assert "Traceback" not in said and "Exception ignored" not in said, said[-3000:]
     assert len(re.findall(r"a data loader worker \(pid \d+\) was killed by SIGKILL", said)) == 1, said[-3000:]
+
+
+def test_predict_says_a_killed_decode_worker_in_one_line(tmp_path, export_dir):
+    import subprocess
+    import sys
+
+    from PIL import Image
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(3000):
+        Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(photos / f"{i:04d}.png")
+    args = [f"model_dir={export_dir}", f"input={photos}", f"output={tmp_path / 'preds.jsonl'}", "batch_size=8",
+            "num_workers=2"]
+    proc = subprocess.Popen([sys.executable, "-m", "paddletrain.predict", *args], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        workers: list = []
+        while time.monotonic() < deadline and len(workers) < 2 and proc.poll() is None:
+            workers = [p for p in psutil.Process(proc.pid).children()
+                       if "python" in p.name() and "resource_tracker" not in " ".join(p.cmdline())]
+            time.sleep(0.05)
+        assert len(workers) >= 2, "expected two decode workers"
+        workers[0].send_signal(signal.SIGKILL)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    said = out + err
+    assert proc.returncode == ExitCode.WORKER_LOST, said[-3000:]
+    assert "Traceback" not in said and "Exception ignored" not in said, said[-3000:]
+    assert "a decode worker of this command died" in said and "lower num_workers (was 2)" in said
