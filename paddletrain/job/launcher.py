@@ -44,7 +44,7 @@ POLL_SECONDS = 0.2
 NO_RANK_GRACE = 3.0
 # After Paddle's launcher ended, ranks still running (their launcher was killed) get this long to save and stop.
 REAP_SECONDS = 60.0
-FAILURE_CODES = (ExitCode.USER_ERROR, ExitCode.BAD_RESULT, ExitCode.UNEXPECTED)
+FAILURE_CODES = (ExitCode.USER_ERROR, ExitCode.BAD_RESULT, ExitCode.UNEXPECTED, ExitCode.WORKER_LOST)
 
 # Paddle's launcher, made to die with this process first (it has no option for that).
 _BOOTSTRAP = ("import runpy, signal, sys; from paddletrain.job.processes import die_with_parent; "

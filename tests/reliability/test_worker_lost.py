@@ -125,3 +125,27 @@ def test_predict_says_a_killed_decode_worker_in_one_line(tmp_path, export_dir):
     assert proc.returncode == ExitCode.WORKER_LOST, said[-3000:]
     assert "Traceback" not in said and "Exception ignored" not in said, said[-3000:]
     assert "a decode worker of this command died" in said and "lower num_workers (was 2)" in said
+
+
+def test_a_rank_that_loses_its_loader_worker_stops_the_job_as_one_named(tmp_path):
+    """Under trainer.devices=2: rank 1's worker killed; the job ends with that rank's line (its peer's lost contact
+    is the consequence, not the cause) and its exit code."""
+    from tests.reliability.procs import rank_pid
+
+    run = Run(tmp_path, "trainer.devices=2", "data.num_workers=1", "trainer.max_epochs=500",
+              "data.persistent_workers=true")
+    try:
+        run.wait_for(r"Epoch 1/", timeout=180)
+        run.watch()
+        workers = [p for p in psutil.Process(rank_pid(run, 1)).children() if "python" in p.name()]
+        assert workers, "expected rank 1's loader workers"
+        for worker in workers:
+            worker.send_signal(signal.SIGKILL)
+        code = run.wait(120)
+        last = run.output.strip().splitlines()[-1]
+        assert code == ExitCode.WORKER_LOST, run.output[-3000:]
+        assert re.search(r"\[rank 1\] failed \(WORKER_LOST\): a data loader worker \(pid \d+\) was killed by SIGKILL",
+                         last), last
+        assert "continue with: python -m paddletrain.fit" in last
+    finally:
+        run.kill()
