@@ -332,31 +332,20 @@ def test_the_old_import_paths_still_import_with_a_deprecation_warning():
     assert result.stdout.split("\n")[:-1] == [f"{old} warned same" for old in OLD_PATHS]
 
 
-def test_the_library_half_of_a_command_is_handed_on_from_its_old_place():
-    code = textwrap.dedent("""
+@pytest.mark.parametrize(("old", "new", "name"), [
+    ("paddletrain.export", "paddletrain.deploy.exporter", "export_model"),  # a command's library half
+    ("paddletrain.build", "paddletrain.rebuild", "rebuild_checkpoint"),  # reading a run back, out of build
+])
+def test_a_name_that_moved_out_of_a_module_is_handed_on_from_its_old_place(old, new, name):
+    code = textwrap.dedent(f"""
         import warnings
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            from paddletrain.export import export_model
-        from paddletrain.deploy.exporter import export_model as moved
-        assert export_model is moved
+            from {old} import {name}
+        from {new} import {name} as moved
+        assert {name} is moved
         print([str(w.message) for w in caught if w.category is DeprecationWarning])
     """)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "paddletrain.export.export_model moved to paddletrain.deploy.exporter.export_model" in result.stdout
-
-
-def test_reading_a_run_back_moved_out_of_build_and_its_names_are_handed_on():
-    code = textwrap.dedent("""
-        import warnings
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            from paddletrain.build import rebuild_checkpoint
-        from paddletrain.rebuild import rebuild_checkpoint as moved
-        assert rebuild_checkpoint is moved
-        print([str(w.message) for w in caught if w.category is DeprecationWarning])
-    """)
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "paddletrain.build.rebuild_checkpoint moved to paddletrain.rebuild.rebuild_checkpoint" in result.stdout
+    assert f"{old}.{name} moved to {new}.{name}" in result.stdout

@@ -6,6 +6,7 @@ import re
 import shlex
 import signal
 import time
+from collections.abc import Callable
 
 import numpy as np
 import psutil
@@ -18,6 +19,31 @@ from tests.reliability.procs import Run
 # Long enough for a kill between its first checkpoint and its end; persistent workers live across epochs.
 JOB = ("trainer.max_epochs=6", "data.num_workers=2", "data.persistent_workers=true", "data.shapes.num_train=256",
        "callbacks.checkpoint.every_n_steps=2")
+
+
+def _kill_workers_of(command: list[str], cwd, pick: Callable[[list], list]) -> tuple[int, str]:
+    """Run ``python -m <command>``, SIGKILL the workers ``pick`` chooses among its children once they are up;
+    its exit status and output."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", *command], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        workers: list = []
+        while time.monotonic() < deadline and len(workers) < 2 and proc.poll() is None:
+            workers = [p for p in psutil.Process(proc.pid).children()
+                       if "python" in p.name() and "resource_tracker" not in " ".join(p.cmdline())]
+            time.sleep(0.05)
+        assert len(workers) >= 2, "expected two workers"
+        for worker in pick(workers):
+            worker.send_signal(signal.SIGKILL)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, out + err
 
 
 def _weights(run_dir) -> dict[str, np.ndarray]:
@@ -63,40 +89,18 @@ def test_a_killed_loader_worker_stops_the_run_in_one_line_having_saved_and_its_c
 def test_evaluate_says_a_killed_loader_worker_in_one_line_instead_of_scoring_part_of_the_split(tmp_path):
     """Paddle's reader ends an iteration quietly once it finds a dead worker: evaluate would score part of the
     split as if it were all of it."""
-    import subprocess
-    import sys
-
     from tests.conftest import fit_tiny
 
     run_dir, _ = fit_tiny(tmp_path)
     args = [f"checkpoint={run_dir}:last", "data.shapes.num_val=6000", "data.num_workers=2",
             "data.eval_batch_size=8"]
-    proc = subprocess.Popen([sys.executable, "-m", "paddletrain.evaluate", *args], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        workers: list = []
-        while time.monotonic() < deadline and len(workers) < 2 and proc.poll() is None:
-            workers = [p for p in psutil.Process(proc.pid).children() if "python" in p.name()]
-            time.sleep(0.05)
-        assert len(workers) >= 2, "expected two loader workers"
-        time.sleep(0.5)
-        for worker in workers:
-            worker.send_signal(signal.SIGKILL)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == ExitCode.WORKER_LOST, (out + err)[-3000:]
-    said = out + err
+    code, said = _kill_workers_of(["paddletrain.evaluate", *args], tmp_path, lambda workers: workers)
+    assert code == ExitCode.WORKER_LOST, said[-3000:]
     assert "Traceback" not in said and "Exception ignored" not in said, said[-3000:]
     assert len(re.findall(r"a data loader worker \(pid \d+\) was killed by SIGKILL", said)) == 1, said[-3000:]
 
 
 def test_predict_says_a_killed_decode_worker_in_one_line(tmp_path, export_dir):
-    import subprocess
-    import sys
-
     from PIL import Image
 
     photos = tmp_path / "photos"
@@ -106,23 +110,8 @@ def test_predict_says_a_killed_decode_worker_in_one_line(tmp_path, export_dir):
         Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(photos / f"{i:04d}.png")
     args = [f"model_dir={export_dir}", f"input={photos}", f"output={tmp_path / 'preds.jsonl'}", "batch_size=8",
             "num_workers=2"]
-    proc = subprocess.Popen([sys.executable, "-m", "paddletrain.predict", *args], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        workers: list = []
-        while time.monotonic() < deadline and len(workers) < 2 and proc.poll() is None:
-            workers = [p for p in psutil.Process(proc.pid).children()
-                       if "python" in p.name() and "resource_tracker" not in " ".join(p.cmdline())]
-            time.sleep(0.05)
-        assert len(workers) >= 2, "expected two decode workers"
-        workers[0].send_signal(signal.SIGKILL)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    said = out + err
-    assert proc.returncode == ExitCode.WORKER_LOST, said[-3000:]
+    code, said = _kill_workers_of(["paddletrain.predict", *args], tmp_path, lambda workers: workers[:1])
+    assert code == ExitCode.WORKER_LOST, said[-3000:]
     assert "Traceback" not in said and "Exception ignored" not in said, said[-3000:]
     assert "a decode worker of this command died" in said and "lower num_workers (was 2)" in said
 
