@@ -21,13 +21,11 @@ import signal
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import shared_memory
 
 import numpy as np
 
 from paddletrain.deploy.predictor import Preprocessing
-from paddletrain.errors import DataWorkerLost
 from paddletrain.job.processes import die_with_parent, ignore_stop_signals, join_later
 
 log = logging.getLogger("paddletrain")
@@ -180,12 +178,7 @@ def decoded_batches(chunks: list[list[str]], preprocessing: Preprocessing, num_w
         yield load_batch(chunks[0], preprocessing)
         while pending:
             name, future = pending.popleft()
-            try:
-                result = future.result()
-            except BrokenProcessPool:  # a worker killed (the out-of-memory killer) or crashed in a decoder
-                raise DataWorkerLost(f"a decode worker of this command died (killed, most likely by the out-of-memory "
-                                     f"killer, or crashed decoding an image): lower num_workers (was {num_workers}) "
-                                     "or batch_size") from None
+            result = future.result()
             next_chunk = next(queued, None)
             if next_chunk is not None:
                 submit(next_chunk)  # keeps the workers busy while the caller predicts

@@ -416,4 +416,13 @@ def join_later(pool: Any) -> None:
 def join_pools() -> None:
     """Wait for the pools :func:`join_later` was given (every command calls it on its way out)."""
     while _POOLS_TO_JOIN:
-        _POOLS_TO_JOIN.pop().shutdown(wait=True, cancel_futures=True)
+        pool = _POOLS_TO_JOIN.pop()
+        thread = getattr(pool, "_executor_manager_thread", None)
+        if getattr(pool, "_broken", False):  # a worker died: the interpreter's exit hook wakes and ends the rest
+            continue
+        pool.shutdown(wait=True, cancel_futures=True)
+        # Python 3.11's exit hook still wakes an executor thread it holds, through a pipe closed by now ("Bad file
+        # descriptor"): a thread joined here is taken out of its list.
+        wakeups = getattr(sys.modules.get("concurrent.futures.process"), "_threads_wakeups", None)
+        if thread is not None and wakeups is not None:
+            wakeups.pop(thread, None)

@@ -100,22 +100,6 @@ def test_evaluate_says_a_killed_loader_worker_in_one_line_instead_of_scoring_par
     assert len(re.findall(r"a data loader worker \(pid \d+\) was killed by SIGKILL", said)) == 1, said[-3000:]
 
 
-def test_predict_says_a_killed_decode_worker_in_one_line(tmp_path, export_dir):
-    from PIL import Image
-
-    photos = tmp_path / "photos"
-    photos.mkdir()
-    rng = np.random.default_rng(0)
-    for i in range(3000):
-        Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(photos / f"{i:04d}.png")
-    args = [f"model_dir={export_dir}", f"input={photos}", f"output={tmp_path / 'preds.jsonl'}", "batch_size=8",
-            "num_workers=2"]
-    code, said = _kill_workers_of(["paddletrain.predict", *args], tmp_path, lambda workers: workers[:1])
-    assert code == ExitCode.WORKER_LOST, said[-3000:]
-    assert "Traceback" not in said and "Exception ignored" not in said, said[-3000:]
-    assert "a decode worker of this command died" in said and "lower num_workers (was 2)" in said
-
-
 def test_a_rank_that_loses_its_loader_worker_stops_the_job_as_one_named(tmp_path):
     """Under trainer.devices=2: rank 1's worker killed; the job ends with that rank's line (its peer's lost contact
     is the consequence, not the cause) and its exit code."""
