@@ -28,6 +28,14 @@ from .resnet import GLOBAL_POOLS, conv3x3, widened
 __all__ = ["ConvGroup", "ConvGroupNet"]
 
 
+class GELU(nn.Layer):
+    """GELU (exact, erf form) from elementary operations: ``nn.GELU`` fails to export to some of ``ship``'s targets
+    ("expected Value, but got Variable" in Paddle 3.3's static graph)."""
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        return 0.5 * x * (1.0 + paddle.erf(x * 0.7071067811865476))
+
+
 class ConvGroup(nn.Layer):
     """conv 3x3 -> max-pool 2 -> norm -> GELU -> conv 3x3 -> norm -> GELU: ``in_chs`` to ``out_chs`` channels at
     half the side (floor)."""
@@ -39,7 +47,7 @@ class ConvGroup(nn.Layer):
         self.bn1 = nn.BatchNorm2D(out_chs)
         self.conv2 = conv3x3(out_chs, out_chs)
         self.bn2 = nn.BatchNorm2D(out_chs)
-        self.act = nn.GELU()
+        self.act = GELU()
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         x = self.act(self.bn1(self.pool(self.conv1(x))))
@@ -84,7 +92,7 @@ class ConvGroupNet(nn.Layer):
         if not logit_scale > 0:
             raise ConfigError(f"logit_scale must be > 0, got {logit_scale}.")
         self.stem = nn.Conv2D(in_chans, stem_width, kernel_size=2, padding=0)
-        self.stem_act = nn.GELU()
+        self.stem_act = GELU()
         widths = [stem_width, *stage_widths]
         self.groups = nn.Sequential(*(ConvGroup(a, b) for a, b in zip(widths[:-1], widths[1:], strict=True)))
         self.num_features = int(stage_widths[-1])
