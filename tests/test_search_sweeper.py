@@ -221,7 +221,7 @@ def test_a_trial_another_sweep_finishes_during_the_count_is_counted_once():
         def get_trials(self, deepcopy=False, states=None):
             state = RUNNING if self.reads == 0 else COMPLETE
             self.reads += 1
-            trials = [SimpleNamespace(number=0, state=state, system_attrs={}, user_attrs={})]
+            trials = [SimpleNamespace(number=0, state=state, system_attrs={})]
             return [t for t in trials if states is None or t.state in states]
 
     # Counted in two reads, the trial is in neither (spent saw it running, running saw it finished): the sweeps
@@ -229,61 +229,3 @@ def test_a_trial_another_sweep_finishes_during_the_count_is_counted_once():
     study = FinishedAfterTheFirstRead()
     assert spent(study) + running(study) == 0
     assert taken(FinishedAfterTheFirstRead()) == 1
-
-
-def _journal_study(path: Path, seed: int, space, name: str = "s"):
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
-
-    from paddletrain.search.sweeper import make_sampler
-
-    return optuna.create_study(study_name=name, storage=JournalStorage(JournalFileBackend(str(path))),
-                               sampler=make_sampler({"name": "tpe"}, seed, space), load_if_exists=True)
-
-
-def test_a_seeded_study_continued_or_extended_never_proposes_a_finished_trials_parameters(tmp_path):
-    """Each new study object stands for a sweep run again (after a kill, or with a larger n_trials) or a second
-    sweep on the same storage: with the seed alone, its sampler replayed the seed's stream from the start."""
-    from paddletrain.search.space import parse_space
-    from paddletrain.search.sweeper import ask_unseen
-
-    space = parse_space(["optim.lr=tag(log,interval(1e-4,3e-2))"])
-    journal = tmp_path / "journal.log"
-    proposed = []
-    for _sweep_run in range(3):  # three runs of the same command, one trial each
-        study = _journal_study(journal, seed=3, space=space)
-        handle = ask_unseen(study, space, {"name": "tpe"}, seed=3)
-        proposed.append(handle.params["optim.lr"])
-        study.tell(handle, 0.5)
-    assert len(set(proposed)) == 3, proposed
-    # Without the trial count in the seed, the runs replay: every run's first proposal is the same.
-    replayed = [_journal_study(tmp_path / f"r{i}.log", 3, space).ask(space.distributions).params for i in range(2)]
-    assert replayed[0] == replayed[1]
-
-
-def test_a_proposal_equal_to_a_finished_trial_reuses_its_outcome_and_is_not_counted(tmp_path):
-    from paddletrain.search.space import parse_space
-    from paddletrain.search.sweeper import DUPLICATE_ATTR, ask_unseen, spent
-
-    space = parse_space(["data.batch_size=choice(8,16)"])
-    study = _journal_study(tmp_path / "j.log", seed=4, space=space)  # seed 4: three proposals repeat trial 0's
-    first = study.ask(space.distributions)
-    study.tell(first, 0.7)
-    handle = ask_unseen(study, space, {"name": "random"}, seed=4)
-    assert handle.params["data.batch_size"] != first.params["data.batch_size"]
-    duplicates = [t for t in study.get_trials() if DUPLICATE_ATTR in t.user_attrs]
-    assert duplicates and all(t.params == first.params and t.value == 0.7 and t.user_attrs[DUPLICATE_ATTR] == 0
-                              for t in duplicates)
-    assert spent(study) == 1  # the duplicates trained nothing and do not count against n_trials
-
-
-@pytest.mark.slow  # three short trials in two sweeps (about a minute)
-def test_an_extended_seeded_search_trains_new_parameters_as_the_issue_ran_it(tmp_path):
-    """`n_trials=2`, then the same command with `n_trials=3`: the third trial was the first's twin, bit for bit."""
-    space = ["optim.lr=tag(log,interval(1e-4,3e-2))", "hydra.sweeper.seed=3", "hydra.sweeper.pruner=none"]
-    for n_trials in (2, 3):
-        result = _sweep(tmp_path, *space, f"hydra.sweeper.n_trials={n_trials}")
-        assert result.returncode == 0, result.stderr[-3000:]
-    trials = _study(tmp_path)["trials"]
-    trained = [t["params"]["optim.lr"] for t in trials if t["state"] == "COMPLETE" and not t.get("duplicate_of")]
-    assert len(trained) == 3 and len(set(trained)) == 3, trials
