@@ -66,3 +66,14 @@ def test_the_search_spaces_in_configs_parse_and_stay_inside_their_keys_schema(co
     space = parse_space([], params)
     assert set(space.distributions) == set(params) and not space.fixed
     check_against_schema(space)
+
+
+def test_the_sweeper_without_optuna_names_the_extra_to_install(monkeypatch):
+    import sys
+
+    from paddletrain.errors import ConfigError
+    from paddletrain.search.sweeper import OptunaSweep
+
+    monkeypatch.setitem(sys.modules, "optuna", None)  # as in a venv made by the README's install alone
+    with pytest.raises(ConfigError, match=r"needs Optuna.*pip install -e \"\.\[search\]\""):
+        OptunaSweep()

@@ -93,6 +93,11 @@ class OptunaSweep:
                  seed: int | None = None, n_trials: int = 20, n_jobs: int = 1, storage: str | None = None,
                  study_name: str | None = None, params: dict[str, str] | None = None, heartbeat_interval: int = 30,
                  grace_period: int = 120) -> None:
+        try:
+            import optuna  # noqa: F401  (the search extra)
+        except ImportError:
+            raise ConfigError("hydra/sweeper=paddletrain_optuna needs Optuna, which the README's install leaves "
+                              "out: pip install -e \".[search]\" (or pip install paddletrain[search])") from None
         self.sampler_spec = {"name": sampler} if isinstance(sampler, str) else dict(sampler)
         self.pruner_spec = {"name": pruner} if isinstance(pruner, str) else dict(pruner)
         self.seed, self.n_trials, self.n_jobs = seed, int(n_trials), int(n_jobs)

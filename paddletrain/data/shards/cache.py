@@ -96,10 +96,12 @@ class ShardCache:
                 # A process of this run (a reader, the fetch-ahead, a rank) retried all it may: not again.
                 raise ShardFetchError(gave_up.read_text(errors="replace"))
             try:
-                return self._fetch_into(target, url, sha256, size)
+                copied = self._fetch_into(target, url, sha256, size)
             except ShardFetchError as exc:
                 gave_up.write_text(str(exc))
                 raise
+            gave_up.unlink(missing_ok=True)  # an earlier run's failure, mended since
+            return copied
 
     def _fetch_into(self, target: Path, url: str, sha256: str | None, size: int | None) -> Path:
         """Copy ``url`` into the cache at ``target`` (under its lock), checked against ``sha256`` and ``size``."""
