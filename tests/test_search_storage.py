@@ -227,15 +227,17 @@ def _sweep_command(sweep_dir: Path, url: str, *extra: str) -> list[str]:
 
 @pytest.mark.slow
 def test_sweeps_on_two_machines_join_one_study_and_never_run_a_trial_twice(tmp_path, empty_database):
+    """The same seeded command on two machines: with the seed alone, both drew the same values side by side."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
     sweeps = [subprocess.Popen(_sweep_command(tmp_path / f"machine{i}", empty_database, "hydra.sweeper.n_trials=4",
-                                              f"hydra.sweeper.seed={i}"), cwd=tmp_path, env=env,
+                                              "hydra.sweeper.seed=7"), cwd=tmp_path, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
     outputs = [sweep.communicate(timeout=900)[0] for sweep in sweeps]
     assert all(sweep.returncode == 0 for sweep in sweeps), [out[-2000:] for out in outputs]
     study = optuna.load_study(study_name="shared", storage=empty_database)
     trials = study.get_trials(deepcopy=False)
     assert [t.state.name for t in trials] == ["COMPLETE"] * 4
+    assert len({t.params["optim.lr"] for t in trials}) == 4, [t.params for t in trials]
     run_dirs = sorted(p for i in range(2) for p in (tmp_path / f"machine{i}").glob("trial_*"))
     assert len(run_dirs) == 4 and {t.user_attrs["run_dir"] for t in trials} == {str(p) for p in run_dirs}
     for run_dir in run_dirs:  # each trial trained once: one run, never resumed or repeated

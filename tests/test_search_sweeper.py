@@ -31,6 +31,11 @@ def _sweep(tmp_path: Path, *extra: str, timeout: float = 600) -> subprocess.Comp
                       cwd=tmp_path, timeout=timeout)
 
 
+def _other_seed(seed: int) -> list[str]:
+    """SWEEP with the sampler's seed ``seed`` (Hydra refuses a key given twice)."""
+    return [f"hydra.sweeper.seed={seed}" if arg.startswith("hydra.sweeper.seed=") else arg for arg in SWEEP]
+
+
 def _study(tmp_path: Path) -> dict:
     return json.loads((tmp_path / "sweep" / "study.json").read_text())
 
@@ -205,6 +210,27 @@ def test_a_killed_trial_continues_exactly_with_the_same_command(tmp_path, killed
     assert all(np.array_equal(np.asarray(mine[k]), np.asarray(theirs[k])) for k in mine)
 
 
+@pytest.mark.slow  # three short trials, a kill, the command again (about a minute)
+def test_a_seeded_search_killed_and_run_again_trains_no_finished_trials_parameters(tmp_path):
+    """The issue's case: `n_trials=3`, `seed=3`, killed in trial 1 and run again; the new trial after the handed-on
+    one was trial 0's twin, bit for bit."""
+    args = ["-m", *TINY, *_other_seed(3), "optim.lr=tag(log,interval(1e-4,3e-2))",
+            "hydra.sweeper.n_trials=3", "hydra.sweeper.pruner=none", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    command = [sys.executable, "-m", "paddletrain.fit", *args]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
+    sweep = subprocess.Popen(command, cwd=tmp_path, env=env, start_new_session=True)
+    second = tmp_path / "sweep" / "trial_0001"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not second.is_dir():
+        time.sleep(0.1)
+    _kill(sweep, "both")
+    sweep.wait(timeout=600)
+    assert subprocess.run(command, cwd=tmp_path, env=env, timeout=600).returncode == 0
+    trained = [t["params"]["optim.lr"] for t in _study(tmp_path)["trials"]
+               if t["state"] == "COMPLETE" and not t.get("duplicate_of")]
+    assert len(trained) == 3 and len(set(trained)) == 3, _study(tmp_path)["trials"]
+
+
 def test_a_trial_another_sweep_finishes_during_the_count_is_counted_once():
     from types import SimpleNamespace
 
@@ -221,7 +247,7 @@ def test_a_trial_another_sweep_finishes_during_the_count_is_counted_once():
         def get_trials(self, deepcopy=False, states=None):
             state = RUNNING if self.reads == 0 else COMPLETE
             self.reads += 1
-            trials = [SimpleNamespace(number=0, state=state, system_attrs={})]
+            trials = [SimpleNamespace(number=0, state=state, system_attrs={}, user_attrs={})]
             return [t for t in trials if states is None or t.state in states]
 
     # Counted in two reads, the trial is in neither (spent saw it running, running saw it finished): the sweeps
@@ -229,3 +255,100 @@ def test_a_trial_another_sweep_finishes_during_the_count_is_counted_once():
     study = FinishedAfterTheFirstRead()
     assert spent(study) + running(study) == 0
     assert taken(FinishedAfterTheFirstRead()) == 1
+
+
+def _journal_study(path: Path, seed: int, space, sampler: str = "tpe"):
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    from paddletrain.search.sweeper import make_sampler
+
+    return optuna.create_study(study_name="s", storage=JournalStorage(JournalFileBackend(str(path))),
+                               sampler=make_sampler({"name": sampler}, seed, space), load_if_exists=True)
+
+
+def test_a_seeded_study_continued_or_extended_never_proposes_a_finished_trials_parameters(tmp_path):
+    """Each new study object stands for a sweep run again (after a kill, or with a larger n_trials) or a second
+    sweep on the same storage: with the seed alone, its sampler replayed the seed's stream from the start."""
+    from paddletrain.search.space import parse_space
+    from paddletrain.search.sweeper import ask_unseen
+
+    space = parse_space(["optim.lr=tag(log,interval(1e-4,3e-2))"])
+    journal = tmp_path / "journal.log"
+    proposed = []
+    for _sweep_run in range(3):  # three runs of the same command, one trial each
+        study = _journal_study(journal, seed=3, space=space)
+        handle = ask_unseen(study, space, {"name": "tpe"}, seed=3)
+        proposed.append(handle.params["optim.lr"])
+        study.tell(handle, 0.5)
+    assert len(set(proposed)) == 3, proposed
+    # Without the trial count in the seed, the runs replay: every run's first proposal is the same.
+    replayed = [_journal_study(tmp_path / f"r{i}.log", 3, space).ask(space.distributions).params for i in range(2)]
+    assert replayed[0] == replayed[1]
+
+
+def test_two_seeded_sweeps_on_one_database_propose_different_parameters(tmp_path):
+    """Two machines running the same seeded command against one database, their trials interleaved: with the seed
+    alone, both drew the same stream and trained the same values side by side."""
+    from paddletrain.search.space import parse_space
+    from paddletrain.search.sweeper import ask_unseen, make_sampler
+
+    space = parse_space(["optim.lr=tag(log,interval(1e-4,3e-2))"])
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    sweeps = [optuna.create_study(study_name="s", storage=url, sampler=make_sampler({"name": "tpe"}, 3, space),
+                                  load_if_exists=True) for _machine in range(2)]
+    proposed = []
+    for _round in range(3):
+        handles = [(study, ask_unseen(study, space, {"name": "tpe"}, seed=3)) for study in sweeps]  # both running
+        for study, handle in handles:
+            proposed.append(handle.params["optim.lr"])
+            study.tell(handle, 0.5)
+    assert len(set(proposed)) == 6, proposed
+
+
+def test_a_proposal_equal_to_a_finished_trial_reuses_its_outcome_and_is_not_counted(tmp_path):
+    from paddletrain.search.space import parse_space
+    from paddletrain.search.sweeper import DUPLICATE_ATTR, ask_unseen, spent
+
+    space = parse_space(["data.batch_size=choice(8,16)"])
+    study = _journal_study(tmp_path / "j.log", seed=4, space=space)  # seed 4: three proposals repeat trial 0's
+    first = study.ask(space.distributions)
+    study.tell(first, 0.7)
+    handle = ask_unseen(study, space, {"name": "random"}, seed=4)
+    assert handle.params["data.batch_size"] != first.params["data.batch_size"]
+    duplicates = [t for t in study.get_trials() if DUPLICATE_ATTR in t.user_attrs]
+    assert duplicates and all(t.params == first.params and t.value == 0.7 and t.user_attrs[DUPLICATE_ATTR] == 0
+                              for t in duplicates)
+    assert spent(study) == 1  # the duplicates trained nothing and do not count against n_trials
+
+
+@pytest.mark.slow  # three short trials in two sweeps (about a minute)
+def test_an_extended_seeded_search_trains_new_parameters_as_the_issue_ran_it(tmp_path):
+    """`n_trials=2`, then the same command with `n_trials=3`: the third trial was the first's twin, bit for bit."""
+    space = ["optim.lr=tag(log,interval(1e-4,3e-2))", "hydra.sweeper.pruner=none"]
+    for n_trials in (2, 3):
+        result = run_module("paddletrain.fit", ["-m", *TINY, *_other_seed(3), *space,
+                                                f"hydra.sweeper.n_trials={n_trials}",
+                                                f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+    trials = _study(tmp_path)["trials"]
+    trained = [t["params"]["optim.lr"] for t in trials if t["state"] == "COMPLETE" and not t.get("duplicate_of")]
+    assert len(trained) == 3 and len(set(trained)) == 3, trials
+
+
+def test_a_seeded_grid_search_continued_visits_each_point_once(tmp_path):
+    """The grid sampler maps trial numbers to the points of a grid it shuffled with its seed: it is not reseeded
+    (reseeded, a continued grid search proposed visited points again)."""
+    from paddletrain.search.space import parse_space
+    from paddletrain.search.sweeper import _tell, ask_unseen
+
+    space = parse_space(["optim.lr=choice(0.05,0.2)", "data.batch_size=choice(8,16)"])
+    points = []
+    for _sweep_run in range(4):  # the same command run four times, one trial each
+        study = _journal_study(tmp_path / "journal.log", seed=0, space=space, sampler="grid")
+        handle = ask_unseen(study, space, {"name": "grid"}, seed=0)
+        points.append((handle.params["optim.lr"], handle.params["data.batch_size"]))
+        _tell(study, handle, 0.5)  # the last asks the study to stop, as the sweep's own tell allows
+    assert sorted(points) == [(0.05, 8), (0.05, 16), (0.2, 8), (0.2, 16)]
+    # and no proposal repeated a visited point (each would be a trial told its twin's result)
+    assert len(study.get_trials()) == 4

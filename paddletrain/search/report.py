@@ -19,6 +19,8 @@ log = logging.getLogger("paddletrain")
 BEST_FILE = "best.yaml"
 # The trial's user attribute that names its run directory (a trial that continues another keeps it).
 RUN_DIR_ATTR = "run_dir"
+# A proposal equal to a finished trial's: the number of that trial (its outcome was reused, nothing trained).
+DUPLICATE_ATTR = "duplicate_of"
 STUDY_JSON = "study.json"
 STUDY_MD = "study.md"
 PICTURES = {
@@ -40,6 +42,7 @@ def trial_rows(study: Any) -> list[dict[str, Any]]:
         rows.append({"number": trial.number, "state": trial.state.name, "params": dict(trial.params),
                      "value": trial.value, "duration_seconds": duration, "pruned_step": pruned_step,
                      "continues": history[-1], "run_dir": trial.user_attrs.get(RUN_DIR_ATTR),
+                     "duplicate_of": trial.user_attrs.get(DUPLICATE_ATTR),
                      "started": _iso(trial.datetime_start), "finished": _iso(trial.datetime_complete)})
     return rows
 

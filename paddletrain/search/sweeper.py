@@ -41,7 +41,7 @@ from paddletrain.errors import ConfigError, ExitCode
 from paddletrain.job.processes import STOP_WITH_PARENT_ENV
 from paddletrain.job.rundir import wait_until_free
 from paddletrain.search.pruning import OptunaPruning, make_pruner, pruned_record
-from paddletrain.search.report import RUN_DIR_ATTR, RunConfig, write_reports
+from paddletrain.search.report import DUPLICATE_ATTR, RUN_DIR_ATTR, RunConfig, write_reports
 from paddletrain.search.space import SearchSpace, check_against_schema, check_in_config, grid_of, parse_space
 from paddletrain.search.storage import Heartbeat, claiming, open_storage, retry_callback, storage_url
 
@@ -67,12 +67,17 @@ class Trial:
     log_file: Path
 
 
+def sampler_name(spec: dict[str, Any]) -> str:
+    """The sampler ``spec`` names, in lower case (``tpe`` when it names none)."""
+    return str(spec.get("name", "tpe")).lower()
+
+
 def make_sampler(spec: dict[str, Any], seed: int | None, space: SearchSpace) -> Any:
     """The Optuna sampler ``spec`` names (``{"name": "tpe", <its options>}``), seeded with ``seed``."""
     import optuna
 
-    spec = dict(spec)
-    name = str(spec.pop("name", "tpe")).lower()
+    name = sampler_name(spec)
+    spec = {key: value for key, value in spec.items() if key != "name"}
     samplers = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler,
                 "cmaes": optuna.samplers.CmaEsSampler, "qmc": optuna.samplers.QMCSampler,
                 "grid": optuna.samplers.GridSampler}
@@ -109,7 +114,7 @@ class OptunaSweep:
                               f"hydra.sweeper.grace_period={grace_period} larger than it")
         if self.n_trials < 1 or self.n_jobs < 1:
             raise ConfigError(f"hydra.sweeper.n_trials={n_trials} and hydra.sweeper.n_jobs={n_jobs} must be >= 1")
-        if str(self.sampler_spec.get("name", "tpe")).lower() not in SAMPLERS:
+        if sampler_name(self.sampler_spec) not in SAMPLERS:
             raise ConfigError(f"hydra.sweeper.sampler={self.sampler_spec.get('name')!r} is not one of "
                               f"{', '.join(SAMPLERS)}")
         try:
@@ -161,7 +166,7 @@ class OptunaSweep:
                               "'optim.lr=tag(log,interval(1e-3,0.3))' or hydra.sweeper.params")
         check_against_schema(space)
         check_in_config(space, self.config)
-        if str(self.sampler_spec.get("name", "tpe")).lower() == "grid":
+        if sampler_name(self.sampler_spec) == "grid":
             points = math.prod(len(values) for values in grid_of(space).values())
             if self.n_trials > points:
                 log.info("hydra.sweeper.n_trials=%d: the grid has %d points; the search runs %d trials",
@@ -193,9 +198,7 @@ class OptunaSweep:
 
     def _next_trial(self, study: Any, space: SearchSpace, sweep_dir: Path, url: str) -> Trial:
         """The next trial to run: an abandoned one handed on (it continues its run directory), or a new sample."""
-        with warnings.catch_warnings():  # "heartbeat is supposed to be used with Study.optimize": the sweep beats
-            warnings.filterwarnings("ignore", message="Heartbeat of storage")
-            handle = study.ask(space.distributions)
+        handle = ask_unseen(study, space, self.sampler_spec, self.seed)
         if hasattr(study._storage, "record_heartbeat") and study._storage.get_heartbeat_interval():
             study._storage.record_heartbeat(handle._trial_id)  # alive from the start: a kill before its run is seen
         continued = handle.user_attrs.get(RUN_DIR_ATTR)
@@ -306,8 +309,54 @@ def objective_value(run_dir: Path, monitor: str) -> float | None:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
+# Proposals in a row that may repeat a finished trial's parameters before the last one is run anyway.
+MAX_DUPLICATE_ASKS = 5
+
+
+def continued_seed(seed: int, trials: int) -> int:
+    """The sampler's seed once a study holds ``trials`` trials: a study continued, extended or shared by several
+    sweeps draws on from where it is instead of replaying the seed's stream from its start."""
+    import numpy as np
+
+    return int(np.random.SeedSequence([int(seed), int(trials)]).generate_state(1)[0])
+
+
+def ask_unseen(study: Any, space: SearchSpace, sampler_spec: dict[str, Any], seed: int | None) -> Any:
+    """The study's next trial, never with the parameters of a finished one: a seeded sampler is seeded by the seed
+    and the study's trial count (:func:`continued_seed`), and a proposal equal to a finished trial's is given that
+    trial's outcome at once (``duplicate_of``; not trained, not counted against ``n_trials``) and asked again. A
+    trial handed on to continue an abandoned one (same parameters, same run directory) is returned as it is."""
+    import optuna
+
+    finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    # The grid sampler is left as the study made it: it maps trial numbers to points of a grid it shuffled with its
+    # seed, and it already skips the points finished trials have visited.
+    reseed = seed is not None and sampler_name(sampler_spec) != "grid"
+    for _ in range(MAX_DUPLICATE_ASKS):
+        trials = study.get_trials(deepcopy=False)
+        if reseed:
+            study.sampler = make_sampler(sampler_spec, continued_seed(seed, len(trials)), space)
+        with warnings.catch_warnings():  # "heartbeat is supposed to be used with Study.optimize": the sweep beats
+            warnings.filterwarnings("ignore", message="Heartbeat of storage")
+            handle = study.ask(space.distributions)
+        if handle.user_attrs.get(RUN_DIR_ATTR):  # a continuation of an abandoned trial
+            return handle
+        twin = next((t for t in trials if t.state in finished and t.params == handle.params), None)
+        if twin is None:
+            return handle
+        handle.set_user_attr(DUPLICATE_ATTR, twin.number)
+        if twin.state == optuna.trial.TrialState.COMPLETE:
+            _tell(study, handle, twin.value)
+        else:
+            _tell(study, handle, state=optuna.trial.TrialState.PRUNED)
+        log.info("Trial %d proposed trial %d's parameters again: its outcome is reused, nothing is trained",
+                 handle.number, twin.number)
+    return handle
+
+
 def spent(study: Any) -> int:
-    """Trials that count against ``n_trials``: finished ones, except the abandoned ones that a retry continues."""
+    """Trials that count against ``n_trials``: finished ones, except the abandoned ones that a retry continues and
+    the duplicates told a finished trial's outcome (:func:`ask_unseen`)."""
     return _spent(study.get_trials(deepcopy=False))
 
 
@@ -316,7 +365,8 @@ def _spent(trials: list[Any]) -> int:
 
     handed_on = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
     done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
-    return sum(1 for t in trials if t.state in done and t.number not in handed_on)
+    return sum(1 for t in trials
+               if t.state in done and t.number not in handed_on and DUPLICATE_ATTR not in t.user_attrs)
 
 
 def taken(study: Any) -> int:
