@@ -40,7 +40,7 @@ from paddletrain.deploy.predictor import (
     sigmoid,
     softmax,
 )
-from paddletrain.errors import ExitCode, UserError
+from paddletrain.errors import DataWorkerLost, ExitCode, UserError
 from paddletrain.job.processes import stop_request
 
 log = logging.getLogger("paddletrain")
@@ -293,20 +293,25 @@ def predict_files(predictor: ExportedModel, paths: Sequence[str], batch_size: in
         else:
             sink = output
         bar = stack.enter_context(tqdm(total=len(paths), unit="img", disable=not progress, file=sys.stderr))
-        for ok, inputs, failed in decoded_batches(chunks, predictor.preprocessing, workers, predictor.input_size):
-            # A stop request raises at once, but a raise that lands in a logging call is swallowed by logging:
-            # each batch checks again.
-            stop_request.raise_if_requested()
-            for path, reason in failed:
-                log.warning("Skipped %s: %s", path, reason)
-            failures.extend(failed)
-            if inputs is not None:
-                t0 = time.perf_counter()
-                logits = predictor.predict(inputs)
-                predict_seconds += time.perf_counter() - t0
-                sink.write("".join(line + "\n" for line in lines(ok, logits)))
-                n_ok += len(ok)
-            bar.update(len(ok) + len(failed))
+        try:
+            for ok, inputs, failed in decoded_batches(chunks, predictor.preprocessing, workers,
+                                                      predictor.input_size):
+                # A stop request raises at once, but a raise that lands in a logging call is swallowed by logging:
+                # each batch checks again.
+                stop_request.raise_if_requested()
+                for path, reason in failed:
+                    log.warning("Skipped %s: %s", path, reason)
+                failures.extend(failed)
+                if inputs is not None:
+                    t0 = time.perf_counter()
+                    logits = predictor.predict(inputs)
+                    predict_seconds += time.perf_counter() - t0
+                    sink.write("".join(line + "\n" for line in lines(ok, logits)))
+                    n_ok += len(ok)
+                bar.update(len(ok) + len(failed))
+        except DataWorkerLost as exc:
+            kept = f" in {output}" if isinstance(output, (str, Path)) else ""
+            raise DataWorkerLost(f"{exc}; the {n_ok} predictions written before it are kept{kept}") from None
         sink.flush()
     return PredictSummary(n_total=len(paths), n_ok=n_ok, n_failed=len(failures),
                           seconds=time.perf_counter() - start, predict_seconds=predict_seconds, failures=failures,

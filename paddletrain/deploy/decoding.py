@@ -18,15 +18,18 @@ import itertools
 import logging
 import os
 import signal
+import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import shared_memory
 
 import numpy as np
 
 from paddletrain.deploy.predictor import Preprocessing
-from paddletrain.job.processes import die_with_parent, ignore_stop_signals, join_later
+from paddletrain.errors import DataWorkerLost
+from paddletrain.job.processes import die_with_parent, ignore_stop_signals, shut_down_later, worker_killed
 
 log = logging.getLogger("paddletrain")
 
@@ -165,6 +168,7 @@ def decoded_batches(chunks: list[list[str]], preprocessing: Preprocessing, num_w
                                    initargs=(preprocessing, _worker_cores(num_workers), os.getpid()))
         pending: deque = deque()
         queued = iter(chunks[1:])
+        workers: dict = {}  # pid -> Process, to name one that dies
 
         def submit(chunk: list[str]) -> None:
             if blocks is None:
@@ -172,30 +176,57 @@ def decoded_batches(chunks: list[list[str]], preprocessing: Preprocessing, num_w
             else:
                 name = blocks.free.popleft()
                 pending.append((name, pool.submit(_load_into_block, chunk, name, shape)))
+            workers.update(pool._processes or {})
 
-        for chunk in itertools.islice(queued, in_flight):  # the first submit starts the workers
-            submit(chunk)
-        yield load_batch(chunks[0], preprocessing)
-        while pending:
-            name, future = pending.popleft()
-            result = future.result()
-            next_chunk = next(queued, None)
-            if next_chunk is not None:
-                submit(next_chunk)  # keeps the workers busy while the caller predicts
-            if blocks is None:
-                yield result
-            else:
-                ok, count, failures = result
-                yield ok, (blocks.rows(name, count) if count else None), failures
-                blocks.free.append(name)  # the caller has moved on: the block can be refilled
+        try:
+            for chunk in itertools.islice(queued, in_flight):  # the first submit starts the workers
+                submit(chunk)
+            yield load_batch(chunks[0], preprocessing)
+            while pending:
+                name, future = pending.popleft()
+                result = future.result()
+                next_chunk = next(queued, None)
+                if next_chunk is not None:
+                    submit(next_chunk)  # keeps the workers busy while the caller predicts
+                if blocks is None:
+                    yield result
+                else:
+                    ok, count, failures = result
+                    yield ok, (blocks.rows(name, count) if count else None), failures
+                    blocks.free.append(name)  # the caller has moved on: the block can be refilled
+        except BrokenProcessPool:  # from a result, or from a submit once the pool knows
+            raise _decode_worker_lost(workers) from None
     finally:
         if pool is not None:
             # Queued work is dropped; the workers exit on their own (the executor's thread reaps them). A worker
             # still writing into a block keeps its own mapping, so unlinking the blocks now is safe.
-            pool.shutdown(wait=False, cancel_futures=True)
-            join_later(pool)  # joined when the command ends (paddletrain.cli), not now
+            shut_down_later(pool)  # joined when the command ends (paddletrain.cli), not now
         if blocks is not None:
             blocks.close()
+
+
+def _decode_worker_lost(workers: dict) -> DataWorkerLost:
+    """A decode worker died (the out-of-memory killer, a decoder's crash): the error naming it. The others are
+    killed: they ignore SIGTERM, which is what the pool sends them, and its thread would wait for them forever."""
+    # The pool's thread reaps the dead worker too: until it has, its exit code can read as None here.
+    deadline = time.monotonic() + 2.0
+    while True:
+        dead = [(pid, -process.exitcode) for pid, process in workers.items()
+                if process.exitcode is not None and process.exitcode < 0]
+        if dead or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    for process in workers.values():
+        if process.exitcode is None:
+            process.kill()
+    if not dead:  # ended without a signal (os._exit in a decoder library)
+        return DataWorkerLost("a decode worker ended unexpectedly")
+    pid, signum = dead[0]
+    try:
+        signal_name = signal.Signals(signum).name
+    except ValueError:
+        signal_name = f"signal {signum}"
+    return worker_killed("a decode worker", pid, signal_name, "num_workers or batch_size")
 
 
 def _blocks_if_room(count: int, shape: tuple[int, ...]) -> _Blocks | None:

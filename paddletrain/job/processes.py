@@ -325,16 +325,21 @@ def lost_worker(error: BaseException) -> DataWorkerLost | None:
     if found is None:
         return None
     pid, said = found.group(1), found.group(2).strip()
-    name = _SIGNAL_NAMES.get(said, said)
-    if name == "SIGKILL":
-        cause = ("most likely by the out-of-memory killer: lower data.num_workers or data.batch_size (or free the "
-                 "machine's memory)")
-    elif name in ("SIGSEGV", "SIGBUS", "SIGABRT"):
+    return worker_killed("a data loader worker", int(pid), _SIGNAL_NAMES.get(said, said),
+                         "data.num_workers or data.batch_size")
+
+
+def worker_killed(worker: str, pid: int, signal_name: str, smaller: str) -> DataWorkerLost:
+    """The error for ``worker`` (pid ``pid``) killed by ``signal_name``, with its likely cause; ``smaller`` names
+    the keys that use less memory."""
+    if signal_name == "SIGKILL":
+        cause = f"most likely by the out-of-memory killer: lower {smaller} (or free the machine's memory)"
+    elif signal_name in ("SIGSEGV", "SIGBUS", "SIGABRT"):
         cause = ("it crashed, most likely decoding an image: `python -m paddletrain.data check` finds the files a "
                  "decoder fails on")
     else:
         cause = "by something outside this run"
-    return DataWorkerLost(f"a data loader worker (pid {pid}) was killed by {name}, {cause}")
+    return DataWorkerLost(f"{worker} (pid {pid}) was killed by {signal_name}, {cause}")
 
 
 class _WorkerWatch:
@@ -401,28 +406,48 @@ def raise_if_worker_lost() -> None:
         raise lost
 
 
-# Process pools whose workers were left to exit on their own (a caller that must not wait for them), joined before
-# the interpreter shuts down: its own join of an executor's thread can fail on a closed descriptor and print a
-# traceback after a command that succeeded.
-_POOLS_TO_JOIN: list[Any] = []
+# Process pools shut down without waiting (a caller that must not wait for its workers), each with its manager
+# thread and its workers, joined before the interpreter shuts down: the interpreter's own join of that thread can
+# fail on a closed descriptor and print a traceback after a command that succeeded. The pool is held too:
+# collecting it wakes the thread through the same descriptor.
+_POOLS_TO_JOIN: list[tuple[Any, threading.Thread, list[Any]]] = []
+# How long the workers may take to finish the work they hold (one batch's decoding) before they are killed.
+POOL_JOIN_SECONDS = 30.0
 
 
-def join_later(pool: Any) -> None:
-    """Let ``pool`` (a ``concurrent.futures`` executor shut down with ``wait=False``) finish; joined by
-    :func:`join_pools`."""
-    _POOLS_TO_JOIN.append(pool)
+def shut_down_later(pool: Any) -> None:
+    """Shut ``pool`` (a ``concurrent.futures.ProcessPoolExecutor``) down now without waiting: queued work is
+    dropped and its workers exit on their own; :func:`join_pools` joins it. Pools already ended are let go here, so
+    a long-lived process (a notebook predicting many times) does not hold every executor it ever used."""
+    thread = pool._executor_manager_thread  # shutdown() forgets these; captured first
+    workers = list((pool._processes or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    ended = [held for held in _POOLS_TO_JOIN if not held[1].is_alive()]
+    _POOLS_TO_JOIN[:] = [held for held in _POOLS_TO_JOIN if held[1].is_alive()]
+    for _pool, ended_thread, _workers in ended:
+        _forget_wakeup(ended_thread)
+    if thread is not None:
+        _POOLS_TO_JOIN.append((pool, thread, workers))
+
+
+def _forget_wakeup(thread: threading.Thread) -> None:
+    """Python 3.11's exit hook wakes every executor thread it holds, through a pipe that may be closed by then
+    ("Bad file descriptor"): a thread that has ended is taken out of its list."""
+    wakeups = getattr(sys.modules.get("concurrent.futures.process"), "_threads_wakeups", None)
+    if wakeups is not None:
+        wakeups.pop(thread, None)
 
 
 def join_pools() -> None:
-    """Wait for the pools :func:`join_later` was given (every command calls it on its way out)."""
+    """Wait for the pools :func:`shut_down_later` was given (every command calls it on its way out); workers
+    still busy after :data:`POOL_JOIN_SECONDS` are killed (they ignore SIGTERM, which is all a broken pool's
+    thread sends them before it waits for them)."""
     while _POOLS_TO_JOIN:
-        pool = _POOLS_TO_JOIN.pop()
-        thread = getattr(pool, "_executor_manager_thread", None)
-        if getattr(pool, "_broken", False):  # a worker died: the interpreter's exit hook wakes and ends the rest
-            continue
-        pool.shutdown(wait=True, cancel_futures=True)
-        # Python 3.11's exit hook still wakes an executor thread it holds, through a pipe closed by now ("Bad file
-        # descriptor"): a thread joined here is taken out of its list.
-        wakeups = getattr(sys.modules.get("concurrent.futures.process"), "_threads_wakeups", None)
-        if thread is not None and wakeups is not None:
-            wakeups.pop(thread, None)
+        _pool, thread, workers = _POOLS_TO_JOIN.pop()
+        thread.join(POOL_JOIN_SECONDS)
+        if thread.is_alive():
+            for worker in workers:
+                if worker.exitcode is None:
+                    worker.kill()
+            thread.join()
+        _forget_wakeup(thread)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 import psutil
+import pytest
 
 from paddletrain.checkpoint import find_latest, load_checkpoint
 from paddletrain.errors import ExitCode
@@ -100,6 +101,31 @@ def test_evaluate_says_a_killed_loader_worker_in_one_line_instead_of_scoring_par
     assert len(re.findall(r"a data loader worker \(pid \d+\) was killed by SIGKILL", said)) == 1, said[-3000:]
 
 
+def test_predict_says_a_killed_decode_worker_in_one_line_and_keeps_what_it_wrote(export_dir, tmp_path):
+    """One of predict's two decode workers killed: the other ignores SIGTERM (what the pool sends it), so the pool's
+    thread waited for it forever; before that, the pool's error ended the command in a traceback."""
+    from PIL import Image
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(320):  # 40 batches of 8 large noisy JPEGs: the workers are still decoding when one is killed
+        Image.fromarray(rng.integers(0, 256, (600, 800, 3), dtype=np.uint8)).save(photos / f"{i:03d}.jpg")
+    out = tmp_path / "preds.jsonl"
+    args = [f"model_dir={export_dir}", f"input={photos}", f"output={out}", "batch_size=8", "num_workers=2"]
+    started = time.monotonic()
+    code, said = _kill_workers_of(["paddletrain.predict", *args], tmp_path, lambda workers: workers[:1])
+    assert time.monotonic() - started < 90, said[-3000:]
+    assert code == ExitCode.WORKER_LOST, said[-3000:]
+    assert "Traceback" not in said and "Exception ignored" not in said, said[-3000:]
+    kept = re.search(r"a decode worker \(pid \d+\) was killed by SIGKILL, most likely by the out-of-memory killer: "
+                     r"lower num_workers or batch_size .*; the (\d+) predictions written before it are kept in "
+                     + re.escape(str(out)), said)
+    assert kept, said[-3000:]
+    assert len(out.read_text().splitlines()) == int(kept.group(1)) < 320
+
+
+@pytest.mark.slow  # a two-rank job to its first epoch (about half a minute); the one-rank cases stay by default
 def test_a_rank_that_loses_its_loader_worker_stops_the_job_as_one_named(tmp_path):
     """Under trainer.devices=2: rank 1's worker killed; the job ends with that rank's line (its peer's lost contact
     is the consequence, not the cause) and its exit code."""
