@@ -3,7 +3,8 @@ forward pass.
 
 A training step computes, for every such layer, its forward, its input gradient and its weight gradient, each as
 many multiply-adds as the forward; the first layer's input gradient is not computed (nothing needs it). Norms,
-activations and pooling are left out: they are memory-bound and a few percent of the count. ``fit`` logs the
+activations and pooling are left out (elementwise, memory-bound work, not multiply-adds), as the published
+counts of airbench and of the ResNet papers leave them out. ``fit`` logs the
 figure for its model and records the run's total in ``summary.json`` (``train/mflop_per_image``,
 ``train/pflop``); ``python -m comparisons step_profile`` divides it by a measured step time.
 """
