@@ -2,6 +2,7 @@
 SQLite database with heartbeats, and a real PostgreSQL server (started by these tests) that several sweeps join."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -110,6 +111,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _signal_group(server: subprocess.Popen, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.pid, signum)
+
+
 @pytest.fixture(scope="module")
 def postgres_server():
     """A PostgreSQL server of this module's own (trust authentication on loopback, no fsync), or a skip that says
@@ -136,7 +142,7 @@ def postgres_server():
         pytest.skip(f"initdb could not create a PostgreSQL cluster: {init.stderr.strip()[-300:]}")
     server = subprocess.Popen([*run_as, str(bin_dir / "postgres"), "-D", str(data), "-p", str(port), "-k", str(root),
                                "-h", "127.0.0.1", "-F", "-c", "max_connections=100"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     import psycopg
 
     deadline = time.monotonic() + 60
@@ -146,16 +152,17 @@ def postgres_server():
             break
         except psycopg.OperationalError:
             if time.monotonic() > deadline or server.poll() is not None:
-                server.kill()
+                _signal_group(server, signal.SIGKILL)
                 shutil.rmtree(root, ignore_errors=True)
                 pytest.skip("the PostgreSQL server did not start within 60 s")
             time.sleep(0.2)
     yield port
-    server.send_signal(signal.SIGINT)  # fast shutdown
+    # Fast shutdown, sent to the group: runuser (as root) does not hand SIGINT on, and the wait ran out each time.
+    _signal_group(server, signal.SIGINT)
     try:
         server.wait(timeout=30)
     except subprocess.TimeoutExpired:
-        server.kill()
+        _signal_group(server, signal.SIGKILL)
     shutil.rmtree(root, ignore_errors=True)
 
 

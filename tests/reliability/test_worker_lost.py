@@ -52,6 +52,7 @@ def _weights(run_dir) -> dict[str, np.ndarray]:
     return {k: np.asarray(v.numpy() if hasattr(v, "numpy") else v) for k, v in state["model"].items()}
 
 
+@pytest.mark.slow  # a run killed and continued, then its undisturbed twin (about 30 s); evaluate's and predict's stay
 def test_a_killed_loader_worker_stops_the_run_in_one_line_having_saved_and_its_command_continues_exactly(tmp_path):
     straight = tmp_path / "straight"
     run = Run(tmp_path, *JOB, name="killed")
