@@ -359,6 +359,9 @@ def test_index_reports_parse_memory_workers_and_the_scan_cache():
     arms = [row["samples held as"] for row in result["pipeline"]]
     assert arms == ["SampleIndex"] * 2 + ["list of (path, label)"] * 2  # one row per worker
     assert all(row["uss_start_mb"] > 0 for row in result["pipeline"])
+    held = [row.get("arrays_held_alone_mb") for row in result["pipeline"]]
+    assert held[2:] == [None, None]  # the list is no array: only the index's pages are counted
+    assert all(h is None or 0 <= h < memory["index_mb"] for h in held[:2])
     assert [g["goal"] for g in result["goals"]] == ["each worker's USS grows < 10% of the index over an epoch"]
     json.dumps(result)
 

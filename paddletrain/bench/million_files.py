@@ -23,7 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from paddletrain.bench.common import check_options, environment, finished
 from paddletrain.config import allowed
 from paddletrain.data.datasets import ImageDataset
 from paddletrain.data.formats.label_list import LabelListDataset
+from paddletrain.data.formats.sample_index import SampleIndex
 
 # ImageNet-1k's training set.
 IMAGENET_TRAIN = 1_281_167
@@ -83,6 +84,11 @@ class TupleListReader(ImageDataset):
         return self.samples[index][0]
 
 
+def index_arrays(index: SampleIndex) -> tuple[np.ndarray, ...]:
+    """The arrays a :class:`SampleIndex` keeps its samples in."""
+    return index.path_bytes, index.offsets, index.labels
+
+
 def write_list(path: Path, lines: int, classes: int) -> None:
     """An ImageNet-like PaddleClas list: ``train/n<class>/n<class>_<i>.JPEG <class>`` per line."""
     with open(path, "w") as f:
@@ -125,8 +131,36 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - start, result
 
 
-def worker_memory(dataset: Any, workers: int, batch_size: int) -> list[dict[str, float]]:
-    """Each worker's USS, PSS and RSS (MB) at the first and the last batch of one epoch of ``dataset``."""
+def pages_held_alone(pid: int, arrays: Sequence[np.ndarray]) -> int | None:
+    """Bytes of ``arrays``' pages that process ``pid`` (forked from this one) holds alone, i.e. has copied.
+
+    Read from ``/proc/<pid>/pagemap``: bit 63 says a page is present, bit 56 that only this process maps it.
+    A page still shared with the main process is not counted, so unlike the worker's whole USS this sees only
+    what reading these arrays cost it, not the pages its garbage collector or allocator touched elsewhere.
+    ``None`` where the kernel does not let us read it.
+    """
+    page = os.sysconf("SC_PAGE_SIZE")
+    held = 0
+    try:
+        with open(f"/proc/{pid}/pagemap", "rb") as pagemap:
+            for array in arrays:
+                if not array.nbytes:
+                    continue
+                first, last = array.ctypes.data // page, (array.ctypes.data + array.nbytes - 1) // page
+                pagemap.seek(first * 8)
+                entries = np.frombuffer(pagemap.read((last - first + 1) * 8), np.uint64)
+                alone = (entries >> np.uint64(63)) & (entries >> np.uint64(56)) & np.uint64(1)
+                held += int(alone.sum()) * page
+    except OSError:
+        return None
+    return held
+
+
+def worker_memory(dataset: Any, workers: int, batch_size: int,
+                  arrays: Sequence[np.ndarray] = ()) -> list[dict[str, float]]:
+    """Each worker's USS, PSS and RSS (MB) at the first and the last batch of one epoch of ``dataset``, and
+    (``arrays_held_alone_mb``, where ``arrays`` are given) the MB of those arrays' pages it holds alone at the last
+    batch (see :func:`pages_held_alone`)."""
     import psutil
     from omegaconf import OmegaConf
 
@@ -140,13 +174,18 @@ def worker_memory(dataset: Any, workers: int, batch_size: int) -> list[dict[str,
     last = len(loader) - 1
     before: dict[int, Any] = {}
     after: dict[int, Any] = {}
+    held: dict[int, int | None] = {}
     for i, _ in enumerate(loader):  # the workers are alive until the loop ends
         if i in (0, last):
             (before if i == 0 else after).update({c.pid: c.memory_full_info() for c in me.children()
                                                   if c.pid not in others})
+        if i == last and arrays:
+            held = {pid: pages_held_alone(pid, arrays) for pid in after}
     rows = []
     for pid in sorted(before.keys() & after.keys()):
-        row = {"pid": pid}
+        row: dict[str, float] = {"pid": pid}
+        if held.get(pid) is not None:
+            row["arrays_held_alone_mb"] = held[pid] / 2**20
         for field in ("uss", "pss", "rss"):
             if hasattr(before[pid], field):
                 row[f"{field}_start_mb"] = getattr(before[pid], field) / 2**20
@@ -158,12 +197,12 @@ def worker_memory(dataset: Any, workers: int, batch_size: int) -> list[dict[str,
 def _epoch_rows(index: Any, classes: list[str], cfg: IndexBenchConfig) -> list[dict[str, Any]]:
     """Worker memory over one epoch for the index and for the tuple-list baseline (samples named as ImageFolder's)."""
     samples = [(index.path(i), int(label)) for i, label in enumerate(index.labels.tolist())]
-    arms = {"SampleIndex": (TinyReader(index, classes), index.nbytes),
-            "list of (path, label)": (TupleListReader(samples, classes), tuple_list_bytes(samples))}
+    arms = {"SampleIndex": (TinyReader(index, classes), index.nbytes, index_arrays(index)),
+            "list of (path, label)": (TupleListReader(samples, classes), tuple_list_bytes(samples), ())}
     rows = []
-    for arm, (dataset, nbytes) in arms.items():
+    for arm, (dataset, nbytes, arrays) in arms.items():
         gc.collect()
-        for worker in worker_memory(dataset, cfg.workers, cfg.batch_size):
+        for worker in worker_memory(dataset, cfg.workers, cfg.batch_size, arrays):
             rows.append({"samples held as": arm, "size_mb": nbytes / 2**20, **{k: v for k, v in worker.items()
                                                                              if k != "pid"},
                          "uss_growth_vs_size": worker["uss_growth_mb"] / (nbytes / 2**20)})
@@ -238,4 +277,5 @@ def run_index(cfg: IndexBenchConfig) -> dict[str, Any]:
     return {"benchmark": "index", "config": vars(cfg), "environment": finished(env), "rows": rows,
             "pipeline": workers, "summary": memory, "goals": goals,
             "notes": ["worker memory: USS is what the worker holds alone (pages it wrote); RSS also counts the "
-                      "pages it shares with the main process; measured at the first and the last batch"]}
+                      "pages it shares with the main process; measured at the first and the last batch; "
+                      "arrays_held_alone_mb: the index's own pages the worker has copied, at the last batch"]}
