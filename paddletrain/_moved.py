@@ -68,11 +68,13 @@ MOVED_MODULES = {
     "paddletrain.bench.precision": "paddletrain.bench.precision_cost",
     "paddletrain.bench.index": "paddletrain.bench.million_files",
     "paddletrain.models.registry": "paddletrain.models._registry",
+    # After 0.2.0: the built-in names are registered by the config's checks.
+    "paddletrain.builtin_components": "paddletrain.validation",
 }
 
 
 def _warn(old: str, new: str) -> None:
-    warnings.warn(f"{old} moved to {new}; the old path is deprecated since 0.2.0 and goes in 0.3.0", DeprecationWarning,
+    warnings.warn(f"{old} moved to {new}; the old path is deprecated and goes in 0.3.0", DeprecationWarning,
                   stacklevel=3)
 
 

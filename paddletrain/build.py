@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
+import warnings
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -36,8 +36,7 @@ from paddletrain.config import (
     DataConfig,
     factory_options,
 )
-from paddletrain.data.formats.label_list_file import resolve_list_path
-from paddletrain.data.loading.bundle import DataBundle, build_data
+from paddletrain.data.loading.bundle import DataBundle, anchored_paths, build_data
 from paddletrain.data.transforms.mixup import Mixup
 from paddletrain.data.transforms.presets import eval_image_size
 from paddletrain.distill import build_distiller
@@ -55,7 +54,7 @@ from paddletrain.losses import build_loss
 from paddletrain.metrics.multilabel import task_meters
 from paddletrain.models.conv_backward import use_conv_input_grad
 from paddletrain.models.factory import build_model
-from paddletrain.models.flops import training_flops_per_image
+from paddletrain.models.flops import training_arithmetic
 from paddletrain.models.tta import TestTimeAugmentation
 from paddletrain.models.weights import describe
 from paddletrain.optim import build_optimization
@@ -63,7 +62,7 @@ from paddletrain.validation import DEFAULT_MONITOR, validate_once
 
 __all__ = ["DataBundle", "Run", "build_callbacks", "build_data", "build_model", "build_run", "command_line_overrides",
            "monitored_metric", "resolve_preprocessing", "resolve_task", "run_hparams", "saves_checkpoints",
-           "task_parts", "test_time_augmentation", "train"]
+           "task_parts", "train"]
 
 # Reading a run back moved to paddletrain.rebuild (0.2.0): its names are handed on from here, with a warning.
 __getattr__ = forward_names("paddletrain.build", "paddletrain.rebuild")
@@ -195,15 +194,6 @@ class Run:
     arithmetic: TrainingArithmetic | None = None
 
 
-def _use_conv_input_grad(model: paddle.nn.Layer, device: str) -> None:
-    """``model.conv_input_grad``: on a CPU, the eligible convolutions' input gradient as a convolution."""
-    if not device.startswith("cpu"):
-        log.info("model.conv_input_grad is for CPU training: %s keeps Paddle's kernels", device)
-        return
-    converted = use_conv_input_grad(model)
-    log.info("model.conv_input_grad: %d convolutions compute their input gradient as a convolution", converted)
-
-
 def task_parts(cfg: DictConfig, data: DataBundle, loss_options: dict[str, Any],
                world_size: int = 1) -> tuple[Callable[..., Any], Callable[[str], Any]]:
     """The task's loss and meters, as ``fit`` trains and validates with them and ``evaluate`` scores with them:
@@ -234,9 +224,10 @@ def build_run(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = ()
     data = build_data(cfg, seed=t.seed, rank=rank, world_size=world_size, eval_crop=t.tta.crops == 1,
                       options=options["data"])
     model = build_model(cfg, len(data.classes), data.in_chans, options=options["model"])
-    arithmetic = training_arithmetic(model, data, cfg.data, world_size, t.limit_train_batches)
+    arithmetic = training_arithmetic(model, data.in_chans, int(cfg.data.image_size), data.train_loader,
+                                     int(cfg.data.batch_size), world_size, t.limit_train_batches)
     if cfg.model.conv_input_grad:
-        _use_conv_input_grad(model, runtime.device)
+        use_conv_input_grad(model, runtime.device)
     limits = Limits.from_config(t)
     optimizer, scheduler = build_optimization(
         cfg.optim, cfg.sched, model, count_batches(data.train_loader, limits.limit_train_batches),
@@ -271,60 +262,9 @@ def build_run(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = ()
         run_dir=str(run_dir), hparams=hparams, sync_bn=cfg.model.sync_bn,
         find_unused_parameters=t.find_unused_parameters,
         checkpoint_extras={"config": resolved, "run": facts},
-        eval_model=test_time_augmentation(model, t.tta, cfg.data),
+        eval_model=TestTimeAugmentation.around(model, t.tta, eval_image_size(cfg.data)),
     )
     return Run(trainer, data.train_loader, data.val_loader, resume_from, cfg, arithmetic)
-
-
-def training_arithmetic(model: paddle.nn.Layer, data: Any, data_cfg: Any, world_size: int,
-                        limit_train_batches: int | None) -> TrainingArithmetic | None:
-    """The model's training FLOPs an image at ``data.image_size`` (:mod:`paddletrain.models.flops`), logged, and
-    the images an epoch trains on all ranks; None (and a warning) for a model the count cannot run through."""
-    try:
-        per_image = training_flops_per_image(model, data.in_chans, int(data_cfg.image_size))
-    except Exception as exc:  # noqa: BLE001 (a plugin's model may take other inputs: the count is only a report)
-        log.warning("cannot count the model's arithmetic (%s: %s); summary.json will not have train/pflop",
-                    type(exc).__name__, exc)
-        return None
-    try:
-        images = len(data.train_loader.dataset)
-    except TypeError:  # a stream: its length is unknown
-        images = None
-    if images is not None and limit_train_batches is not None:
-        images = min(images, limit_train_batches * int(data_cfg.batch_size) * world_size)
-    log.info("Training arithmetic: %.1f MFLOP an image (convolutions and linear layers: forward, input and weight "
-             "gradients)%s", per_image / 1e6,
-             f", {per_image * images / 1e12:.2f} TFLOP an epoch of {images:,} images" if images else "")
-    return TrainingArithmetic(per_image, images)
-
-
-# Data keys that name local files or folders (the shards builder's own among them; URLs are left as they are).
-_PATH_KEYS = ("root", "urls", "val_urls", "index", "val_index", "cache_dir")
-_LIST_KEYS = ("train_list", "val_list", "class_names")  # looked up from the working directory, then data.root
-
-
-def anchored_paths(resolved: dict[str, Any]) -> dict[str, Any]:
-    """A resolved config with its relative data paths made absolute where ``fit`` runs, so that the config saved
-    in a checkpoint names the same files from any directory (``evaluate``, ``export`` and ``ship`` read it)."""
-    def absolute(value: Any) -> Any:
-        if isinstance(value, list):
-            return [absolute(item) for item in value]
-        if not isinstance(value, str) or not value or "://" in value or value.startswith("~"):
-            return value
-        return os.path.abspath(value)
-
-    data = resolved.get("data") or {}
-    root = data.get("root")
-    for key in _LIST_KEYS:  # first: they may be found under the root as given
-        if isinstance(data.get(key), str) and data[key]:
-            data[key] = os.path.abspath(resolve_list_path(data[key], root or "."))
-    for key in _PATH_KEYS:
-        if key in data:
-            data[key] = absolute(data[key])
-    distill = (resolved.get("trainer") or {}).get("distill") or {}
-    if distill.get("unlabeled_root"):
-        distill["unlabeled_root"] = absolute(distill["unlabeled_root"])
-    return resolved
 
 
 def train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = (),
@@ -352,8 +292,8 @@ def train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[Callback] = (),
 
 
 def test_time_augmentation(model: paddle.nn.Layer, tta: Any, data: Any) -> TestTimeAugmentation | None:
-    """``model`` behind the test-time augmentation ``tta`` asks for (a ``TTAConfig`` or its keys), or None when it
-    asks for one view only."""
-    layer = TestTimeAugmentation(model, flip=tta["flip"], crops=tta["crops"], crop_size=eval_image_size(data),
-                                 translate=tta["translate"], translate_weight=tta["translate_weight"])
-    return layer if layer.active else None
+    """Deprecated, goes in 0.3.0: ``TestTimeAugmentation.around(model, tta, eval_image_size(data))``."""
+    warnings.warn("paddletrain.build.test_time_augmentation is deprecated and goes in 0.3.0: use "
+                  "paddletrain.models.tta.TestTimeAugmentation.around(model, tta, crop_size)", DeprecationWarning,
+                  stacklevel=2)
+    return TestTimeAugmentation.around(model, tta, eval_image_size(data))

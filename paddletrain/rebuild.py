@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 import paddletrain
-from paddletrain.build import resolve_preprocessing, task_parts, test_time_augmentation
+from paddletrain.build import resolve_preprocessing, task_parts
 from paddletrain.callbacks.ema import averaged_weights
 from paddletrain.checkpoint import Checkpoint, load_checkpoint
 from paddletrain.checkpoint.locate import locate_checkpoint
@@ -38,6 +38,7 @@ from paddletrain.config import (
 from paddletrain.data import DatasetError, build_datasets, build_transform, preprocessing_info
 from paddletrain.data.datasets import EVAL_SOURCES
 from paddletrain.data.loading.bundle import build_data
+from paddletrain.data.transforms.presets import eval_image_size
 from paddletrain.engine.limits import Limits
 from paddletrain.engine.state_checks import check_state_matches
 from paddletrain.engine.trainer import Trainer
@@ -45,6 +46,7 @@ from paddletrain.errors import UserError
 from paddletrain.job.runtime import seed_everything, setup_runtime
 from paddletrain.metrics.multilabel import MultiLabelReport
 from paddletrain.models.factory import build_model
+from paddletrain.models.tta import TestTimeAugmentation
 from paddletrain.plugins import prepare
 from paddletrain.validation import validate_config
 
@@ -301,7 +303,7 @@ def build_evaluation(cfg: DictConfig, checkpoint: Checkpoint) -> Evaluation:
     source = f"checkpoint={checkpoint.path}"
     weights = checkpoint_weights(checkpoint.state, cfg.get("weights", "auto"), source)
     model = checkpoint_model(cfg, weights, len(data.classes), data.in_chans, source)
-    model = test_time_augmentation(model, tta, cfg.data) or model
+    model = TestTimeAugmentation.around(model, tta, eval_image_size(cfg.data)) or model
     # The training run's loss (val/loss as fit reports it) and the task's meters; no optimizer: it only validates.
     loss_fn, meters = task_parts(cfg, data, options["loss"])
     trainer = Trainer(model, num_classes=len(data.classes), limits=Limits.from_config(cfg.trainer), loss_fn=loss_fn,

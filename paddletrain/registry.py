@@ -4,7 +4,7 @@ One implementation behind every extension point (models, datasets, optimizers, s
 augmentations, callbacks): register under a name, look a name up with an error that names the config key and
 suggests close names, list the names. This module imports nothing that registers into it, so any module may
 import it without a cycle; the built-in entries register themselves when their modules are imported
-(:mod:`paddletrain.builtin_components` imports them all), a downstream package's the same way, found through
+(:mod:`paddletrain.validation` imports them all), a downstream package's the same way, found through
 :mod:`paddletrain.plugins`. A lookup of a name that is not registered, and a listing of the names, load the
 installed plugins (once per process) first.
 

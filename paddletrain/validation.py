@@ -27,9 +27,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf, open_dict, read_write
 
-import paddletrain.builtin_components  # noqa: F401  (registers the built-in names the config may use)
+import paddletrain.callbacks  # noqa: F401  (registers the callbacks)
+import paddletrain.data.transforms.augment  # noqa: F401  (the augmentations)
+import paddletrain.losses  # noqa: F401  (the losses)
+import paddletrain.models  # noqa: F401  (the models)
+import paddletrain.optim  # noqa: F401  (the optimizers and schedulers)
 from paddletrain.callbacks.instantiate import check_callback_entries
 from paddletrain.config import COMPONENT_GROUPS, SCHEMAS, EvaluateConfig, FitConfig, check_values, factory_options
+from paddletrain.data import register_builtin_datasets
 from paddletrain.data.transforms.mixup import Mixup
 from paddletrain.data.transforms.presets import build_augmentations, check_transform_config
 from paddletrain.distill import check_distill_config
@@ -43,6 +48,10 @@ from paddletrain.optim import check_optim_config, run_lr
 from paddletrain.plugins import prepare
 from paddletrain.registry import DATASETS, LOSSES, MODELS, OPTIMIZERS, SCHEDULERS, close_matches
 from paddletrain.schedules import check_sched_config
+
+# The built-in names a config may use register themselves when their modules are imported, and the registries
+# import none of them (paddletrain.registry): the config's checks load them here, once.
+register_builtin_datasets()
 
 # Built-in datasets that cannot run without data.root (the others have a default location or need no files).
 DATASETS_NEEDING_ROOT = ("imagefolder", "labellist")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-import paddletrain.builtin_components  # noqa: F401  (registers the built-in callbacks)
+import paddletrain.validation  # noqa: F401  (registers the built-in callbacks)
 from paddletrain.callbacks import Callback, EarlyStopping, ProgressBar, VisualDLLogger
 from paddletrain.callbacks.instantiate import check_callback_entries, instantiate_callbacks
 from paddletrain.errors import ConfigError

@@ -132,7 +132,7 @@ def test_the_registries_are_below_what_registers_into_them():
         assert not graph[registry] & {"paddletrain.models.resnet", "paddletrain.models.vision",
                                       "paddletrain.models.pretrained", "paddletrain.data.formats.shapes",
                                       "paddletrain.data.formats.imagefolder", "paddletrain.optim", "paddletrain.losses",
-                                      "paddletrain.data.transforms.augment", "paddletrain.builtin_components"}, registry
+                                      "paddletrain.data.transforms.augment", "paddletrain.validation"}, registry
 
 
 def _write(root: Path, files: dict[str, str]) -> None:
@@ -310,7 +310,9 @@ OLD_PATHS = {"paddletrain.trainer": "Trainer", "paddletrain.inference": "Predict
              "paddletrain.data.check": "check_dataset", "paddletrain.data.split": "split_folder",
              "paddletrain.deploy.export": "export_model", "paddletrain.deploy.predict": "predict_files",
              "paddletrain.deploy.ship": "ShipConfig", "paddletrain.bench.index": "run_index",
-             "paddletrain.models.registry": "register_model"}
+             "paddletrain.models.registry": "register_model",
+             # After 0.2.0: the registering imports are part of the config's checks.
+             "paddletrain.builtin_components": "validate_config"}
 
 
 def test_the_old_import_paths_still_import_with_a_deprecation_warning():

@@ -110,3 +110,14 @@ def test_evaluation_and_inputs_without_gradient_run_paddles_path():
     np.testing.assert_array_equal(out.numpy(), reference(x).numpy())
     out.sum().backward()
     assert layer.weight.grad is not None  # the weight still learns from a constant input
+
+
+def test_a_run_on_another_device_keeps_paddles_kernels_and_says_so(caplog):
+    paddle.seed(0)
+    layer = paddle.nn.Conv2D(3, 4, 3, padding=1)
+    with caplog.at_level("INFO", logger="paddletrain"):
+        assert use_conv_input_grad(layer, "gpu:0") == 0
+    assert type(layer) is paddle.nn.Conv2D and "is for CPU training: gpu:0 keeps Paddle's kernels" in caplog.text
+    with caplog.at_level("INFO", logger="paddletrain"):
+        assert use_conv_input_grad(layer, "cpu") == 1
+    assert type(layer) is InputGradConv2D and "1 convolutions compute their input gradient" in caplog.text

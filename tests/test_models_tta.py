@@ -96,3 +96,26 @@ def test_fit_validates_with_trainer_tta_and_evaluate_follows_the_run_unless_told
     assert followed["tta"] == {"flip": True, "crops": 1, "translate": 1, "translate_weight": 0.5}
     assert followed["val/loss"] == pytest.approx(validated, rel=1e-5)  # the best checkpoint was chosen on this
     assert single["tta"]["flip"] is False and abs(single["val/loss"] - validated) > 1e-4
+
+
+def test_around_wraps_a_model_only_where_more_than_one_view_is_asked_for():
+    model = create_model("resnet20", num_classes=3)
+    one_view = {"flip": False, "crops": 1, "translate": 0, "translate_weight": 0.5}
+    assert TestTimeAugmentation.around(model, one_view, 32) is None
+    flipped = TestTimeAugmentation.around(model, {**one_view, "flip": True}, 32)
+    assert flipped.model is model and flipped.flip and flipped.crops == 1
+    five = TestTimeAugmentation.around(model, {**one_view, "crops": 5, "translate": 2}, 28)
+    assert (five.crops, five.crop_size, five.translate, five.translate_weight) == (5, 28, 2, 0.5)
+
+
+def test_the_old_builder_of_paddletrain_build_still_works_with_a_deprecation_warning():
+    from omegaconf import OmegaConf
+
+    import paddletrain.build
+
+    model = create_model("resnet20", num_classes=3)
+    with pytest.warns(DeprecationWarning, match="TestTimeAugmentation.around"):
+        layer = paddletrain.build.test_time_augmentation(
+            model, {"flip": True, "crops": 5, "translate": 0, "translate_weight": 0.5},
+            OmegaConf.create({"image_size": 32, "eval_image_size": 28}))
+    assert layer.crop_size == 28 and layer.flip

@@ -6,7 +6,10 @@ the one home of the rules:
 * a path read from such a file stays inside its root: not absolute, no ``..``, and no symlink (anywhere on
   the way) that leads out once resolved (:func:`confined_path`);
 * a size or count is an ``int`` (not a ``bool``, not a float) within its range before anything uses it
-  (:func:`checked_int`), and other scalars have the type their reader expects.
+  (:func:`checked_int`), and other scalars have the type their reader expects;
+* a saved structure is checked whole, in one pass, before any of it is used: its layout is written as data, from
+  the checks of its parts (:func:`record`, :func:`mapping_of`, :func:`list_of`, :func:`like`, :func:`tensor`),
+  beside the code that saves it (``engine.state_checks`` for a training state).
 
 A failed check raises :class:`StateValueError` naming the key; whoever knows the file the value came from
 (``Trainer.restore``, ``load_checkpoint``) names it too (:meth:`StateValueError.in_file`).
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +39,7 @@ class StateValueError(CheckpointError):
 
     def __init__(self, key: str, problem: str) -> None:
         self.key, self.problem = key, problem
-        super().__init__(f"{key} {problem}" if key else problem)
+        super().__init__(f"{key or '(the whole state)'} {problem}")
 
     def under(self, prefix: str) -> StateValueError:
         """The same error with ``prefix`` put in front of the key (a caller one level up knows more)."""
@@ -170,3 +173,100 @@ def required(state: Mapping, name: str, key: str) -> Any:
     if name not in state:
         raise StateValueError(key, "is missing")
     return state[name]
+
+
+# A check of one untrusted value: ``check(value, key)`` returns the value as its reader may use it, or raises
+# StateValueError naming ``key``. checked_int, checked_bool and checked_number are checks; the functions below
+# build the check of a structure from the checks of its parts.
+Check = Callable[[Any, str], Any]
+
+
+def _at(key: str, name: Any) -> str:
+    return f"{key}.{name}" if key else str(name)
+
+
+def anything(value: Any, key: str) -> Any:
+    """Any value: for a part whose own reader checks it (a callback's ``load_state_dict``)."""
+    return value
+
+
+def tensor(value: Any, key: str) -> Any:
+    """A tensor or an array: anything with a ``shape`` and a ``dtype``."""
+    if not hasattr(value, "shape") or not hasattr(value, "dtype"):
+        raise StateValueError(key, f"is {show(value)}: expected a tensor")
+    return value
+
+
+def mapping_of(check: Check, *, what: str = "names") -> Check:
+    """The check of a mapping from strings (``what`` they are, for the error) to values that each pass ``check``."""
+    def check_mapping(value: Any, key: str) -> dict[str, Any]:
+        checked = {}
+        for name, item in checked_mapping(value, key).items():
+            if not isinstance(name, str):
+                raise StateValueError(key, f"has the key {show(name)}: expected {what}")
+            checked[name] = check(item, _at(key, name))
+        return checked
+    return check_mapping
+
+
+def list_of(check: Check, *, what: str = "values", min_items: int = 0, max_items: int = 100_000) -> Check:
+    """The check of a list (or tuple) of ``min_items`` to ``max_items`` values that each pass ``check``."""
+    def check_list(value: Any, key: str) -> list[Any]:
+        if not isinstance(value, (list, tuple)) or not min_items <= len(value) <= max_items:
+            raise StateValueError(key, f"is not a list of {what} ({min_items} to {max_items}): {show(value)}")
+        return [check(item, f"{key}[{i}]") for i, item in enumerate(value)]
+    return check_list
+
+
+def record(fields: Mapping[str, Check] | None = None, *, optional: Mapping[str, Check] | None = None,
+           defaults: Mapping[str, Any] | None = None, others: Check | None = None) -> Check:
+    """The check of a mapping with named fields: each of ``fields`` present and passing its check, each
+    ``optional`` one checked where present and otherwise its value in ``defaults`` (left out without one). Any
+    other key passes ``others``, or is left out of the checked result when ``others`` is None."""
+    fields, optional, defaults = fields or {}, optional or {}, defaults or {}
+
+    def check_record(value: Any, key: str) -> dict[str, Any]:
+        value = checked_mapping(value, key)
+        checked = {}
+        for name, check in fields.items():
+            checked[name] = check(required(value, name, _at(key, name)), _at(key, name))
+        for name, check in optional.items():
+            if name in value:
+                checked[name] = check(value[name], _at(key, name))
+            elif name in defaults:
+                checked[name] = defaults[name]
+        if others is not None:
+            for name, item in value.items():
+                if name not in checked:
+                    checked[name] = others(item, _at(key, name))
+        return checked
+    return check_record
+
+
+def like(example: Any) -> Check:
+    """The check of a value of the kind ``example`` has (a scheduler's saved state against its state now): a
+    mapping's keys that ``example`` has each like theirs, a bool a bool, a counter an int >= -1 (``last_epoch``
+    starts at -1), a rate a finite number (an int base rate becomes a float after a step), a list as long, item
+    by item. Anything else is taken as it is."""
+    def check_like(value: Any, key: str) -> Any:
+        return _like(value, example, key)
+    return check_like
+
+
+def _like(value: Any, example: Any, key: str) -> Any:
+    if isinstance(example, Mapping):
+        value = checked_mapping(value, key)
+        return {**value, **{name: _like(value[name], item, _at(key, name)) for name, item in example.items()
+                            if name in value}}
+    if isinstance(example, bool):
+        return checked_bool(value, key)
+    if isinstance(example, int) and (isinstance(value, int) or key.endswith("last_epoch")):
+        return checked_int(value, key, minimum=-1)
+    if isinstance(example, (int, float)):
+        checked_number(value, key, finite=True)
+        return value
+    if isinstance(example, (list, tuple)):
+        if not isinstance(value, (list, tuple)) or len(value) != len(example):
+            raise StateValueError(key, f"is {show(value)}: expected a list of {len(example)} values")
+        return type(value)(_like(v, e, f"{key}[{i}]") for i, (v, e) in enumerate(zip(value, example, strict=True)))
+    return value

@@ -2,10 +2,11 @@
 is put back.
 
 :func:`save_state` is ``Trainer.state_dict``, :func:`load_state` is ``Trainer.load_state_dict`` and
-:func:`restoring` wraps ``Trainer.restore``. Both halves take the run's objects as :class:`StateParts` and its
-position as :class:`Progress`, and neither touches the trainer: it hands its parts over and sets its own position
-from what :func:`load_state` returns. Which checkpoint a run resumes from, and whether it fits the run's config, is
-:mod:`paddletrain.engine.resume`'s business; what "fits" means for one value, :mod:`paddletrain.engine.state_checks`.
+:func:`restore` is ``Trainer.restore`` (a checkpoint opened, then loaded). They take the run's objects as
+:class:`StateParts` and its position as :class:`Progress`, and none touches the trainer: it hands its parts over
+and sets its own position from what they return. Which checkpoint a run resumes from, and whether it fits the
+run's config, is :mod:`paddletrain.engine.resume`'s business; what "fits" means for each saved value,
+:mod:`paddletrain.engine.state_checks`.
 """
 from __future__ import annotations
 
@@ -14,21 +15,16 @@ import dataclasses
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from paddletrain.checkpoint import Checkpoint, load_checkpoint, rng_state, set_rng_state
 from paddletrain.checkpoint.rng import check_rng_state
 from paddletrain.checkpoint.storage import STATE
-from paddletrain.checkpoint.untrusted import StateValueError, checked_mapping, required
+from paddletrain.checkpoint.untrusted import StateValueError
 from paddletrain.engine.hooks import Stateful
 from paddletrain.engine.optimizer_state import load_optimizer_state, optimizer_state, quiet_scheduler_restore
-from paddletrain.engine.state_checks import (
-    check_optimizer_state,
-    check_scheduler_state,
-    check_state_matches,
-    checked_metrics,
-    checked_progress,
-)
+from paddletrain.engine.state_checks import check_optimizer_state, check_state_matches, training_state
 from paddletrain.errors import UserError
 from paddletrain.job import distributed
 from paddletrain.job.runtime import seed_everything
@@ -116,17 +112,13 @@ def load_state(parts: StateParts, state: dict[str, Any]) -> Loaded:
     The model, optimizer, scheduler, progress counters, metrics and this rank's RNG state are checked before
     anything changes; a value that does not fit raises :class:`StateValueError` naming its key.
     """
-    checked_mapping(state, "(the whole state)")
-    check_state_matches(parts.module, required(state, "model", "model"))
-    if parts.optimizer is not None:  # an evaluating trainer has none and takes only the rest
-        check_optimizer_state(parts.optimizer, parts.module, required(state, "optimizer", "optimizer"))
-    if parts.scheduler is not None and "scheduler" in state:
-        check_scheduler_state(parts.scheduler, state["scheduler"])
-    saved = checked_progress(required(state, "progress", "progress"))
-    metrics = checked_metrics(state.get("metrics", {}))
-    saved_rngs = required(state, "rng", "rng")
-    if not isinstance(saved_rngs, list) or not saved_rngs:
-        raise StateValueError("rng", "is not a list of per-rank random states")
+    # Every part's type in one pass (an evaluating trainer has no optimizer and takes only the rest), then each
+    # part against its object.
+    state = training_state(parts.optimizer, parts.scheduler)(state, "")
+    check_state_matches(parts.module, state["model"])
+    if parts.optimizer is not None:
+        check_optimizer_state(parts.optimizer, parts.module, state["optimizer"])
+    saved, metrics, saved_rngs = state["progress"], state["metrics"], state["rng"]
     if len(saved_rngs) == parts.world_size:
         check_rng_state(saved_rngs[parts.rank], f"rng[{parts.rank}]")
 
@@ -159,7 +151,7 @@ def _continued(saved: dict[str, Any]) -> Progress:
 
 def _load_loop_state(parts: StateParts, state: dict[str, Any], saved_rngs: list, progress: Progress) -> None:
     """Callbacks, the sampler's position, the batch transform's draws and the RNG streams."""
-    saved_callbacks = checked_mapping(state.get("callbacks", {}), "callbacks")
+    saved_callbacks = state["callbacks"]
     for cb in parts.callbacks:
         if cb.state_key in saved_callbacks:
             with _restoring(f"callbacks.{cb.state_key}"):
@@ -186,17 +178,20 @@ def _load_loop_state(parts: StateParts, state: dict[str, Any], saved_rngs: list,
                     "reseeded from (rank, global step)", len(saved_rngs), world_size)
 
 
-def opened(checkpoint: Any) -> Checkpoint:
-    """``checkpoint`` as a loaded :class:`~paddletrain.checkpoint.Checkpoint` (a directory is read and checked)."""
-    return checkpoint if isinstance(checkpoint, Checkpoint) else load_checkpoint(checkpoint)
+def restore(checkpoint: Any, parts: StateParts,
+            before: Callable[[dict[str, Any]], None]) -> tuple[Path, Loaded]:
+    """Open ``checkpoint`` (a directory, read and checked, or a loaded
+    :class:`~paddletrain.checkpoint.Checkpoint`), hand its state to ``before`` (the callbacks'
+    ``on_load_checkpoint``), then put it back into ``parts`` (:func:`load_state`); returns its path and what to
+    continue from.
 
-
-@contextlib.contextmanager
-def restoring(checkpoint: Checkpoint) -> Iterator[None]:
-    """Errors while ``checkpoint`` is put back, in one line: a value that does not fit names the checkpoint's
-    ``state.json`` and its key; any other user error says which checkpoint could not be resumed from."""
+    Errors in one line: a value that does not fit names the checkpoint's ``state.json`` and its key; any other
+    user error says which checkpoint could not be resumed from.
+    """
+    checkpoint = checkpoint if isinstance(checkpoint, Checkpoint) else load_checkpoint(checkpoint)
     try:
-        yield
+        before(checkpoint.state)
+        return checkpoint.path, load_state(parts, checkpoint.state)
     except StateValueError as error:
         raise error.in_file(checkpoint.path / STATE) from error
     except UserError as error:

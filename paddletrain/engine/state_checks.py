@@ -1,8 +1,10 @@
 """Does a saved training state fit the objects it is about to be loaded into? Checked before anything changes.
 
 Paddle's ``set_state_dict`` only warns about missing or mis-shaped weights, and an optimizer accepts moments of
-any shape until its first step fails mid-run. These checks run first and name the key; the values are
-untrusted (see :mod:`paddletrain.checkpoint.untrusted`).
+any shape until its first step fails mid-run. The values are untrusted (:mod:`paddletrain.checkpoint.untrusted`):
+the layout of what ``Trainer.state_dict`` saves is written here as data (:func:`training_state`), checked in one
+pass, and then each part is held against its object (shapes against the model's, the scheduler's kinds against
+its own), naming the key of the first that does not fit.
 """
 from __future__ import annotations
 
@@ -14,16 +16,63 @@ from typing import Any
 import paddle
 
 from paddletrain.checkpoint.untrusted import (
+    Check,
     StateValueError,
+    anything,
     checked_bool,
     checked_int,
     checked_mapping,
     checked_number,
+    like,
+    list_of,
+    mapping_of,
+    record,
     required,
     show,
+    tensor,
 )
-from paddletrain.engine.optimizer_state import BY_PARAMETER, LR_STATE, MASTER_WEIGHTS, is_by_parameter
+from paddletrain.engine.optimizer_state import BY_PARAMETER, LR_STATE, MASTER_WEIGHTS
 from paddletrain.errors import UserError
+
+# What Trainer.state_dict saves (engine.state.save_state), part by part. A part checked by its own reader (a
+# callback's, the sampler's, the precision's load_state_dict) is taken as it is here.
+MODEL = mapping_of(tensor, what="parameter names")
+PROGRESS = record({"epoch": checked_int, "global_step": checked_int},
+                  optional={"batch_in_epoch": checked_int, "epoch_finished": checked_bool,
+                            "nonfinite_steps": checked_int},
+                  defaults={"batch_in_epoch": 0, "epoch_finished": False, "nonfinite_steps": 0})
+# Logged metrics, NaN and inf included: a diverged run logs them.
+METRICS = mapping_of(checked_number, what="metric names")
+RNG = list_of(anything, what="per-rank random states", min_items=1)  # each rank's, checked by checkpoint.rng
+
+
+def optimizer_layout(scheduler_state: Any = None) -> Check:
+    """An optimizer's saved state: by structured parameter name (:mod:`paddletrain.engine.optimizer_state`), or
+    Paddle's flat ``state_dict`` (every other key an accumulator); the scheduler's part like ``scheduler_state``."""
+    return record(optional={BY_PARAMETER: mapping_of(mapping_of(tensor, what="accumulator kinds"),
+                                                     what="parameter names"),
+                            MASTER_WEIGHTS: mapping_of(tensor, what="parameter names"),
+                            LR_STATE: anything if scheduler_state is None else like(scheduler_state)},
+                  others=tensor)
+
+
+def training_state(optimizer: paddle.optimizer.Optimizer | None = None,
+                   scheduler: paddle.optimizer.lr.LRScheduler | None = None) -> Check:
+    """The check of a whole saved training state: every part's type, and the optimizer's and scheduler's parts
+    when the state goes back into an ``optimizer`` and a ``scheduler``."""
+    required: dict[str, Check] = {"model": MODEL, "progress": PROGRESS, "rng": RNG}
+    optional: dict[str, Check] = {"metrics": METRICS, "callbacks": mapping_of(anything, what="callback names")}
+    if optimizer is not None:
+        required["optimizer"] = optimizer_layout(_scheduler_state(optimizer))
+    if scheduler is not None:
+        optional["scheduler"] = like(scheduler.state_dict())
+    return record(required, optional=optional, defaults={"metrics": {}, "callbacks": {}}, others=anything)
+
+
+def _scheduler_state(optimizer: paddle.optimizer.Optimizer) -> Any:
+    learning_rate = getattr(optimizer, "_learning_rate", None)
+    return learning_rate.state_dict() if isinstance(learning_rate, paddle.optimizer.lr.LRScheduler) else None
+
 
 # Optimizers whose every accumulator is shaped like its parameter or holds one value (beta powers, step
 # counters). Others (e.g. ASGD's per-batch history) are only checked to hold tensors.
@@ -32,9 +81,7 @@ _PARAMETER_SHAPED = tuple(getattr(paddle.optimizer, name) for name in (
     if hasattr(paddle.optimizer, name))
 
 
-def _shape(value: Any, key: str) -> list[int]:
-    if not hasattr(value, "shape") or not hasattr(value, "dtype"):
-        raise StateValueError(key, f"is {show(value)}: expected a tensor")
+def _shape(value: Any) -> list[int]:
     return [int(n) for n in value.shape]
 
 
@@ -69,10 +116,7 @@ def check_state_matches(model: paddle.nn.Layer, saved: Any, key: str = "model") 
     Paddle's ``set_state_dict`` only warns about them, which would resume a different model silently. A value
     that is not a tensor raises :class:`StateValueError` naming it.
     """
-    checked_mapping(saved, key)
-    for name, value in saved.items():
-        _shape(value, f"{key}.{name}")
-    diff = compare_state(model.state_dict(), saved)
+    diff = compare_state(model.state_dict(), MODEL(saved, key))
     if diff:
         mismatched = [f"{k}: checkpoint {list(have)} vs model {list(want)}" for k, have, want in diff.mismatched]
         parts = [f"{label} ({len(keys)}): {', '.join(keys[:8])}{' ...' if len(keys) > 8 else ''}"
@@ -95,12 +139,9 @@ def check_optimizer_state(optimizer: paddle.optimizer.Optimizer, model: paddle.n
     Raises:
         StateValueError: naming the accumulator, its shape and the parameter's.
     """
-    checked_mapping(saved, key)
+    saved = optimizer_layout(_scheduler_state(optimizer))(saved, key)
     strict = isinstance(optimizer, _PARAMETER_SHAPED)
-    learning_rate = getattr(optimizer, "_learning_rate", None)
-    if isinstance(learning_rate, paddle.optimizer.lr.LRScheduler) and LR_STATE in saved:
-        check_scheduler_state(learning_rate, saved[LR_STATE], f"{key}.{LR_STATE}")
-    if is_by_parameter(saved):
+    if BY_PARAMETER in saved:
         _check_by_parameter(model, saved, key, strict)
         return
     _check_flat_names(model, saved, key)
@@ -109,14 +150,14 @@ def check_optimizer_state(optimizer: paddle.optimizer.Optimizer, model: paddle.n
         where = f"{key}.{name}"
         if name == LR_STATE:
             continue
-        if name == "master_weights":
-            for param_name, weight in checked_mapping(value, where).items():
-                shape = _shape(weight, f"{where}.{param_name}")
+        if name == MASTER_WEIGHTS:
+            for param_name, weight in value.items():
+                shape = _shape(weight)
                 if param_name in params and shape != list(params[param_name].shape):
                     raise StateValueError(f"{where}.{param_name}", f"has shape {shape}, but the parameter has "
                                                                    f"{list(params[param_name].shape)}")
             continue
-        shape = _shape(value, where)
+        shape = _shape(value)
         param = _owner(name, params)
         if param is None or not strict:
             continue  # paddle keeps state of unknown parameters aside and never uses it
@@ -127,18 +168,18 @@ def check_optimizer_state(optimizer: paddle.optimizer.Optimizer, model: paddle.n
 
 
 def _check_by_parameter(module: paddle.nn.Layer, saved: Mapping, key: str, strict: bool) -> None:
-    """Every saved entry names a parameter of ``module`` and holds tensors (shaped like it, or one value, when
-    ``strict``); raises :class:`StateValueError` naming the first that does not."""
+    """Every saved entry (of a state :func:`optimizer_layout` checked) names a parameter of ``module`` and is
+    shaped like it (or holds one value, when ``strict``); raises :class:`StateValueError` naming the first that
+    does not."""
     params = dict(module.named_parameters())
     for group in (BY_PARAMETER, MASTER_WEIGHTS):
-        for name, value in checked_mapping(saved.get(group, {}), f"{key}.{group}").items():
+        for name, value in saved.get(group, {}).items():
             where = f"{key}.{group}.{name}"
             if name not in params:
                 raise StateValueError(where, "belongs to no parameter of this model (an optimizer state of another "
                                              "model?)")
-            tensors = checked_mapping(value, where) if group == BY_PARAMETER else {"": value}
-            for kind, tensor in tensors.items():
-                shape = _shape(tensor, f"{where}.{kind}" if kind else where)
+            for kind, accumulator in (value if group == BY_PARAMETER else {"": value}).items():
+                shape = _shape(accumulator)
                 expected = list(params[name].shape)
                 if (strict or group == MASTER_WEIGHTS) and shape != expected and (group == MASTER_WEIGHTS
                                                                                   or math.prod(shape) != 1):
@@ -169,48 +210,17 @@ def _owner(accumulator: str, params: dict[str, Any]) -> Any:
 
 def check_scheduler_state(scheduler: paddle.optimizer.lr.LRScheduler, saved: Any, key: str = "scheduler") -> None:
     """Every value the scheduler keeps must come back with the kind it has now (a count stays an int >= -1)."""
-    _check_like(saved, scheduler.state_dict(), key)
-
-
-def _check_like(saved: Any, current: Any, key: str) -> None:
-    if isinstance(current, Mapping):
-        saved = checked_mapping(saved, key)
-        for name, value in current.items():
-            if name in saved:
-                _check_like(saved[name], value, f"{key}.{name}")
-    elif isinstance(current, bool):
-        checked_bool(saved, key)
-    elif isinstance(current, int) and (isinstance(saved, int) or key.endswith("last_epoch")):
-        checked_int(saved, key, minimum=-1)  # a counter: last_epoch starts at -1
-    elif isinstance(current, (int, float)):  # a rate (an int base rate becomes a float after a step)
-        checked_number(saved, key, finite=True)
-    elif isinstance(current, (list, tuple)):
-        if not isinstance(saved, (list, tuple)) or len(saved) != len(current):
-            raise StateValueError(key, f"is {show(saved)}: expected a list of {len(current)} values")
-        for i, (s, c) in enumerate(zip(saved, current, strict=True)):
-            _check_like(s, c, f"{key}[{i}]")
+    like(scheduler.state_dict())(saved, key)
 
 
 def checked_progress(progress: Any, key: str = "progress") -> dict[str, Any]:
     """The trainer's position (epoch, batch, step counters), every counter an int in range."""
-    checked_mapping(progress, key)
-    return {
-        "epoch": checked_int(required(progress, "epoch", f"{key}.epoch"), f"{key}.epoch"),
-        "batch_in_epoch": checked_int(progress.get("batch_in_epoch", 0), f"{key}.batch_in_epoch"),
-        "epoch_finished": checked_bool(progress.get("epoch_finished", False), f"{key}.epoch_finished"),
-        "global_step": checked_int(required(progress, "global_step", f"{key}.global_step"), f"{key}.global_step"),
-        "nonfinite_steps": checked_int(progress.get("nonfinite_steps", 0), f"{key}.nonfinite_steps"),
-    }
+    return PROGRESS(progress, key)
 
 
 def checked_metrics(metrics: Any, key: str = "metrics") -> dict[str, float]:
     """Logged metrics: names to numbers (NaN and inf included: a diverged run logs them)."""
-    checked_mapping(metrics, key)
-    for name, value in metrics.items():
-        if not isinstance(name, str):
-            raise StateValueError(key, f"has the key {show(name)}: expected metric names")
-        checked_number(value, f"{key}.{name}")
-    return dict(metrics)
+    return METRICS(metrics, key)
 
 
 def checked_scaler_state(saved: Any) -> dict[str, Any]:

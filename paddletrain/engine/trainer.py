@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
 import math
@@ -32,7 +33,7 @@ from paddletrain.engine.hooks import (
 )
 from paddletrain.engine.limits import Limits
 from paddletrain.engine.precision import Precision
-from paddletrain.engine.state import Progress, StateParts, load_state, opened, restoring, save_state
+from paddletrain.engine.state import Loaded, Progress, StateParts, load_state, restore, save_state
 from paddletrain.errors import NonFiniteLossError, TrainingInterrupted, UserError
 from paddletrain.job import distributed
 from paddletrain.job.processes import raise_if_worker_lost, stop_request
@@ -88,6 +89,7 @@ class LoopState:
     epoch."""
 
     train_loader: Iterable | None = None
+    train_sampler: Any = None  # the training loader's batch sampler (engine.hooks.batch_sampler_of)
     parameters: list[Any] = field(default_factory=list)  # the model's, for clipping and the AMP step
     num_train_batches: int | None = None
     num_val_batches: int | None = None
@@ -341,6 +343,7 @@ class Trainer:
             if self._done():
                 log.info("The run is already finished (epoch %d, step %d; max_epochs=%s, max_steps=%s): nothing "
                          "left to train", self.epoch, self.global_step, self.limits.max_epochs, self.limits.max_steps)
+        self.loop.train_sampler = batch_sampler_of(train_loader)  # asked once: each epoch sets its epoch
         if self.batch_in_epoch and not continues_mid_epoch(train_loader):
             raise UserError(f"cannot continue epoch {self.epoch} at batch {self.batch_in_epoch} exactly: this training "
                             f"loader ({describe_loader(train_loader)}) draws its order when an epoch starts, which a "
@@ -396,7 +399,7 @@ class Trainer:
 
     def _run_epoch(self, train_loader: Iterable, val_loader: Iterable | None) -> None:
         self.epoch_finished = False
-        sampler = batch_sampler_of(train_loader)
+        sampler = self.loop.train_sampler
         if isinstance(sampler, EpochSampler):
             sampler.set_epoch(self.epoch)
         # A stateful sampler restored its position on resume; others are told what to skip.
@@ -597,7 +600,9 @@ class Trainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` produced (:func:`paddletrain.engine.state.load_state`: every value is
         checked before anything changes; one that does not fit raises ``StateValueError`` naming its key)."""
-        loaded = load_state(self._state_parts(), state)
+        self._continue_from(load_state(self._state_parts(), state))
+
+    def _continue_from(self, loaded: Loaded) -> None:
         self.progress = loaded.progress
         self.metrics.update(loaded.metrics)
         self.loop.resumed_train_meter = loaded.train_meter
@@ -605,11 +610,10 @@ class Trainer:
     def restore(self, checkpoint: Any) -> None:
         """Load a checkpoint (a directory, or a :class:`~paddletrain.checkpoint.Checkpoint`) into the trainer;
         callbacks' ``on_load_checkpoint`` see its state first. An error names the checkpoint (and the key)."""
-        checkpoint = opened(checkpoint)
-        with restoring(checkpoint):
-            self.call_hook("on_load_checkpoint", checkpoint.state)
-            self.load_state_dict(checkpoint.state)
-        self.resumed_from = str(checkpoint.path)
+        parts = self._state_parts()
+        path, loaded = restore(checkpoint, parts, functools.partial(self.call_hook, "on_load_checkpoint"))
+        self._continue_from(loaded)
+        self.resumed_from = str(path)
         log.info("Resumed from %s at epoch %d, batch %d, global step %d", self.resumed_from, self.epoch,
                  self.batch_in_epoch, self.global_step)
 

@@ -15,9 +15,13 @@ static graphs run Paddle's own path. Measured in docs/performance.md ("A convolu
 """
 from __future__ import annotations
 
+import logging
+
 import paddle
 import paddle.nn.functional as F
 from paddle.autograd import PyLayer
+
+log = logging.getLogger("paddletrain")
 
 
 def input_grad(grad_y: paddle.Tensor, weight: paddle.Tensor, padding: list[int]) -> paddle.Tensor:
@@ -73,12 +77,21 @@ def takes_conv_input_grad(layer: paddle.nn.Layer) -> bool:
             and list(layer._updated_padding) == [kernel_h // 2, kernel_w // 2])
 
 
-def use_conv_input_grad(model: paddle.nn.Layer) -> int:
+def use_conv_input_grad(model: paddle.nn.Layer, device: str | None = None) -> int:
     """Make every eligible convolution of ``model`` (itself included) an :class:`InputGradConv2D`, in place;
-    returns how many. Call on the bare model, before ``paddle.DataParallel`` wraps it; idempotent."""
+    returns how many. Call on the bare model, before ``paddle.DataParallel`` wraps it; idempotent.
+
+    ``device`` (``model.conv_input_grad`` in a run): the run's device, and the conversion is logged; on anything
+    but a CPU nothing is converted (it is a CPU kernel's workaround) and that is logged instead.
+    """
+    if device is not None and not device.startswith("cpu"):
+        log.info("model.conv_input_grad is for CPU training: %s keeps Paddle's kernels", device)
+        return 0
     converted = 0
     for layer in [model, *model.sublayers()]:
         if takes_conv_input_grad(layer):
             layer.__class__ = InputGradConv2D
             converted += 1
+    if device is not None:
+        log.info("model.conv_input_grad: %d convolutions compute their input gradient as a convolution", converted)
     return converted

@@ -10,12 +10,17 @@ figure for its model and records the run's total in ``summary.json`` (``train/mf
 """
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
 import paddle
 
-__all__ = ["count_forward_flops", "training_flops", "training_flops_per_image"]
+from paddletrain.engine.summary import TrainingArithmetic
+
+__all__ = ["count_forward_flops", "training_arithmetic", "training_flops", "training_flops_per_image"]
+
+log = logging.getLogger("paddletrain")
 
 
 def count_forward_flops(model: paddle.nn.Layer, sample: paddle.Tensor) -> list[dict[str, Any]]:
@@ -68,3 +73,26 @@ def training_flops_per_image(model: paddle.nn.Layer, in_chans: int, image_size: 
         if was_training:
             model.train()
     return training_flops(layers)
+
+
+def training_arithmetic(model: paddle.nn.Layer, in_chans: int, image_size: int, train_loader: Any, batch_size: int,
+                        world_size: int, limit_train_batches: int | None) -> TrainingArithmetic | None:
+    """A run's arithmetic, logged: the model's training FLOPs an image at ``image_size`` and the images an epoch
+    of ``train_loader`` trains on all ranks (``limit_train_batches`` of ``batch_size`` a rank, if set); None (and
+    a warning) for a model the count cannot run through."""
+    try:
+        per_image = training_flops_per_image(model, in_chans, image_size)
+    except Exception as exc:  # noqa: BLE001 (a plugin's model may take other inputs: the count is only a report)
+        log.warning("cannot count the model's arithmetic (%s: %s); summary.json will not have train/pflop",
+                    type(exc).__name__, exc)
+        return None
+    try:
+        images = len(train_loader.dataset)
+    except TypeError:  # a stream: its length is unknown
+        images = None
+    if images is not None and limit_train_batches is not None:
+        images = min(images, limit_train_batches * batch_size * world_size)
+    log.info("Training arithmetic: %.1f MFLOP an image (convolutions and linear layers: forward, input and weight "
+             "gradients)%s", per_image / 1e6,
+             f", {per_image * images / 1e12:.2f} TFLOP an epoch of {images:,} images" if images else "")
+    return TrainingArithmetic(per_image, images)

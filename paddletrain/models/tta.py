@@ -14,6 +14,8 @@ transform with ``crop=False`` (the centred square of side ``data.eval_resize``),
 """
 from __future__ import annotations
 
+from typing import Any
+
 import paddle
 import paddle.nn.functional as F
 
@@ -43,6 +45,14 @@ class TestTimeAugmentation(paddle.nn.Layer):
     """
 
     __test__ = False  # not a pytest test class, despite its name
+
+    @classmethod
+    def around(cls, model: paddle.nn.Layer, tta: Any, crop_size: int) -> TestTimeAugmentation | None:
+        """``model`` behind the views ``tta`` asks for (a ``TTAConfig`` or its keys; ``crop_size``: the evaluation
+        image size), or None when it asks for one view only."""
+        layer = cls(model, flip=tta["flip"], crops=tta["crops"], crop_size=crop_size, translate=tta["translate"],
+                    translate_weight=tta["translate_weight"])
+        return layer if layer.active else None
 
     def __init__(self, model: paddle.nn.Layer, flip: bool = False, crops: int = 1,
                  crop_size: int | None = None, translate: int = 0, translate_weight: float = 0.5) -> None:

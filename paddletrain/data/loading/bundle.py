@@ -1,8 +1,10 @@
 """The data a run trains and validates on, from the ``data`` config: datasets, transforms and loaders, plus what
-the model must know about them (classes, channels, samples per class)."""
+the model must know about them (classes, channels, samples per class); and the data paths a checkpoint saves,
+anchored where the run started (:func:`anchored_paths`)."""
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -11,6 +13,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from paddletrain.data.datasets import build_datasets
+from paddletrain.data.formats.label_list_file import resolve_list_path
 from paddletrain.data.formats.unlabeled import with_unlabeled
 from paddletrain.data.loading.loaders import build_loader
 from paddletrain.data.sampling.balance import class_balanced_weights, class_counts, dataset_targets
@@ -91,3 +94,32 @@ def build_data(cfg: DictConfig, seed: int, rank: int = 0, world_size: int = 1, e
     val_loader = build_loader(splits.val, cfg.data, train=False, seed=seed, num_replicas=world_size, rank=rank,
                               transform=eval_tf)
     return DataBundle(train_loader, val_loader, list(splits.classes), splits.in_chans, counts)
+
+
+# Data keys that name local files or folders (the shards builder's own among them; URLs are left as they are).
+_PATH_KEYS = ("root", "urls", "val_urls", "index", "val_index", "cache_dir")
+_LIST_KEYS = ("train_list", "val_list", "class_names")  # looked up from the working directory, then data.root
+
+
+def anchored_paths(resolved: dict[str, Any]) -> dict[str, Any]:
+    """A resolved config with its relative data paths made absolute where ``fit`` runs, so that the config saved
+    in a checkpoint names the same files from any directory (``evaluate``, ``export`` and ``ship`` read it)."""
+    def absolute(value: Any) -> Any:
+        if isinstance(value, list):
+            return [absolute(item) for item in value]
+        if not isinstance(value, str) or not value or "://" in value or value.startswith("~"):
+            return value
+        return os.path.abspath(value)
+
+    data = resolved.get("data") or {}
+    root = data.get("root")
+    for key in _LIST_KEYS:  # first: they may be found under the root as given
+        if isinstance(data.get(key), str) and data[key]:
+            data[key] = os.path.abspath(resolve_list_path(data[key], root or "."))
+    for key in _PATH_KEYS:
+        if key in data:
+            data[key] = absolute(data[key])
+    distill = (resolved.get("trainer") or {}).get("distill") or {}
+    if distill.get("unlabeled_root"):
+        distill["unlabeled_root"] = absolute(distill["unlabeled_root"])
+    return resolved
