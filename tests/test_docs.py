@@ -353,6 +353,11 @@ def shrink(command: str) -> str:
             part = f"{match['cmd']} {' '.join(SMALL_RUN)}{match['rest'] or ''}"
             if "fashion_mnist" in command:
                 part = part.replace(" ".join(SMALL_RUN), " ".join([*SMALL_RUN, "data.root=" + "$WS/fashion"]), 1)
+            if "+experiment=fashion_mnist_fast" in command:  # one-cycle wants two steps a phase: four on one rank
+                four_steps = {"trainer.limit_train_batches=2": "trainer.limit_train_batches=4",
+                              "data.batch_size=16": "data.batch_size=8"}
+                part = part.replace(" ".join(SMALL_RUN), " ".join(
+                    [*(four_steps.get(arg, arg) for arg in SMALL_RUN), "trainer.devices=1", "sched.pct_start=0.5"]), 1)
         elif ship and "--help" not in ship["cmd"]:
             part = f"{ship['cmd']} {' '.join(SMALL_SHIP)}{ship['rest'] or ''}"
         out.append(part)
