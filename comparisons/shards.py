@@ -119,18 +119,26 @@ def _train_dataset(data_cfg: Any) -> Any:
     return build_datasets(data_cfg, transform, None, options=component_options(data_cfg, DataConfig)).train
 
 
-def _epoch(dataset: Any, data_cfg: Any, epoch: int, on_batch: Any = None) -> float:
-    """Images/s of one epoch of the library's loader over ``dataset`` (worker start-up included, as in training)."""
+@dataclass
+class _Pass:
+    images_per_s: float  # the whole pass, worker start-up included, as in training
+    first_batch_s: float  # from the loader's start to its first batch: what the first shards held it up
+
+
+def _epoch(dataset: Any, data_cfg: Any, epoch: int, on_batch: Any = None) -> _Pass:
+    """One epoch of the library's loader over ``dataset``."""
     from paddletrain.data import build_loader
 
     loader = build_loader(dataset, data_cfg, train=True, seed=0)
     loader.batch_sampler.set_epoch(epoch)
-    start, images = time.perf_counter(), 0
+    start, images, first = time.perf_counter(), 0, 0.0
     for number, (batch, _) in enumerate(loader):
+        if not number:
+            first = time.perf_counter() - start
         images += int(batch.shape[0])
         if on_batch is not None:
             on_batch(number, len(loader))
-    return images / (time.perf_counter() - start)
+    return _Pass(images / (time.perf_counter() - start), first)
 
 
 def _worker_uss_mb() -> list[float]:
@@ -175,25 +183,28 @@ def run_shards(cfg: ShardsCompareConfig) -> dict[str, Any]:
             }
             datasets = {arm: _train_dataset(configs[arm]) for arm in configs}
             _epoch(datasets["http_cached"], configs["http_cached"], 0)  # fills the cache the cached arm reads
-            rates: dict[str, list[float]] = {arm: [] for arm in cfg.arms}
+            passes: dict[str, list[_Pass]] = {arm: [] for arm in cfg.arms}
             for number in range(cfg.rounds):
                 for arm in cfg.arms:
                     if arm.startswith("http_cold"):
                         ahead = {"fetch_ahead": 0} if arm == "http_cold_no_ahead" else {}
                         cold = _data_config(cfg, name="shards", urls=f"{url}/{pattern}", val_urls=f"{url}/{names[0]}",
                                             cache_dir=str(work / f"{arm}{number}"), **ahead)
-                        rates[arm].append(_epoch(_train_dataset(cold), cold, number + 1))
+                        passes[arm].append(_epoch(_train_dataset(cold), cold, number + 1))
                         shutil.rmtree(work / f"{arm}{number}", ignore_errors=True)
                     else:
-                        rates[arm].append(_epoch(datasets[arm], configs[arm], number + 1))
+                        passes[arm].append(_epoch(datasets[arm], configs[arm], number + 1))
             memory = _memory_epoch(cfg, work, names) if cfg.memory_passes and cfg.num_workers else []
         finally:
             server.shutdown()
             server.server_close()
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    rates = {arm: [p.images_per_s for p in values] for arm, values in passes.items()}
     rows = [{"arm": arm, "images_per_s": statistics.median(values), "passes": len(values),
-             "spread": (max(values) - min(values)) / statistics.median(values)} for arm, values in rates.items()]
+             "spread": (max(values) - min(values)) / statistics.median(values),
+             "first_batch_s": statistics.median(p.first_batch_s for p in passes[arm])}
+            for arm, values in rates.items()]
     ratios = {}
     for arm, base in (("shards", "folder"), ("http_cold", "shards"), ("http_cold_no_ahead", "shards"),
                       ("http_cold", "http_cold_no_ahead"), ("http_cached", "shards")):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import multiprocessing
 import os
+import threading
 import time
 
 import pytest
@@ -118,3 +119,31 @@ def test_a_killed_fetch_leaves_no_half_shard(served, tmp_path):
     cache.path(f"{server.url}/s-1.tar")
     assert not stale.exists()
     assert [p.name for p in (tmp_path / "cache").glob("*.tar")] == [cache.entry(f"{server.url}/s-1.tar").name]
+
+
+def test_a_caller_that_will_not_wait_gets_nothing_while_another_copies_and_no_second_request(served, tmp_path):
+    server, files = served
+    data, digest = files["s-2.tar"]
+    url = f"{server.url}/s-2.tar"
+    server.bytes_per_second = 200_000  # the copy takes about half a second
+    cache = ShardCache(tmp_path / "cache", 10 << 20, FAST)
+    copied: list[object] = []
+    reader = threading.Thread(target=lambda: copied.append(cache.path(url, digest, len(data))))
+    reader.start()
+    try:
+        assert wait_for_request(server, "s-2.tar")
+        started = time.monotonic()
+        assert cache.path(url, digest, len(data), wait=False) is None  # the reader holds it: left to the reader
+        assert time.monotonic() - started < 0.2
+        assert cache.path(url, digest, len(data)) == cache.entry(url)  # waits for the reader's copy
+    finally:
+        reader.join(10)
+    assert copied == [cache.entry(url)] and server.requests["s-2.tar"] == 1
+    assert cache.path(url, digest, len(data), wait=False) == cache.entry(url)  # a copy there is returned at once
+
+
+def wait_for_request(server: FaultyServer, name: str, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not server.requests.get(name):
+        time.sleep(0.005)
+    return bool(server.requests.get(name))

@@ -24,7 +24,7 @@ def wait_for(condition, seconds: float = 10.0) -> bool:
     return condition()
 
 
-def test_it_stays_the_given_number_of_shards_ahead_of_the_dealer_and_leaves_dealt_ones_to_the_readers():
+def test_it_stays_the_given_number_of_shards_ahead_of_the_dealer():
     calls: list[int] = []
     ahead = FetchAhead(calls.append, shards=[5, 3, 7, 1], first_needed=[0, 4, 8, 12], ahead=1)
     try:
@@ -35,26 +35,71 @@ def test_it_stays_the_given_number_of_shards_ahead_of_the_dealer_and_leaves_deal
         assert calls == [5, 3]  # shard 7 is two shards beyond: not yet
         ahead.advance(8)  # the dealer reached shard 3
         assert wait_for(lambda: calls == [5, 3, 7])
-        ahead.advance(16)  # shard 1's first samples went out before it was its turn: its readers copy it
+        ahead.advance(16)  # shard 1's first samples are dealt already: still copied (its reader may be at it)
+        assert wait_for(lambda: calls == [5, 3, 7, 1])
     finally:
         ahead.close(timeout=5)
-    assert calls == [5, 3, 7]
+    assert not ahead.running
 
 
-def test_a_failed_fetch_stops_it_and_closing_stops_the_waiting():
+def test_it_copies_as_many_shards_at_once_as_it_may_be_ahead_each_once():
+    under_way: list[int] = []
+    done: list[int] = []
+    most = [0]
+    release = threading.Event()
+    lock = threading.Lock()
+
+    def fetch(shard: int) -> None:
+        with lock:
+            under_way.append(shard)
+            most[0] = max(most[0], len(under_way))
+        release.wait(10)
+        with lock:
+            under_way.remove(shard)
+            done.append(shard)
+
+    # One window over six shards: every shard's first sample is in the first batch.
+    ahead = FetchAhead(fetch, shards=[4, 0, 5, 1, 3, 2], first_needed=[0, 1, 2, 3, 4, 5], ahead=3)
+    try:
+        ahead.advance(64)
+        assert wait_for(lambda: len(under_way) == 3)
+        time.sleep(0.1)
+        assert sorted(under_way) == [0, 4, 5]  # the first three the epoch needs, and no fourth beside them
+        release.set()
+        assert wait_for(lambda: len(done) == 6)
+    finally:
+        ahead.close(timeout=5)
+    assert sorted(done) == [0, 1, 2, 3, 4, 5] and most[0] == 3 and not ahead.running
+
+
+def test_a_failed_fetch_stops_every_thread_and_closing_stops_the_waiting():
     def fetch(shard: int) -> None:
         if shard == 3:
             raise OSError("server away")
         calls.append(shard)
 
     calls: list[int] = []
-    failing = FetchAhead(fetch, shards=[5, 3, 7], first_needed=[0, 1, 2], ahead=5)
+    failing = FetchAhead(fetch, shards=[5, 3, 7, 8, 9], first_needed=[0, 1, 2, 3, 4], ahead=1)
     failing.close(timeout=5)
-    assert calls == [5]  # 3 failed: 7 is left to its reader
+    assert calls == [5]  # 3 failed: 7, 8 and 9 are left to their readers
+    taken: list[int] = []
+    release = threading.Event()
+
+    def slow_or_failing(shard: int) -> None:
+        taken.append(shard)
+        if shard == 3:
+            raise OSError("server away")
+        release.wait(10)
+
+    failing = FetchAhead(slow_or_failing, shards=[3, 5, 7], first_needed=[0, 0, 0], ahead=2)
+    assert wait_for(lambda: failing._stopped)
+    release.set()  # the other thread's copy of 5 (if it took it) ends
+    failing.close(timeout=5)
+    assert 7 not in taken and not failing.running  # nothing more was taken once 3 had failed
     waiting = FetchAhead(calls.append, shards=[1, 2], first_needed=[0, 10], ahead=1)
     assert wait_for(lambda: 1 in calls)
     waiting.close(timeout=5)
-    assert not waiting._thread.is_alive() and 2 not in calls
+    assert not waiting.running and 2 not in calls
 
 
 @pytest.fixture(scope="module")

@@ -135,8 +135,9 @@ class ShardDataset(ImageDataset):
         return FetchAhead(self._copy, [shard for _, shard in touched], [at for at, _ in touched], self.ahead)
 
     def _copy(self, shard: int) -> None:
+        """Fetch-ahead's copy: none when a reader (or another thread) is copying the shard already."""
         sha256, size = self.checksums[shard]
-        self.cache.path(self.urls[shard], sha256, size)
+        self.cache.path(self.urls[shard], sha256, size, wait=False)
 
     def load_image(self, index: int) -> Image.Image:
         shard = self.shard_of(index)
