@@ -203,7 +203,8 @@ def run_shards(cfg: ShardsCompareConfig) -> dict[str, Any]:
     rates = {arm: [p.images_per_s for p in values] for arm, values in passes.items()}
     rows = [{"arm": arm, "images_per_s": statistics.median(values), "passes": len(values),
              "spread": (max(values) - min(values)) / statistics.median(values),
-             "first_batch_s": statistics.median(p.first_batch_s for p in passes[arm])}
+             "first_batch_s": statistics.median(p.first_batch_s for p in passes[arm]),
+             "each_pass": [round(value, 1) for value in values]}
             for arm, values in rates.items()]
     ratios = {}
     for arm, base in (("shards", "folder"), ("http_cold", "shards"), ("http_cold_no_ahead", "shards"),

@@ -42,7 +42,7 @@ def test_it_stays_the_given_number_of_shards_ahead_of_the_dealer():
     assert not ahead.running
 
 
-def test_it_copies_as_many_shards_at_once_as_it_may_be_ahead_each_once():
+def test_it_copies_several_shards_at_once_each_once_within_its_threads_and_its_bound():
     under_way: list[int] = []
     done: list[int] = []
     most = [0]
@@ -58,8 +58,8 @@ def test_it_copies_as_many_shards_at_once_as_it_may_be_ahead_each_once():
             under_way.remove(shard)
             done.append(shard)
 
-    # One window over six shards: every shard's first sample is in the first batch.
-    ahead = FetchAhead(fetch, shards=[4, 0, 5, 1, 3, 2], first_needed=[0, 1, 2, 3, 4, 5], ahead=3)
+    # One window over six shards: every shard's first sample is in the first batch; three threads.
+    ahead = FetchAhead(fetch, shards=[4, 0, 5, 1, 3, 2], first_needed=[0, 1, 2, 3, 4, 5], ahead=8, threads=3)
     try:
         ahead.advance(64)
         assert wait_for(lambda: len(under_way) == 3)
@@ -70,6 +70,23 @@ def test_it_copies_as_many_shards_at_once_as_it_may_be_ahead_each_once():
     finally:
         ahead.close(timeout=5)
     assert sorted(done) == [0, 1, 2, 3, 4, 5] and most[0] == 3 and not ahead.running
+    # Windows of one shard, the dealer in the first: four threads, but only one shard beyond it may be copied.
+    release.clear()
+    done.clear()
+    most[0] = 0
+    ahead = FetchAhead(fetch, shards=[0, 1, 2, 3], first_needed=[0, 100, 200, 300], ahead=1, threads=4)
+    try:
+        ahead.advance(64)
+        assert wait_for(lambda: len(under_way) == 2)
+        time.sleep(0.1)
+        assert sorted(under_way) == [0, 1]
+        release.set()
+        assert wait_for(lambda: done == [0, 1] or done == [1, 0])
+        time.sleep(0.1)
+        assert sorted(done) == [0, 1]  # 2 and 3 wait for the dealer
+    finally:
+        ahead.close(timeout=5)
+    assert most[0] == 2
 
 
 def test_a_failed_fetch_stops_every_thread_and_closing_stops_the_waiting():
@@ -79,9 +96,10 @@ def test_a_failed_fetch_stops_every_thread_and_closing_stops_the_waiting():
         calls.append(shard)
 
     calls: list[int] = []
-    failing = FetchAhead(fetch, shards=[5, 3, 7, 8, 9], first_needed=[0, 1, 2, 3, 4], ahead=1)
-    failing.close(timeout=5)
-    assert calls == [5]  # 3 failed: 7, 8 and 9 are left to their readers
+    failing = FetchAhead(fetch, shards=[5, 3, 7, 8, 9], first_needed=[0, 1, 2, 3, 4], ahead=1, threads=1)
+    failing.advance(5)  # every shard may be copied
+    assert wait_for(lambda: not failing.running)  # 3 failed: the thread stopped there
+    assert calls == [5]  # 7, 8 and 9 are left to their readers
     taken: list[int] = []
     release = threading.Event()
 
@@ -91,8 +109,10 @@ def test_a_failed_fetch_stops_every_thread_and_closing_stops_the_waiting():
             raise OSError("server away")
         release.wait(10)
 
-    failing = FetchAhead(slow_or_failing, shards=[3, 5, 7], first_needed=[0, 0, 0], ahead=2)
+    # Two threads: one takes 3 and fails, the other takes 5 (or nothing, if the failure came first).
+    failing = FetchAhead(slow_or_failing, shards=[3, 5, 7], first_needed=[0, 1, 2], ahead=1, threads=2)
     assert wait_for(lambda: failing._stopped)
+    failing.advance(3)  # 7 is now within the bound
     release.set()  # the other thread's copy of 5 (if it took it) ends
     failing.close(timeout=5)
     assert 7 not in taken and not failing.running  # nothing more was taken once 3 had failed

@@ -3,7 +3,7 @@
 Without it a loader worker that reaches a shard not yet cached waits for the whole copy (measured: the first
 epoch over HTTP ran at 0.91 of local shards, docs/performance.md#tar-shards-issue-32). The batch sampler knows
 the order in which the epoch reads the shards before any reader does, so the process that deals the batches runs
-a :class:`FetchAhead` per epoch: ``ahead`` threads copy the remote shards in the order the epoch first needs them,
+a :class:`FetchAhead` per epoch: a few threads copy the remote shards in the order the epoch first needs them,
 none more than ``ahead`` shards beyond the one the sampler is dealing from (so the cache holds a bounded number of
 shards not yet read). Where one shuffle window spans every shard (a small data set), every shard is needed in the
 first batches: the threads then copy them side by side with the readers, which find the copies under way.
@@ -24,16 +24,20 @@ from collections.abc import Callable, Sequence
 
 log = logging.getLogger("paddletrain")
 
+# Copies under way at once, at most (fewer when ``ahead`` allows fewer): a server that holds each response to a rate
+# (object stores do, per connection) serves several side by side; a link that is the limit shares itself among them.
+THREADS = 4
+
 
 class FetchAhead:
     """Calls ``fetch(shard)`` for each of ``shards`` (in the order the epoch first reads them; ``first_needed`` is
-    the position of each one's first sample among the samples being dealt, ascending) from ``ahead`` daemon threads,
-    none more than ``ahead`` shards beyond the one the dealer has reached (:meth:`advance`).
+    the position of each one's first sample among the samples being dealt, ascending) from ``threads`` daemon
+    threads, none more than ``ahead`` shards beyond the one the dealer has reached (:meth:`advance`).
 
     ``fetch`` returns without copying when someone else is copying the shard already."""
 
     def __init__(self, fetch: Callable[[int], object], shards: Sequence[int], first_needed: Sequence[int],
-                 ahead: int) -> None:
+                 ahead: int, threads: int = THREADS) -> None:
         if len(shards) != len(first_needed):
             raise ValueError("one first position per shard")
         self._fetch = fetch
@@ -45,7 +49,7 @@ class FetchAhead:
         self._stopped = False
         self._changed = threading.Condition()
         self._threads = [threading.Thread(target=self._run, name="paddletrain-fetch-ahead", daemon=True)
-                         for _ in range(min(max(1, self._ahead), len(self._shards)))]
+                         for _ in range(min(max(1, threads), len(self._shards)))]
         for thread in self._threads:
             thread.start()
 
