@@ -38,7 +38,7 @@ _PART = ".part"
 # Beside an entry whose fetch retried all it may in this run: the error, so no other process asks again.
 _GAVE_UP = ".gave-up"
 # Fetches take one of this many lock files, by their entry's name: the cache never holds more lock files than
-# that, and two shards rarely wait for each other (the few fetched at once share one in about 1 run in 40).
+# that, and two shards rarely wait for each other (four copied at once share one with a chance of 2%).
 LOCK_STRIPES = 256
 
 

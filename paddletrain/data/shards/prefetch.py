@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 log = logging.getLogger("paddletrain")
@@ -64,8 +65,9 @@ class FetchAhead:
         with self._changed:
             self._stopped = True
             self._changed.notify_all()
+        deadline = None if timeout is None else time.monotonic() + timeout
         for thread in self._threads:
-            thread.join(timeout)
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     @property
     def running(self) -> bool:
