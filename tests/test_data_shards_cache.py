@@ -54,6 +54,20 @@ def test_the_least_recently_used_shards_go_when_the_cap_is_reached(served, tmp_p
     assert sum(size for _, size, _ in cache.entries()) <= 250_000
 
 
+def test_a_fetch_under_way_counts_against_the_cap_at_the_size_it_will_reach(served, tmp_path):
+    server, files = served
+    cache = ShardCache(tmp_path / "cache", 250_000, FAST)  # two shards fit, not three
+    url = {name: f"{server.url}/{name}" for name in files}
+    cache.path(url["s-0.tar"])
+    # Another thread of this process is copying s-1: 10 bytes so far of the 100,001 its index says.
+    entry = cache.entry(url["s-1.tar"])
+    under_way = entry.with_name(f"{entry.name}.part.100001.{os.getpid()}")
+    under_way.write_bytes(b"x" * 10)
+    cache.path(url["s-2.tar"], files["s-2.tar"][1], 100_002)
+    assert not cache.entry(url["s-0.tar"]).exists()  # s-0 made way for s-2 beside s-1's copy, counted whole
+    assert under_way.exists() and cache.entry(url["s-2.tar"]).exists()  # a fetch under way is left alone
+
+
 def test_an_open_copy_stays_readable_after_eviction(served, tmp_path):
     server, files = served
     cache = ShardCache(tmp_path / "cache", 150_000, FAST)  # one shard at a time

@@ -11,7 +11,7 @@ worker of a machine:
 - a copy that does not match the index is deleted and the shard refused (:class:`ShardChecksumError`), naming
   the URL and both checksums;
 - the cache holds at most ``max_bytes``: before a shard is added, the least recently opened entries go until it
-  fits. A reader that still has an evicted file open keeps reading it (POSIX unlink), so eviction never breaks a
+  fits beside the copies and the fetches under way (counted at their full size). A reader that still has an evicted file open keeps reading it (POSIX unlink), so eviction never breaks a
   read in progress; a shard larger than the whole cache is refused, naming ``data.cache_max_gb``.
 
 Entries are named by the SHA-256 of their URL, never by anything in the shard, so nothing a shard says can place
@@ -116,7 +116,9 @@ class ShardCache:
             raise DatasetError(f"shard {url} is {size} bytes, more than the whole cache "
                                f"(data.cache_max_gb={self.max_bytes / 1024**3:g}); raise it")
         self._make_room(size or 0)
-        part = target.with_name(f"{target.name}{_PART}.{os.getpid()}")
+        # Named with the size it will reach (0: unknown) and its process: other fetches count it against the bound
+        # while it grows, and remove it once its process is gone.
+        part = target.with_name(f"{target.name}{_PART}.{size or 0}.{os.getpid()}")
         try:
             started = time.monotonic()
             try:
@@ -177,14 +179,22 @@ class ShardCache:
         return sorted(found)
 
     def _make_room(self, incoming: int) -> None:
-        """Evict the least recently used copies until ``incoming`` more bytes fit; remove stale temporary files."""
+        """Evict the least recently used copies until ``incoming`` more bytes fit beside the copies and the fetches
+        under way (each counted at the size it will reach, where known); remove the temporary files of fetches
+        whose process is gone. Fetches under way are never evicted: when they alone pass the bound, it is passed
+        until they end."""
+        in_flight = 0
         for part in self.directory.glob(f"*{_SUFFIX}{_PART}.*"):
             pid = part.name.rsplit(".", 1)[-1]
             if pid.isdigit() and not _alive(int(pid)):
                 with contextlib.suppress(FileNotFoundError):
                     part.unlink()
+                continue
+            reserved = part.name.rsplit(".", 2)[-2]
+            with contextlib.suppress(FileNotFoundError):
+                in_flight += max(int(reserved) if reserved.isdigit() else 0, part.stat().st_size)
         held = self.entries()
-        total = sum(size for _, size, _ in held)
+        total = sum(size for _, size, _ in held) + in_flight
         for _, size, path in held:
             if total + incoming <= self.max_bytes:
                 break
