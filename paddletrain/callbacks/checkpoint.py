@@ -66,6 +66,7 @@ class ModelCheckpoint(CheckpointCallback):
         self.manager: CheckpointManager | None = None
         self.last_path: Path | None = None
         self._warned_missing_monitor = False
+        self._monitor_seen = False
         self._saved_manager_state: dict[str, Any] | None = None
 
     def setup(self, trainer: Trainer) -> None:
@@ -94,11 +95,25 @@ class ModelCheckpoint(CheckpointCallback):
     def on_train_epoch_end(self, trainer: Trainer, metrics: dict[str, float]) -> None:
         if (trainer.epoch + 1) % self.every_n_epochs == 0:
             metric = metrics.get(self.monitor) if self.monitor else None
-            if self.monitor and metric is None and not self._warned_missing_monitor:
-                log.warning("ModelCheckpoint: monitored metric %r is not among %s; checkpoints are ranked as worst",
-                            self.monitor, sorted(metrics))
-                self._warned_missing_monitor = True
+            # An epoch without validation (trainer.val_every_n_epochs > 1) has no val/ metric: expected, not said.
+            # One whose metrics of the monitor's kind lack it has a misnamed monitor: said once, at once.
+            kind = self.monitor.split("/")[0] if self.monitor else None
+            self._monitor_seen = self._monitor_seen or metric is not None
+            if metric is None and kind and any(key.split("/")[0] == kind for key in metrics):
+                self._warn_missing_monitor(f"is not among this epoch's {sorted(metrics)}")
             self.save(trainer, metric=metric)
+
+    def on_fit_end(self, trainer: Trainer) -> None:
+        # A resumed run's earlier epochs may have reported it: their best checkpoint says so.
+        if self.monitor and trainer.is_main and not self._monitor_seen and \
+                (self.manager is None or self.manager.best_path is None):
+            self._warn_missing_monitor("was not reported by any epoch of this run (no validation?)")
+
+    def _warn_missing_monitor(self, why: str) -> None:
+        if not self._warned_missing_monitor:
+            log.warning("ModelCheckpoint: monitored metric %r %s; no checkpoint is ranked best by it", self.monitor,
+                        why)
+            self._warned_missing_monitor = True
 
     def on_exception(self, trainer: Trainer, exception: BaseException) -> None:
         # A signal stops training on a step boundary: save there so `trainer.resume=auto` continues exactly.

@@ -1,0 +1,39 @@
+"""ModelCheckpoint (paddletrain.callbacks.checkpoint): what it says when its monitored metric is missing."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from paddletrain.callbacks import ModelCheckpoint
+from paddletrain.engine.limits import Limits
+from paddletrain.engine.trainer import Trainer
+from tests.test_engine_trainer import linear_model, make_batches, sgd
+
+
+def fit(tmp_path, caplog, monitor: str, val_every: int, validate: bool = True) -> list[str]:
+    model = linear_model()
+    saver = ModelCheckpoint(tmp_path / "ckpt", monitor=monitor, mode="max")
+    trainer = Trainer(model, sgd(model), callbacks=[saver], limits=Limits(max_epochs=3, val_every_n_epochs=val_every))
+    with caplog.at_level(logging.WARNING, logger="paddletrain"):
+        trainer.fit(make_batches(2, 4), make_batches(2, 4, seed=1) if validate else None)
+    return [r.getMessage() for r in caplog.records if "ModelCheckpoint" in r.getMessage()]
+
+
+def test_epochs_without_validation_are_not_a_missing_metric(tmp_path, caplog):
+    # Validated after epoch 2 and the last: epoch 1 has no val/ metric, which is what the user asked for.
+    assert fit(tmp_path, caplog, "val/top1", val_every=2) == []
+    assert (tmp_path / "ckpt" / "best.json").exists()
+
+
+@pytest.mark.parametrize("val_every", [1, 2])
+def test_a_misnamed_monitor_is_said_once_at_the_first_validation(tmp_path, caplog, val_every):
+    said = fit(tmp_path, caplog, "val/accuracy", val_every=val_every)
+    assert len(said) == 1
+    assert "'val/accuracy' is not among this epoch's" in said[0] and "'val/top1'" in said[0]
+
+
+def test_a_run_that_never_reports_its_monitor_says_so_at_its_end(tmp_path, caplog):
+    said = fit(tmp_path, caplog, "val/top1", val_every=1, validate=False)
+    assert said == ["ModelCheckpoint: monitored metric 'val/top1' was not reported by any epoch of this run "
+                    "(no validation?); no checkpoint is ranked best by it"]
