@@ -12,10 +12,10 @@ images/s is the first figure), then read by ``paddletrain.data.build_loader`` wi
   reader first needs it (what fetch-ahead saves is ``http_cold`` over this arm, measured in the same rounds);
 - ``http_cached``: the same URLs with a cache that the first round filled (a second epoch).
 
-Each arm's rate is its median over the rounds; the ratios are medians of the per-round ratios (to ``folder`` for
-``shards``, to ``shards`` for the HTTP arms). Then one longer epoch (``memory_passes`` times the shards, by repeating
-their list) samples every loader worker's unique memory (USS) at each tenth of the epoch: it stays flat when
-nothing grows with the number of samples read.
+Each arm's rate (and its wait from the loader's start to the first batch) is its median over the rounds; the
+ratios are medians of the per-round ratios (to ``folder`` for ``shards``, to ``shards`` for the HTTP arms). Then one
+longer epoch (``memory_passes`` times the shards, by repeating their list) samples every loader worker's unique
+memory (USS) at each tenth of the epoch: it stays flat when nothing grows with the number of samples read.
 """
 from __future__ import annotations
 

@@ -11,8 +11,9 @@ worker of a machine:
 - a copy that does not match the index is deleted and the shard refused (:class:`ShardChecksumError`), naming
   the URL and both checksums;
 - the cache holds at most ``max_bytes``: before a shard is added, the least recently opened entries go until it
-  fits beside the copies and the fetches under way (counted at their full size). A reader that still has an evicted file open keeps reading it (POSIX unlink), so eviction never breaks a
-  read in progress; a shard larger than the whole cache is refused, naming ``data.cache_max_gb``.
+  fits beside the copies and the fetches under way (counted at their full size). A reader that still has an
+  evicted file open keeps reading it (POSIX unlink), so eviction never breaks a read in progress; a shard larger
+  than the whole cache is refused, naming ``data.cache_max_gb``.
 
 Entries are named by the SHA-256 of their URL, never by anything in the shard, so nothing a shard says can place
 a file outside the cache.
