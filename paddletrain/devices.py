@@ -95,7 +95,7 @@ def mkl_note() -> str | None:
     if value is None:
         return None
     return (f"MKL takes its {_PATHS.get(value, value)} path on this AMD CPU ({MKL_CPU_TYPE_ENV}={value}, set by "
-            f"paddletrain: about 3x the training speed of MKL's own choice there; {MKL_SWITCH_ENV}=leave keeps "
+            f"paddletrain: 2.4-3x the training speed of MKL's own choice there; {MKL_SWITCH_ENV}=leave keeps "
             "MKL's choice)")
 
 
