@@ -42,6 +42,9 @@ from paddletrain.metrics import ClassificationMeter, ClassReport, Throughput
 
 log = logging.getLogger("paddletrain")
 
+# The validation meter's stage: its metrics are named "val/<metric>".
+VAL_STAGE = "val"
+
 
 # Trainer.predict's outputs from float32 logits.
 _ACTIVATIONS: dict[str, Callable[[paddle.Tensor], paddle.Tensor]] = {
@@ -309,7 +312,7 @@ class Trainer:
         default top-k one."""
         if self.meters is not None:
             return self.meters(stage)
-        return ClassificationMeter(self.num_classes, per_class=stage == "val")  # per class: validation only
+        return ClassificationMeter(self.num_classes, per_class=stage == VAL_STAGE)  # per class: validation only
 
     # ------------------------------------------------------------------ fit
     def setup(self) -> None:
@@ -405,6 +408,10 @@ class Trainer:
         # A stateful sampler restored its position on resume; others are told what to skip.
         if self.batch_in_epoch and isinstance(sampler, SkippingSampler) and not isinstance(sampler, Stateful):
             sampler.skip_batches(self.batch_in_epoch)
+        # The last validation scored an earlier epoch's weights: an epoch that does not validate
+        # (trainer.val_every_n_epochs > 1) must not report its figures as its own, nor be ranked by them.
+        for key in [key for key in self.metrics if key.startswith(f"{VAL_STAGE}/")]:
+            del self.metrics[key]
         self.module.train()
         self.call_hook("on_train_epoch_start")
         train_metrics, exhausted = self._train_batches(train_loader)
@@ -527,7 +534,7 @@ class Trainer:
         self.module.eval()
         if self.world_size > 1:
             distributed.broadcast_buffers(self.module)
-        meter = self.val_meter = self.new_meter("val")
+        meter = self.val_meter = self.new_meter(VAL_STAGE)
         # A distributed sampler pads each rank's shard at its end; those repeated samples are not counted.
         real = loader.num_real_samples if isinstance(loader, PaddedLoader) else None
         seen = 0
@@ -548,7 +555,7 @@ class Trainer:
         if self.world_size > 1:
             paddle.distributed.all_reduce(sums)  # the per-class counts and the confusion matrix ride along
         self.val_samples = int(sums.numpy()[0])  # every meter's sums start with its sample count
-        metrics = meter.compute("val", sums)
+        metrics = meter.compute(VAL_STAGE, sums)
         # Single-label runs: per-class counts and the confusion matrix (a multi-label meter keeps its own report).
         self.val_report = meter.report(sums, self.class_names) if isinstance(meter, ClassificationMeter) else None
         if was_training:
