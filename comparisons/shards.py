@@ -6,8 +6,8 @@ images/s is the first figure), then read by ``paddletrain.data.build_loader`` wi
 
 - ``folder``: ``data=imagefolder`` (one small file opened per image);
 - ``shards``: ``data=shards`` on the local shard files;
-- ``http_cold``: ``data=shards`` from an HTTP server on loopback (a thread of this process, the standard library's
-  server) with an empty cache: every shard crosses the connection in the pass (a first epoch);
+- ``http_cold``: ``data=shards`` from an HTTP server on loopback (the standard library's, in a process of its
+  own) with an empty cache: every shard crosses the connection in the pass (a first epoch);
 - ``http_cold_no_ahead``: the same first epoch with ``data.fetch_ahead=0``: each shard is copied only when a
   reader first needs it (what fetch-ahead saves is ``http_cold`` over this arm, measured in the same rounds);
 - ``http_cached``: the same URLs with a cache that the first round filled (a second epoch).
@@ -19,19 +19,17 @@ memory (USS) at each tenth of the epoch: it stays flat when nothing grows with t
 """
 from __future__ import annotations
 
-import http.server
 import shutil
 import statistics
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from comparisons.rated_server import serve, stop
 from paddletrain.bench.common import check_options, environment, finished, write_jpeg_folder
 from paddletrain.config import TRANSFORMS, allowed
 
@@ -61,34 +59,6 @@ class ShardsCompareConfig:
     http_mb_per_s: float = allowed(0.0, ge=0)
     # data.shuffle_buffer of the shard arms: the samples shuffled together (a window of shards read at a time).
     shuffle_buffer: int = allowed(10_000, ge=1)
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    # Bytes a second each response is held to (0: no limit); set per server by _serve.
-    rate = 0.0
-
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-        pass
-
-    def copyfile(self, source: Any, outputfile: Any) -> None:
-        if not self.rate:
-            super().copyfile(source, outputfile)
-            return
-        chunk, started, sent = 256 * 1024, time.perf_counter(), 0
-        while block := source.read(chunk):
-            outputfile.write(block)
-            sent += len(block)
-            ahead = sent / self.rate - (time.perf_counter() - started)
-            if ahead > 0:
-                time.sleep(ahead)
-
-
-def _serve(folder: Path, mb_per_s: float = 0.0) -> tuple[http.server.ThreadingHTTPServer, str]:
-    handler = type("_RatedHandler", (_QuietHandler,), {"rate": mb_per_s * 1024**2})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(handler, directory=str(folder)))
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    return server, f"http://127.0.0.1:{server.server_address[1]}"
 
 
 def _data_config(cfg: ShardsCompareConfig, **keys: Any) -> Any:
@@ -172,7 +142,7 @@ def run_shards(cfg: ShardsCompareConfig) -> dict[str, Any]:
         split = packed.splits[0]
         names = [p.name for p in split.shards]
         pattern = f"train-{{000000..{len(names) - 1:06d}}}.tar"
-        server, url = _serve(work / "shards", cfg.http_mb_per_s)
+        server, url = serve(work / "shards", cfg.http_mb_per_s)
         try:
             configs = {
                 "folder": _data_config(cfg, name="imagefolder", root=str(root)),
@@ -194,10 +164,10 @@ def run_shards(cfg: ShardsCompareConfig) -> dict[str, Any]:
                         shutil.rmtree(work / f"{arm}{number}", ignore_errors=True)
                     else:
                         passes[arm].append(_epoch(datasets[arm], configs[arm], number + 1))
-            memory = _memory_epoch(cfg, work, names) if cfg.memory_passes and cfg.num_workers else []
         finally:
-            server.shutdown()
-            server.server_close()
+            stop(server)
+        # Local shards only, and after the server stopped: its process is not one of the loader's workers.
+        memory = _memory_epoch(cfg, work, names) if cfg.memory_passes and cfg.num_workers else []
     finally:
         shutil.rmtree(work, ignore_errors=True)
     rates = {arm: [p.images_per_s for p in values] for arm, values in passes.items()}
