@@ -39,7 +39,7 @@ class RatedHandler(http.server.SimpleHTTPRequestHandler):
 
 
 def serve(folder: Path, mb_per_s: float = 0.0) -> tuple[subprocess.Popen, str]:
-    """Start the server on ``folder``: its process (``kill()`` it when done) and its base URL."""
+    """Start the server on ``folder``: its process (end it with :func:`stop`) and its base URL."""
     process = subprocess.Popen([sys.executable, "-m", "comparisons.rated_server", str(folder), str(mb_per_s)],
                                stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
     port = process.stdout.readline().strip()  # the server's first line; empty if it died first
