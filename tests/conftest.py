@@ -18,12 +18,18 @@ import paddletrain.fit  # noqa: F401  (registers the schemas)
 from paddletrain.config import DataConfig, factory_options
 from paddletrain.data import build_datasets, preprocessing_info
 from paddletrain.deploy.exporter import export_model
+from paddletrain.devices import mkl_note, use_fast_mkl
 from paddletrain.models import create_model
 from tests import forked
 
 # paddletrain's cache (folder scans, shards, the exports `predict checkpoint=` makes) in a folder of this session,
 # never the user's ~/.cache; commands started by the tests inherit it.
 os.environ.setdefault("PADDLETRAIN_CACHE_DIR", tempfile.mkdtemp(prefix="paddletrain-tests-cache-"))
+
+# The suite runs as the commands do: MKL's fast path on an AMD CPU is set here, before any Paddle kernel, so every
+# test and every process a test starts inherits it; those processes then find it set and do not say it again.
+use_fast_mkl()
+mkl_note()  # said by nobody: a test of the note itself sees only its own
 
 # A run that exercises the whole pipeline in a few seconds: tiny shapes split, 16px images, one epoch.
 TINY = [
